@@ -1,0 +1,386 @@
+"""Expanding matrix.yaml into cells: the unit every backend builds and tests.
+
+A cell is one wheel: torch release × flavor × platform (× Python when the
+extension is not abi3). Expansion returns the cells *and* every combination it
+dropped, each with a reason, so "why is my combination missing?" has an answer.
+"""
+
+from __future__ import annotations
+
+import difflib
+import fnmatch
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from .compat import Compat, series, span, version_key
+from .config import Family, FlavorSettings, Matrix, Rule, flavor_family, flavor_toolkit, load_matrix
+from .errors import UserError
+from .source import Source
+
+DEFAULT_PLATFORM = "x86_64"
+
+
+@dataclass(frozen=True)
+class Cell:
+    id: str
+    torch: str  # exact release, e.g. 2.11.0
+    torch_series: str
+    flavor: str
+    family: Family
+    toolkit: str | None
+    archs: tuple[str, ...]
+    ptx: tuple[str, ...]
+    arch_list: str  # TORCH_CUDA_ARCH_LIST (CUDA) or PYTORCH_ROCM_ARCH (ROCm)
+    python: str  # the Python that builds the wheel
+    test_pythons: tuple[str, ...]
+    platform: str
+    runner: str
+    abi3: bool
+    cxx: int
+    torch_spec: str  # the requirement that installs this cell's torch
+    index: str | None
+    base_image: str | None
+    image: str
+    local_version: str  # the wheel's local version label, e.g. pt211cu130
+    requires_torch: str  # written into the wheel: which torch it runs with
+    runtime_deps: tuple[str, ...]
+
+    def to_json(self) -> dict:
+        data = asdict(self)
+        return {"cell": data.pop("id"), **data}
+
+
+@dataclass(frozen=True)
+class Dropped:
+    combo: str
+    reason: str
+
+
+@dataclass
+class Plan:
+    matrix: Matrix
+    source: Source
+    compat: Compat
+    cells: list[Cell]
+    dropped: list[Dropped] = field(default_factory=list)
+
+    def cell(self, cell_id: str) -> Cell:
+        for cell in self.cells:
+            if cell.id == cell_id:
+                return cell
+        raise unknown_cell(cell_id, [c.id for c in self.cells])
+
+    def select(
+        self,
+        subset: str | None = None,
+        cell_ids: list[str] | None = None,
+        patterns: list[str] | None = None,
+    ) -> list[Cell]:
+        """Cells chosen by subset name, exact ids and -k globs (all given filters apply)."""
+        chosen = self.cells
+        if subset is not None:
+            if subset not in self.matrix.subsets:
+                names = list(self.matrix.subsets)
+                close = difflib.get_close_matches(subset, names, n=1)
+                fix = f"did you mean '{close[0]}'?" if close else f"subsets: {', '.join(names)}"
+                raise UserError(None, f"unknown subset '{subset}'", fix)
+            globs = self.matrix.subsets[subset]
+            chosen = [c for c in chosen if any(fnmatch.fnmatchcase(c.id, g) for g in globs)]
+        if cell_ids:
+            wanted = [self.cell(i) for i in cell_ids]
+            chosen = [c for c in chosen if c in wanted]
+        if patterns:
+            chosen = [c for c in chosen if any(fnmatch.fnmatchcase(c.id, p) for p in patterns)]
+        if not chosen:
+            raise UserError(
+                None, "no cell matches the given filters", "run 'extmatrix plan' to list the cells"
+            )
+        return chosen
+
+
+def unknown_cell(cell_id: str, known: list[str]) -> UserError:
+    close = difflib.get_close_matches(cell_id, known, n=1, cutoff=0.5)
+    fix = f"did you mean '{close[0]}'?" if close else "run 'extmatrix plan' to list the cells"
+    return UserError(None, f"unknown cell '{cell_id}'", fix)
+
+
+def plan_file(path: str | Path) -> Plan:
+    matrix, src = load_matrix(path)
+    compat_path = None
+    if matrix.compat:
+        compat_path = Path(src.file).parent / matrix.compat
+        if not compat_path.is_file():
+            raise src.error(("compat",), f"compat file '{matrix.compat}' not found",
+                            "give a path relative to the matrix file")
+    return expand(matrix, src, Compat.load(compat_path))
+
+
+@dataclass(frozen=True)
+class _Flavor:
+    name: str
+    family: Family
+    settings: FlavorSettings
+
+
+def expand(matrix: Matrix, src: Source, compat: Compat) -> Plan:
+    flavors = {name: _resolve_flavor(name, matrix, src, compat) for name in matrix.flavors}
+    for i, name in enumerate(matrix.axes.flavor):
+        if name not in flavors:
+            raise src.error(("axes", "flavor", i), f"flavor '{name}' has no settings",
+                            f"add 'flavors: {{{name}: {{...}}}}' or remove it from axes.flavor")
+    for i, plat in enumerate(matrix.axes.platform):
+        if plat not in matrix.platforms:
+            raise src.error(("axes", "platform", i), f"platform '{plat}' has no runner",
+                            f"add 'platforms: {{{plat}: {{runner: ...}}}}'")
+    torches = [_pin_torch(v, ("axes", "torch", i), src, compat)
+               for i, v in enumerate(matrix.axes.torch)]
+
+    plan = Plan(matrix, src, compat, [])
+    exclude_hits = [0] * len(matrix.exclude)
+    seen: dict[str, tuple[str | int, ...]] = {}
+
+    def add(cell: Cell, at: tuple[str | int, ...]) -> None:
+        if cell.id in seen:
+            raise src.error(at, f"duplicate cell '{cell.id}'",
+                            "list each torch series, flavor and Python once")
+        seen[cell.id] = at
+        plan.cells.append(cell)
+
+    pythons = matrix.axes.python
+    # Why each axis value was dropped, so a value that yields no cell can say why.
+    yielded: set[tuple[str, int]] = set()
+    first_drop: dict[tuple[str, int], str] = {}
+    for ti, torch in enumerate(torches):
+        for fi, fname in enumerate(matrix.axes.flavor):
+            flavor = flavors[fname]
+            for plat in matrix.axes.platform:
+                groups = [pythons] if matrix.extension.abi3 else [[p] for p in pythons]
+                for group in groups:
+                    label = _label(torch, fname, plat, group, matrix.extension.abi3)
+                    values = {"torch": torch, "flavor": fname, "platform": plat}
+                    reason = _excluded(matrix.exclude, values, group, src, exclude_hits)
+                    reason = reason or compat.why_not(torch, flavor.family,
+                                                      flavor.settings.toolkit, plat)
+                    usable = [p for p in group if compat.supports_python(torch, p)]
+                    if reason is None and not usable:
+                        rng = compat.python_range(torch)
+                        reason = (f"torch {series(torch)} supports Python {rng.min}–{rng.max}, "
+                                  f"not {', '.join(group)}")
+                    if reason:
+                        plan.dropped.append(Dropped(label, reason))
+                        first_drop.setdefault(("torch", ti), reason)
+                        first_drop.setdefault(("flavor", fi), reason)
+                        continue
+                    add(_cell(matrix, src, compat, torch, flavor, plat, usable),
+                        ("axes", "torch", ti))
+                    yielded.update({("torch", ti), ("flavor", fi)})
+
+    for i, rule in enumerate(matrix.include):
+        for cell in _included(matrix, src, compat, flavors, rule, ("include", i)):
+            add(cell, ("include", i))
+
+    for i, hits in enumerate(exclude_hits):
+        if not hits:
+            raise src.error(("exclude", i), f"exclude[{i}] matches no combination of the axes",
+                            "fix its patterns or delete it")
+    for axis, values in (("torch", matrix.axes.torch), ("flavor", matrix.axes.flavor)):
+        for i, value in enumerate(values):
+            if (axis, i) not in yielded:
+                why = first_drop.get((axis, i), "")
+                raise src.error(("axes", axis, i), f"{axis} '{value}' yields no cell ({why})",
+                                "remove it or add a combination that exists")
+    if not plan.cells:
+        raise src.error(("axes",), "the matrix has no cells", "widen the axes or the rules")
+    _check_subsets(matrix, src, plan.cells)
+    return plan
+
+
+def _pin_torch(value: str, at: tuple[str | int, ...], src: Source, compat: Compat) -> str:
+    facts = compat.torch(value)
+    if facts is None:
+        raise src.error(at, f"torch {value} is not a known release",
+                        f"known series: {compat.known_torch()} (or add it to a compat file)")
+    if value.count(".") == 2:
+        if version_key(value) > version_key(facts.latest):
+            raise src.error(at, f"torch {value} does not exist",
+                            f"the newest {series(value)} release is {facts.latest}")
+        return value
+    return facts.latest
+
+
+def _resolve_flavor(name: str, matrix: Matrix, src: Source, compat: Compat) -> _Flavor:
+    family = flavor_family(name)
+    base = matrix.defaults.get(family, FlavorSettings())
+    own = matrix.flavors[name]
+    merged = base.model_copy(update=own.model_dump(exclude_none=True))
+    at = ("flavors", name)
+    implied = flavor_toolkit(name)
+
+    def where_set(key: str) -> tuple[str | int, ...]:
+        return at + (key,) if getattr(own, key) is not None else ("defaults", family, key)
+
+    if family == "cpu":
+        for key in ("toolkit", "archs", "ptx"):
+            if getattr(merged, key):
+                raise src.error(where_set(key), f"the cpu flavor takes no '{key}'", "remove it")
+        return _Flavor(name, family, merged)
+
+    label = "CUDA" if family == "cuda" else "ROCm"
+    toolkit = merged.toolkit or implied
+    if toolkit != implied and not toolkit.startswith(implied + "."):
+        raise src.error(where_set("toolkit"), f"toolkit {toolkit} does not match flavor {name}",
+                        f"use a {label} {implied}.x version")
+    if compat.toolkit(family, toolkit) is None:
+        raise src.error(at, f"{label} {implied} is not a known toolkit",
+                        f"known: {span(list(compat.toolkits(family)))}")
+    if not merged.archs:
+        raise src.error(at, f"flavor {name} lists no GPU archs",
+                        "add 'archs: [...]' (archs are never detected on a builder)")
+    for key, archs in (("archs", merged.archs), ("ptx", merged.ptx or [])):
+        for bad in compat.unsupported_archs(family, toolkit, archs):
+            index = archs.index(bad)
+            path = where_set(key) + (index,)
+            raise src.error(path, f"{label} {implied} cannot target arch '{bad}'",
+                            f"it targets {', '.join(compat.toolkit(family, toolkit).archs)}")
+    if merged.ptx:
+        if family == "rocm":
+            raise src.error(where_set("ptx"), "ROCm flavors take no 'ptx'", "remove it")
+        for i, arch in enumerate(merged.ptx):
+            if arch not in merged.archs:
+                raise src.error(where_set("ptx") + (i,), f"ptx arch '{arch}' is not in archs",
+                                "TORCH_CUDA_ARCH_LIST embeds PTX only beside SASS; add it to archs")
+    return _Flavor(name, family, merged.model_copy(update={"toolkit": toolkit}))
+
+
+def _label(torch: str, flavor: str, platform: str, pythons: list[str], abi3: bool) -> str:
+    py = "" if abi3 else f"py{pythons[0]} × "
+    return f"{py}torch {torch} × {flavor} × {platform}"
+
+
+def _excluded(rules: list[Rule], values: dict[str, str], pythons: list[str], src: Source,
+              hits: list[int]) -> str | None:
+    for i, rule in enumerate(rules):
+        if _matches(rule, values, pythons):
+            hits[i] += 1
+            where = src.where(("exclude", i))
+            why = f": {rule.reason}" if rule.reason else ""
+            return f"excluded by exclude[{i}] ({where}){why}"
+    return None
+
+
+def _matches(rule: Rule, values: dict[str, str], pythons: list[str]) -> bool:
+    for key in ("torch", "flavor", "platform"):
+        pattern = getattr(rule, key)
+        if pattern is None:
+            continue
+        value = values[key]
+        candidates = [value, series(value)] if key == "torch" else [value]
+        if not any(fnmatch.fnmatchcase(c, pattern) for c in candidates):
+            return False
+    if rule.python is not None:
+        # Python rules only split non-abi3 cells; an abi3 cell is excluded only
+        # when every Python it would test is.
+        return all(fnmatch.fnmatchcase(p, rule.python) for p in pythons)
+    return True
+
+
+def _included(matrix: Matrix, src: Source, compat: Compat, flavors: dict[str, _Flavor],
+              rule: Rule, at: tuple[str | int, ...]) -> list[Cell]:
+    for key in ("torch", "flavor"):
+        value = getattr(rule, key)
+        if value is None:
+            raise src.error(at, f"an include needs '{key}'", f"add '{key}: ...'")
+        if any(ch in value for ch in "*?["):
+            raise src.error(at + (key,), f"include values are exact, not patterns ('{value}')",
+                            "name one release or flavor")
+    if rule.flavor not in flavors:
+        raise src.error(at + ("flavor",), f"flavor '{rule.flavor}' has no settings",
+                        f"add 'flavors: {{{rule.flavor}: {{...}}}}'")
+    torch = _pin_torch(rule.torch, at + ("torch",), src, compat)
+    flavor = flavors[rule.flavor]
+    platforms = [rule.platform] if rule.platform else matrix.axes.platform
+    pythons = [rule.python] if rule.python else matrix.axes.python
+    cells = []
+    for plat in platforms:
+        if plat not in matrix.platforms:
+            raise src.error(at + ("platform",), f"platform '{plat}' has no runner",
+                            f"add 'platforms: {{{plat}: {{runner: ...}}}}'")
+        reason = compat.why_not(torch, flavor.family, flavor.settings.toolkit, plat)
+        if reason:
+            raise src.error(at, f"included combination does not exist: {reason}")
+        usable = [p for p in pythons if compat.supports_python(torch, p)]
+        if not usable:
+            rng = compat.python_range(torch)
+            raise src.error(at, f"torch {series(torch)} supports Python {rng.min}–{rng.max}, "
+                                f"not {', '.join(pythons)}", "pick a supported Python")
+        groups = [usable] if matrix.extension.abi3 else [[p] for p in usable]
+        cells += [_cell(matrix, src, compat, torch, flavor, plat, g) for g in groups]
+    return cells
+
+
+def _cell(matrix: Matrix, src: Source, compat: Compat, torch: str, flavor: _Flavor,
+          platform: str, pythons: list[str]) -> Cell:
+    abi3 = matrix.extension.abi3
+    torch_series = series(torch)
+    s = flavor.settings
+    pythons = sorted(pythons, key=version_key)
+    cell_id = f"torch{torch_series}-{flavor.name}"
+    if not abi3:
+        cell_id = f"py{pythons[0]}-{cell_id}"
+    if platform != DEFAULT_PLATFORM:
+        cell_id += f"-{platform}"
+    archs = tuple(s.archs or ())
+    ptx = tuple(s.ptx or ())
+    if flavor.family == "cuda":
+        arch_list = ";".join(a + ("+PTX" if a in ptx else "") for a in archs)
+    else:
+        arch_list = ";".join(archs)
+    major, minor = torch_series.split(".")
+    fill = {"flavor": flavor.name, "toolkit": s.toolkit or "", "torch": torch,
+            "platform": platform}
+
+    def expand_text(key: str, text: str) -> str:
+        try:
+            return text.format(**fill)
+        except (KeyError, IndexError, ValueError):
+            at = ("flavors", flavor.name, key)
+            if getattr(matrix.flavors[flavor.name], key) is None:
+                at = ("defaults", flavor.family, key)
+            fix = "placeholders are {flavor}, {toolkit}, {torch} and {platform}"
+            raise src.error(at, f"bad placeholder in '{text}'", fix) from None
+    tag = s.toolkit if flavor.family != "cpu" else "latest"
+    return Cell(
+        id=cell_id,
+        torch=torch,
+        torch_series=torch_series,
+        flavor=flavor.name,
+        family=flavor.family,
+        toolkit=s.toolkit,
+        archs=archs,
+        ptx=ptx,
+        arch_list=arch_list,
+        python=pythons[0],
+        test_pythons=tuple(pythons),
+        platform=platform,
+        runner=matrix.platforms[platform].runner,
+        abi3=abi3,
+        cxx=compat.torch(torch).cxx,
+        torch_spec=f"torch=={torch}" + ("+cpu" if flavor.family == "cpu" else ""),
+        index=expand_text("index", s.index) if s.index else None,
+        base_image=expand_text("base_image", s.base_image) if s.base_image else None,
+        image=f"{matrix.images.prefix}-{flavor.family}:{tag}",
+        local_version=f"pt{major}{minor}{flavor.name}",
+        requires_torch=f"torch=={torch_series}.*",
+        runtime_deps=tuple(expand_text("runtime_deps", d) for d in (s.runtime_deps or ())),
+    )
+
+
+def _check_subsets(matrix: Matrix, src: Source, cells: list[Cell]) -> None:
+    ids = [c.id for c in cells]
+    for name, globs in matrix.subsets.items():
+        for i, glob in enumerate(globs):
+            if not any(fnmatch.fnmatchcase(cid, glob) for cid in ids):
+                close = difflib.get_close_matches(glob, ids, n=1, cutoff=0.5)
+                fix = f"did you mean '{close[0]}'?" if close else "run 'extmatrix plan' for ids"
+                raise src.error(("subsets", name, i), f"subset '{name}': '{glob}' matches no cell",
+                                fix)

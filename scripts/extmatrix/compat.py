@@ -1,0 +1,127 @@
+"""Which combinations exist: the facts table (data/compat.yaml) and the rules over it."""
+
+from __future__ import annotations
+
+import datetime
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import Field
+
+from . import source as yaml_source
+from .config import Family, Platform, _Model, validate
+
+BUILTIN = Path(__file__).parent / "data" / "compat.yaml"
+
+
+class PythonRange(_Model):
+    min: str
+    max: str
+
+
+class TorchFacts(_Model):
+    latest: str = Field(description="Newest patch release of the series.")
+    released: datetime.date | str | None = None
+    python: PythonRange
+    cxx: int = Field(description="C++ standard extensions must be compiled with.")
+    cuda: list[str] = Field(default_factory=list)
+    pypi_cuda: str | None = None
+    rocm: list[str] = Field(default_factory=list)
+    source: str
+
+
+class ToolkitFacts(_Model):
+    archs: list[str]
+    source: str
+
+
+class PlatformFacts(_Model):
+    families: list[Family]
+    source: str
+
+
+class CompatFile(_Model):
+    torch: dict[str, TorchFacts]
+    cuda: dict[str, ToolkitFacts] = Field(default_factory=dict)
+    rocm: dict[str, ToolkitFacts] = Field(default_factory=dict)
+    platforms: dict[Platform, PlatformFacts] = Field(default_factory=dict)
+
+
+def version_key(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.split(".") if part.isdigit())
+
+
+def series(version: str) -> str:
+    """2.11.0 -> 2.11"""
+    return ".".join(version.split(".")[:2])
+
+
+def span(versions: list[str]) -> str:
+    ordered = sorted(versions, key=version_key)
+    return ", ".join(ordered) if ordered else "none"
+
+
+@dataclass(frozen=True)
+class Compat:
+    facts: CompatFile
+    file: str
+
+    @classmethod
+    def load(cls, path: str | Path | None = None) -> Compat:
+        path = Path(path) if path else BUILTIN
+        return cls(validate(yaml_source.load(path), CompatFile), str(path))
+
+    def torch(self, version: str) -> TorchFacts | None:
+        return self.facts.torch.get(series(version))
+
+    def known_torch(self) -> str:
+        return span(list(self.facts.torch))
+
+    def toolkits(self, family: Family) -> dict[str, ToolkitFacts]:
+        return self.facts.cuda if family == "cuda" else self.facts.rocm
+
+    def toolkit(self, family: Family, version: str) -> ToolkitFacts | None:
+        table = self.toolkits(family)
+        return table.get(version) or table.get(series(version))
+
+    def unsupported_archs(self, family: Family, toolkit: str, archs: list[str]) -> list[str]:
+        facts = self.toolkit(family, toolkit)
+        known = set(facts.archs) if facts else set()
+        # "9.0a"/"10.0f" are arch-specific variants of 9.0/10.0.
+        return [a for a in archs if a.rstrip("af") not in known and a not in known]
+
+    def why_not(
+        self, torch: str, family: Family, toolkit: str | None, platform: str
+    ) -> str | None:
+        """Why torch × flavor × platform does not exist, or None if it does."""
+        facts = self.torch(torch)
+        if facts is None:
+            return f"torch {series(torch)} is not in the compatibility facts"
+        plat = self.facts.platforms.get(platform)  # type: ignore[call-overload]
+        if plat is not None and family not in plat.families:
+            return f"no {family} builds of torch exist for {platform}"
+        if family == "cpu":
+            return None
+        published = facts.cuda if family == "cuda" else facts.rocm
+        if toolkit is not None and not _published(toolkit, published):
+            label = "CUDA" if family == "cuda" else "ROCm"
+            return (
+                f"torch {series(torch)} has no {label} {series(toolkit)} build "
+                f"(it ships {label} {span(published)})"
+            )
+        return None
+
+    def python_range(self, torch: str) -> PythonRange | None:
+        facts = self.torch(torch)
+        return facts.python if facts else None
+
+    def supports_python(self, torch: str, python: str) -> bool:
+        rng = self.python_range(torch)
+        return rng is not None and (
+            version_key(rng.min) <= version_key(python) <= version_key(rng.max)
+        )
+
+
+def _published(toolkit: str, published: list[str]) -> bool:
+    """rocm6.2.4 is published as "6.2.4"; a flavor may name 12.8 or 12.8.1 for "12.8"."""
+    return toolkit in published or series(toolkit) in published
