@@ -147,7 +147,8 @@ def expand(matrix: Matrix, src: Source, compat: Compat) -> Plan:
         plan.cells.append(cell)
 
     pythons = matrix.axes.python
-    # Why each axis value was dropped, so a value that yields no cell can say why.
+    # Axis values that produced a cell (or were excluded on purpose), and why the
+    # others were dropped, so a value that can never yield a cell is reported.
     yielded: set[tuple[str, int]] = set()
     first_drop: dict[tuple[str, int], str] = {}
     for ti, torch in enumerate(torches):
@@ -159,6 +160,8 @@ def expand(matrix: Matrix, src: Source, compat: Compat) -> Plan:
                     label = _label(torch, fname, plat, group, matrix.extension.abi3)
                     values = {"torch": torch, "flavor": fname, "platform": plat}
                     reason = _excluded(matrix.exclude, values, group, src, exclude_hits)
+                    if reason:  # the user chose this: not a value that cannot yield cells
+                        yielded.update({("torch", ti), ("flavor", fi)})
                     reason = reason or compat.why_not(torch, flavor.family,
                                                       flavor.settings.toolkit, plat)
                     usable = [p for p in group if compat.supports_python(torch, p)]
@@ -183,14 +186,16 @@ def expand(matrix: Matrix, src: Source, compat: Compat) -> Plan:
         if not hits:
             raise src.error(("exclude", i), f"exclude[{i}] matches no combination of the axes",
                             "fix its patterns or delete it")
+    if not plan.cells:
+        why = plan.dropped[0].reason if plan.dropped else "no combination"
+        raise src.error(("axes",), f"the matrix has no cells (first drop: {why})",
+                        "widen the axes or loosen the rules")
     for axis, values in (("torch", matrix.axes.torch), ("flavor", matrix.axes.flavor)):
         for i, value in enumerate(values):
             if (axis, i) not in yielded:
                 why = first_drop.get((axis, i), "")
-                raise src.error(("axes", axis, i), f"{axis} '{value}' yields no cell ({why})",
+                raise src.error(("axes", axis, i), f"{axis} '{value}' yields no cell: {why}",
                                 "remove it or add a combination that exists")
-    if not plan.cells:
-        raise src.error(("axes",), "the matrix has no cells", "widen the axes or the rules")
     _check_subsets(matrix, src, plan.cells)
     return plan
 

@@ -154,7 +154,8 @@ def validate(source: Source, model: type[_Model]) -> Any:
         return model.model_validate(source.data)
     except ValidationError as exc:
         errors = exc.errors(include_url=False)
-        first = min(errors, key=lambda e: _order(source, e))
+        # A misspelt key also shows up as a missing one; the misspelling is the news.
+        first = min(errors, key=lambda e: (e["type"] != "extra_forbidden", *_order(source, e)))
         raise _user_error(source, model, first) from None
 
 
@@ -215,6 +216,9 @@ def _user_error(source: Source, model: type[_Model], error: dict) -> UserError:
         )
     if kind == "literal_error":
         expected = error.get("ctx", {}).get("expected", "")
+        if error["loc"][-1:] == ("[key]",):
+            return source.error(loc, f"'{error.get('input')}' is not allowed under "
+                                f"'{_dotted(loc[:-1])}'", f"use {expected}", key=True)
         return source.error(
             loc, f"'{_dotted(loc)}' cannot be {_describe(error.get('input'))}", f"use {expected}"
         )

@@ -23,7 +23,7 @@ def plan_table(cells: list[Cell], title: str) -> Table:
     for c in cells:
         archs = c.arch_list.replace(";", " ") or "-"
         toolkit = f"{c.family} {c.toolkit}" if c.toolkit else c.family
-        pythons = " ".join(c.test_pythons)
+        pythons = _span(c.test_pythons)
         requires = ", ".join((c.requires_torch, *c.runtime_deps))
         wheel = f"+{c.local_version} {'abi3' if c.abi3 else 'cp' + c.python.replace('.', '')}"
         table.add_row(c.id, c.torch, toolkit, archs, pythons, wheel, requires)
@@ -43,3 +43,11 @@ def print_plan(cells: list[Cell], dropped: list[Dropped] | None, console: Consol
     console.print(plan_table(cells, f"{len(cells)} cells"))
     if dropped is not None:
         console.print(dropped_table(dropped))
+
+
+def _span(pythons: tuple[str, ...]) -> str:
+    """3.10 3.11 3.12 -> 3.10–3.12; gaps are listed."""
+    minors = [int(p.split(".")[1]) for p in pythons]
+    if len(minors) > 2 and minors == list(range(minors[0], minors[-1] + 1)):
+        return f"{pythons[0]}–{pythons[-1]}"
+    return " ".join(pythons)

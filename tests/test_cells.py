@@ -1,0 +1,142 @@
+"""Cell expansion: ids, pins, per-cell settings, rules and selection."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from extmatrix.cells import plan_file
+from extmatrix.cli import main
+from extmatrix.errors import UserError
+
+ROOT = Path(__file__).resolve().parent.parent
+SHIPPED = ROOT / "matrix.yaml"
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "matrix.yaml"
+    path.write_text(text)
+    return path
+
+
+SMALL = textwrap.dedent("""
+    extension: {name: demo, import: demo, abi3: ABI3}
+    axes:
+      torch: ["2.11", "2.14.0"]
+      flavor: [cpu, cu130, rocm7.2]
+      python: ["3.10", "3.12"]
+    defaults:
+      cuda: {index: "https://idx/{flavor}", runtime_deps: [triton], base_image: "img:{toolkit}"}
+    flavors:
+      cpu: {}
+      cu130: {archs: ["8.0", "9.0"], ptx: ["9.0"]}
+      rocm7.2: {archs: [gfx942, gfx90a], runtime_deps: [pytorch-triton-rocm]}
+""")
+
+
+def small(tmp_path: Path, abi3: bool = True, extra: str = "") -> list:
+    text = SMALL.replace("ABI3", str(abi3).lower()) + textwrap.dedent(extra)
+    return plan_file(write(tmp_path, text)).cells
+
+
+def test_abi3_cells_multiply_only_tests(tmp_path):
+    cells = small(tmp_path)
+    assert [c.id for c in cells] == [
+        "torch2.11-cpu", "torch2.11-cu130", "torch2.11-rocm7.2",
+        "torch2.14-cpu", "torch2.14-cu130",  # 2.14 ships ROCm 7.2 and 7.14 ...
+        "torch2.14-rocm7.2",
+    ]
+    cell = cells[1]
+    assert cell.torch == "2.11.0" and cell.test_pythons == ("3.10", "3.12")
+    assert cell.python == "3.10"  # the oldest Python builds the abi3 wheel
+
+
+def test_non_abi3_cells_carry_python(tmp_path):
+    ids = [c.id for c in small(tmp_path, abi3=False)]
+    assert ids[:2] == ["py3.10-torch2.11-cpu", "py3.12-torch2.11-cpu"]
+    assert len(ids) == 12
+
+
+def test_cell_fields(tmp_path):
+    cpu, cuda, rocm = small(tmp_path)[3:6]
+    assert cpu.torch_spec == "torch==2.14.0+cpu" and cpu.runtime_deps == ()
+    assert cpu.arch_list == "" and cpu.toolkit is None
+    assert cuda.torch == "2.14.0"  # an exact pin is kept, not bumped to the newest patch
+    assert cuda.arch_list == "8.0;9.0+PTX"
+    assert cuda.index == "https://idx/cu130" and cuda.base_image == "img:13.0"
+    assert cuda.local_version == "pt214cu130" and cuda.requires_torch == "torch==2.14.*"
+    assert cuda.runtime_deps == ("triton",) and cuda.cxx == 20
+    assert rocm.arch_list == "gfx942;gfx90a" and rocm.runtime_deps == ("pytorch-triton-rocm",)
+    assert rocm.image == "extmatrix-rocm:7.2" and rocm.toolkit == "7.2"
+
+
+def test_exclude_and_include(tmp_path):
+    plan = plan_file(write(tmp_path, SMALL.replace("ABI3", "true") + textwrap.dedent("""
+        exclude:
+          - {torch: "2.11", flavor: "rocm*", reason: too old}
+        include:
+          - {torch: "2.9", flavor: cu130, python: "3.12"}
+    """)))
+    ids = [c.id for c in plan.cells]
+    assert "torch2.11-rocm7.2" not in ids
+    assert ids[-1] == "torch2.9-cu130"
+    assert plan.cells[-1].test_pythons == ("3.12",)
+    (drop,) = [d for d in plan.dropped if "rocm7.2" in d.combo and "2.11" in d.combo]
+    assert drop.reason.startswith("excluded by exclude[0] (") and drop.reason.endswith(": too old")
+
+
+def test_python_exclude_on_abi3_needs_every_python(tmp_path):
+    cells = small(tmp_path, extra="""
+        exclude:
+          - {torch: "2.11", python: "3.1*"}
+    """)
+    assert not [c for c in cells if c.torch_series == "2.11"]
+
+
+def test_dropped_reasons_explain_missing_combinations(tmp_path):
+    path = write(tmp_path, SMALL.replace("ABI3", "true").replace('"2.14.0"]', '"2.14.0", "2.5"]'))
+    plan = plan_file(path)
+    reasons = {d.combo: d.reason for d in plan.dropped}
+    assert reasons["torch 2.5.1 × cu130 × x86_64"] == (
+        "torch 2.5 has no CUDA 13.0 build (it ships CUDA 11.8, 12.1, 12.4)")
+
+
+def test_shipped_matrix_local_subset_is_the_three_local_cells(capsys):
+    assert main(["plan", "--matrix", str(SHIPPED), "--subset", "local", "--json"]) == 0
+    cells = json.loads(capsys.readouterr().out)["include"]
+    assert [c["cell"] for c in cells] == ["torch2.11-cu130", "torch2.13-cpu", "torch2.14-cu130"]
+
+
+def test_every_shipped_cell_carries_what_a_backend_needs():
+    plan = plan_file(SHIPPED)
+    assert len(plan.cells) > 20
+    for cell in plan.cells:
+        data = cell.to_json()
+        assert data["torch"].count(".") == 2
+        assert data["index"] and data["base_image"] and data["image"]
+        assert data["local_version"].startswith("pt")
+        assert data["requires_torch"].startswith("torch==")
+        if cell.family != "cpu":
+            assert cell.arch_list and cell.toolkit
+            assert cell.runtime_deps
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "ids"),
+    [
+        ({"patterns": ["torch2.1[34]-cu13*"]},
+         ["torch2.13-cu130", "torch2.13-cu132", "torch2.14-cu130", "torch2.14-cu132"]),
+        ({"subset": "pr", "patterns": ["*cpu"]}, ["torch2.13-cpu"]),
+        ({"cell_ids": ["torch2.11-cu130"]}, ["torch2.11-cu130"]),
+    ],
+)
+def test_selection(kwargs, ids):
+    assert [c.id for c in plan_file(SHIPPED).select(**kwargs)] == ids
+
+
+def test_selection_that_matches_nothing_is_an_error():
+    with pytest.raises(UserError, match="no cell matches"):
+        plan_file(SHIPPED).select(subset="pr", patterns=["*rocm*"])

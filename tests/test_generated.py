@@ -1,0 +1,47 @@
+"""Generated output is pinned by golden files; checked-in generated files are fresh."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from extmatrix import schema
+from extmatrix.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize(
+    ("name", "args"),
+    [
+        ("plan-all.json", []),
+        ("plan-local.json", ["--subset", "local"]),
+        ("plan-pr.json", ["--subset", "pr"]),
+    ],
+)
+def test_plan_json(name, args, golden, capsys):
+    assert main(["plan", "--matrix", str(ROOT / "matrix.yaml"), "--json", *args]) == 0
+    golden(name, capsys.readouterr().out)
+
+
+def test_plan_explain_table(golden, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "160")
+    monkeypatch.chdir(ROOT)
+    assert main(["plan", "--explain"]) == 0
+    golden("plan-explain.txt", capsys.readouterr().out)
+
+
+def test_checked_in_schema_is_fresh():
+    assert (ROOT / "matrix.schema.json").read_text() == schema.render(), (
+        "matrix.schema.json is stale: run 'nox -s schema'"
+    )
+
+
+def test_schema_check_command_detects_staleness(tmp_path, capsys):
+    stale = tmp_path / "schema.json"
+    stale.write_text("{}\n")
+    assert main(["schema", "--check", "--output", str(stale)]) == 2
+    assert "the JSON Schema is stale" in capsys.readouterr().err
+    assert main(["schema", "--output", str(stale)]) == 0
+    assert main(["schema", "--check", "--output", str(stale)]) == 0
