@@ -10,9 +10,10 @@ from pathlib import Path
 
 from rich.console import Console
 
-from . import report, schema
+from . import report, run, schema
 from .cells import Cell, Plan, plan_file
 from .errors import UserError
+from .toolchain import NotBuildable
 
 Handler = Callable[[argparse.Namespace], int]
 _COMMANDS: dict[str, Handler] = {}
@@ -28,9 +29,55 @@ def _selection_args(parser: argparse.ArgumentParser) -> None:
                         help="cells whose id matches GLOB, e.g. 'torch2.1*-cu13*'")
 
 
-def selected(args: argparse.Namespace) -> tuple[Plan, list[Cell]]:
+def selected(args: argparse.Namespace, default_subset: str | None = None
+             ) -> tuple[Plan, list[Cell]]:
     plan = plan_file(args.matrix)
-    return plan, plan.select(args.subset, args.cell, args.patterns)
+    subset = args.subset
+    if subset is None and not args.cell and not args.patterns and default_subset:
+        subset = default_subset if default_subset in plan.matrix.subsets else None
+    return plan, plan.select(subset, args.cell, args.patterns)
+
+
+def _run_args(parser: argparse.ArgumentParser) -> None:
+    _selection_args(parser)
+    parser.add_argument("--backend", choices=run.BACKENDS, default="local",
+                        help="local: a virtual environment per cell; container: cibuildwheel "
+                        "in the flavor's image")
+    parser.add_argument("-j", "--jobs", type=int, default=1, help="cells at a time")
+    parser.add_argument("--dist", help="results folder (default: dist/ beside the matrix)")
+    parser.add_argument("--fail-fast", action="store_true",
+                        help="stop starting cells after the first failure")
+
+
+def _build(args: argparse.Namespace) -> int:
+    plan, cells = selected(args, default_subset="local")
+    ctx = run.context(plan, dist=args.dist, parallel=args.jobs)
+    console = Console(stderr=True)
+    reports = run.build(cells, ctx, args.backend, args.jobs, not args.fail_fast, console)
+    return run.finish(reports, args.backend, console)
+
+
+def _test_matrix(args: argparse.Namespace) -> int:
+    plan, cells = selected(args, default_subset="local")
+    ctx = run.context(plan, dist=args.dist, parallel=args.jobs, require_gpu=args.require_gpu)
+    console = Console(stderr=True)
+    reports = run.test(cells, ctx, args.backend, args.jobs, not args.fail_fast, console)
+    return run.finish(reports, args.backend, console)
+
+
+def _repro(args: argparse.Namespace) -> int:
+    args.cell, args.subset, args.patterns = [args.cell_id], None, []
+    plan, (cell,) = selected(args)
+    ctx = run.context(plan, dist=args.dist, parallel=1, require_gpu=args.require_gpu,
+                      echo=sys.stdout)
+    console = Console(stderr=True)
+    reports = run.build([cell], ctx, args.backend, 1, True, console)
+    if reports[0].build == "built":
+        reports = run.test([cell], ctx, args.backend, 1, True, console)
+    status = run.finish(reports, args.backend, console)
+    if args.shell:
+        return run.shell(cell, ctx, args.backend)
+    return status
 
 
 def _plan(args: argparse.Namespace) -> int:
@@ -70,6 +117,28 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also list every dropped combination with its reason")
     _COMMANDS["plan"] = _plan
 
+    p = sub.add_parser("build", help="build the wheels of the selected cells (default: subset "
+                       "local) into dist/<cell>/")
+    _run_args(p)
+    _COMMANDS["build"] = _build
+
+    p = sub.add_parser("test-matrix", help="install each built wheel beside its torch in a fresh "
+                       "environment and run the extension's tests")
+    _run_args(p)
+    p.add_argument("--require-gpu", action="store_true",
+                   help="GPU tests fail instead of skipping when no GPU is visible")
+    _COMMANDS["test-matrix"] = _test_matrix
+
+    p = sub.add_parser("repro", help="rebuild and retest one cell, printing every command")
+    p.add_argument("cell_id", metavar="CELL")
+    p.add_argument("--matrix", default=os.environ.get("EXTMATRIX_MATRIX", "matrix.yaml"))
+    p.add_argument("--backend", choices=run.BACKENDS, default="local")
+    p.add_argument("--dist", help="results folder (default: dist/ beside the matrix)")
+    p.add_argument("--require-gpu", action="store_true")
+    p.add_argument("--shell", action="store_true",
+                   help="then leave me in the cell's environment")
+    _COMMANDS["repro"] = _repro
+
     p = sub.add_parser("schema", help="write the JSON Schema of matrix.yaml for editors")
     p.add_argument("--output", default="matrix.schema.json")
     p.add_argument("--check", action="store_true", help="fail if the file on disk is stale")
@@ -83,6 +152,9 @@ def main(argv: list[str] | None = None) -> int:
         return _COMMANDS[args.command](args)
     except UserError as exc:
         print(f"extmatrix: {exc}" if exc.where is None else str(exc), file=sys.stderr)
+        return 2
+    except NotBuildable as exc:
+        print(f"extmatrix: not buildable here: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -87,6 +87,14 @@ class Extension(_Model):
         description="One cp3X-abi3 wheel serves every Python of a cell; "
         "the Python axis then only multiplies the tests.",
     )
+    test_args: list[str] = Field(
+        default_factory=list, description="Extra pytest arguments for the matrix tests."
+    )
+    mismatch_message: str | None = Field(
+        None,
+        description="Text the ImportError must contain when a wheel is imported beside "
+        "another torch (the cross-cell check).",
+    )
 
 
 class FlavorSettings(_Model):

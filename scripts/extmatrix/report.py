@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
@@ -51,3 +53,110 @@ def _span(pythons: tuple[str, ...]) -> str:
     if len(minors) > 2 and minors == list(range(minors[0], minors[-1] + 1)):
         return f"{pythons[0]}–{pythons[-1]}"
     return " ".join(pythons)
+
+
+@dataclass
+class CellReport:
+    """What happened to one cell; saved as dist/<cell>/report.json."""
+
+    cell: str
+    backend: str
+    build: str = "pending"  # built | failed | not-buildable
+    test: str = "not-run"  # passed | failed | not-run
+    reason: str | None = None
+    toolkit: str | None = None
+    sources: list[str] = field(default_factory=list)
+    wheel: str | None = None
+    wheel_size: int | None = None
+    version: str | None = None
+    requires: list[str] = field(default_factory=list)
+    sass: list[str] = field(default_factory=list)
+    ptx: list[str] = field(default_factory=list)
+    ccache: dict[str, int] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+    junit: dict[str, int] = field(default_factory=dict)
+    cross_check: str | None = None
+    commands: list[str] = field(default_factory=list)
+
+    @property
+    def failed(self) -> bool:
+        return (self.build == "failed" or self.test == "failed"
+                or (self.cross_check or "").startswith("FAILED"))
+
+    def write(self, path: Path) -> None:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(self), indent=2) + "\n")
+        tmp.replace(path)
+
+    @classmethod
+    def read(cls, path: Path) -> CellReport | None:
+        try:
+            return cls(**json.loads(path.read_text()))
+        except (OSError, ValueError, TypeError):
+            return None
+
+
+def _status(r: CellReport) -> str:
+    if r.failed:
+        return "FAILED"
+    return "ok" if r.build == "built" else r.build
+
+
+def _tests(r: CellReport) -> str:
+    if not r.junit:
+        return r.test
+    j = r.junit
+    return f"{r.test}: {j.get('passed', 0)} passed, {j.get('skipped', 0)} skipped" + (
+        f", {j['failures'] + j['errors']} failed" if j.get("failures") or j.get("errors") else "")
+
+
+def _wheel(r: CellReport) -> str:
+    if not r.wheel:
+        return "-"
+    size = f"{r.wheel_size / 1e6:.1f} MB" if r.wheel_size else ""
+    archs = " ".join([*(f"sm{a}" for a in r.sass), *(f"ptx{a}" for a in r.ptx)])
+    return f"{r.wheel} ({size}{'; ' + archs if archs else ''})"
+
+
+def _times(r: CellReport) -> str:
+    return " ".join(f"{k} {v:.0f}s" for k, v in r.timings.items())
+
+
+def summary_rows(reports: list[CellReport]) -> list[list[str]]:
+    rows = []
+    for r in reports:
+        cache = f"{r.ccache.get('hits', 0)}/{r.ccache.get('hits', 0) + r.ccache.get('misses', 0)}" \
+            if r.ccache else "-"
+        rows.append([r.cell, _status(r), _tests(r), _wheel(r), cache, _times(r)])
+    return rows
+
+
+SUMMARY_COLUMNS = ["cell", "status", "tests", "wheel", "ccache hits", "timings"]
+
+
+def summary_table(reports: list[CellReport]) -> Table:
+    table = Table(title=f"{len(reports)} cells", title_justify="left")
+    for column in SUMMARY_COLUMNS:
+        table.add_column(column, overflow="fold")
+    for row, r in zip(summary_rows(reports), reports, strict=True):
+        table.add_row(*row, style="red" if r.failed else None)
+    return table
+
+
+def repro_lines(reports: list[CellReport], backend: str) -> list[str]:
+    flag = "" if backend == "local" else f" --backend {backend}"
+    return [f"{r.cell}: {(r.reason or r.cross_check or '').splitlines()[0]}\n"
+            f"    reproduce: nox -s repro -- {r.cell}{flag}" for r in reports if r.failed]
+
+
+def summary_markdown(reports: list[CellReport], backend: str) -> str:
+    lines = ["| " + " | ".join(SUMMARY_COLUMNS) + " |",
+             "|" + " --- |" * len(SUMMARY_COLUMNS)]
+    for row in summary_rows(reports):
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in row) + " |")
+    failed = [r for r in reports if r.failed]
+    if failed:
+        lines += ["", "Failed cells:", ""]
+        flag = "" if backend == "local" else f" --backend {backend}"
+        lines += [f"- `{r.cell}`: `nox -s repro -- {r.cell}{flag}`" for r in failed]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,264 @@
+"""The local backend: each cell in its own virtual environment on this machine, no container.
+
+Build: toolkit → environment with the cell's exact torch → compile the wheel with
+ccache → check the wheel (version label, Requires-Dist, archs in the binary).
+Test: a fresh environment with the cell's torch and the built wheel (never the
+source tree) → the extension's tests, JUnit XML next to the wheel.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tomllib
+from pathlib import Path
+
+from .. import envs, toolchain, wheels
+from ..cells import Cell
+from ..report import CellReport
+from ..steps import StepFailed, Steps
+from ..toolchain import NotBuildable
+from . import Context, publish, staging_dir
+
+BUILD_TOOLS = ["pip", "ninja"]  # beside the extension's own [build-system] requires
+# Build products live in the per-cell copy and must survive syncs: they make rebuilds warm.
+SKIP_DIRS = {"build", "dist", "__pycache__", ".pytest_cache", ".git"}
+
+
+def build(cell: Cell, ctx: Context) -> CellReport:
+    report = CellReport(cell=cell.id, backend="local")
+    staging = staging_dir(ctx, cell)
+    steps = Steps(staging / "build.log", echo=ctx.echo)
+    try:
+        with steps.timed("toolkit"):
+            tools = toolchain.provision(cell, ctx.cache, log=steps.note)
+            report.toolkit = tools.origin
+        venv = ctx.work / cell.id / "build-env"
+        with steps.timed("env"):
+            sources = prepare_env(cell, venv, build_requirements(ctx.ext_dir), steps)
+        report.sources = list(sources.notes)
+        src = ctx.work / cell.id / "src"
+        sync_tree(ctx.ext_dir, src)
+        env = compile_env(cell, tools, ctx, venv, src)
+        before = ccache_stats(env)
+        out = ctx.work / cell.id / "wheelhouse"
+        shutil.rmtree(out, ignore_errors=True)
+        with steps.timed("compile"):
+            steps.run("compile", [str(envs.python_of(venv)), "-m", "pip", "wheel",
+                                  "--no-build-isolation", "--no-deps", "--no-cache-dir",
+                                  "--disable-pip-version-check", "-w", str(out), str(src)],
+                      env=env, cwd=src)
+        report.ccache = ccache_delta(before, ccache_stats(env))
+        check_wheel(cell, ctx, single_wheel(out), report, staging, venv)
+        report.build = "built"
+    except NotBuildable as exc:
+        report.build, report.reason = "not-buildable", f"not buildable here: {exc}"
+    except StepFailed as exc:
+        report.build, report.reason = "failed", str(exc)
+    finally:
+        report.timings.update(steps.timings)
+        report.commands = steps.commands
+        steps.close()
+        publish(ctx, cell, staging, report)
+    return report
+
+
+def check_wheel(cell: Cell, ctx: Context, wheel: Path, report: CellReport, staging: Path,
+                venv: Path | None) -> None:
+    """Fail the cell unless the wheel holds what the cell promised; keep it in staging."""
+    facts = wheels.inspect(wheel, cell, toolchain.cuobjdump(ctx.cache, venv)
+                           if cell.family == "cuda" else None)
+    report.wheel, report.wheel_size, report.version = facts.name, facts.size, facts.version
+    report.requires, report.sass, report.ptx = facts.requires, facts.sass, facts.ptx
+    shutil.copy2(wheel, staging / wheel.name)
+    if facts.problems:
+        raise StepFailed("check", "; ".join(facts.problems))
+
+
+def build_requirements(ext_dir: Path) -> list[str]:
+    """The extension's [build-system] requires, minus torch (the cell pins it)."""
+    pyproject = ext_dir / "pyproject.toml"
+    requires: list[str] = ["setuptools", "wheel"]
+    if pyproject.is_file():
+        requires = tomllib.loads(pyproject.read_text()).get("build-system", {}).get(
+            "requires", requires)
+    wanted = [r for r in requires if not r.lower().startswith("torch")] + BUILD_TOOLS
+    return list(dict.fromkeys(wanted))
+
+
+def prepare_env(cell: Cell, venv: Path, extra: list[str], steps: Steps) -> envs.Sources:
+    """Reuse the cell's environment when its torch and tools are unchanged."""
+    sources = envs.sources_for(cell)
+    python = envs.find_python(cell)
+    wanted = {"python": python, "requirements": [cell.torch_spec, *extra],
+              "sources": sources.uv_args()}
+    if envs.matches(venv, wanted):
+        steps.note(f"reusing {venv}")
+        return sources
+    steps.run("env", envs.create_cmd(venv, python))
+    steps.run("env", envs.install_cmd(venv, wanted["requirements"], sources))
+    envs.write_marker(venv, wanted)
+    return sources
+
+
+def sync_tree(src: Path, dst: Path) -> None:
+    """Mirror src into dst, touching only changed files so incremental builds stay warm."""
+    dst.mkdir(parents=True, exist_ok=True)
+    seen: set[Path] = set()
+    for root, dirs, files in os.walk(src):
+        dirs[:] = [d for d in dirs if d not in SKIP_DIRS and not d.endswith(".egg-info")]
+        rel = Path(root).relative_to(src)
+        (dst / rel).mkdir(parents=True, exist_ok=True)
+        seen.add(rel)
+        for name in files:
+            source, target = Path(root) / name, dst / rel / name
+            seen.add(rel / name)
+            s = source.stat()
+            try:
+                t = target.stat()
+                if t.st_size == s.st_size and int(t.st_mtime) == int(s.st_mtime):
+                    continue
+            except FileNotFoundError:
+                pass
+            shutil.copy2(source, target)
+    for root, dirs, files in os.walk(dst):
+        dirs[:] = [d for d in dirs if d not in SKIP_DIRS and not d.endswith(".egg-info")]
+        rel = Path(root).relative_to(dst)
+        for name in files:
+            if rel / name not in seen:
+                (Path(root) / name).unlink()
+
+
+def compile_env(cell: Cell, tools: toolchain.Toolchain, ctx: Context, venv: Path,
+                src: Path) -> dict[str, str]:
+    env = dict(tools.env)
+    path = [str(venv / "bin")]
+    ccache = toolchain.compiler_cache(ctx.cache)
+    if ccache:
+        path.insert(0, ccache.pop("CCACHE_SHIMS"))
+        env.update(ccache)
+        env["CCACHE_BASEDIR"] = str(src)
+        if tools.home and cell.family == "cuda":
+            env["PYTORCH_NVCC"] = f"{ccache['EXTMATRIX_CCACHE']} {tools.home / 'bin' / 'nvcc'}"
+    env["PATH"] = os.pathsep.join([*path, env.get("PATH", os.environ.get("PATH", ""))])
+    if cell.family == "cuda":
+        # ATen's CUDA headers include cuBLAS/cuSPARSE headers: take them from torch's wheels.
+        site = next(venv.glob("lib/python3*/site-packages"))
+        includes = sorted({str(p) for p in site.glob("nvidia/*/include")})
+        env["CPATH"] = os.pathsep.join(filter(None, [*includes, os.environ.get("CPATH")]))
+    env.update(MAX_JOBS=str(ctx.max_jobs), EXTMATRIX_LOCAL_VERSION=cell.local_version,
+               EXTMATRIX_RUNTIME_DEPS=json.dumps(list(cell.runtime_deps)))
+    return env
+
+
+def single_wheel(folder: Path) -> Path:
+    found = sorted(folder.glob("*.whl"))
+    if len(found) != 1:
+        raise StepFailed("compile", f"expected one wheel in {folder}, found {len(found)}")
+    return found[0]
+
+
+def ccache_stats(env: dict[str, str]) -> dict[str, int]:
+    exe = env.get("EXTMATRIX_CCACHE")
+    if not exe:
+        return {}
+    out = subprocess.run([exe, "--print-stats"], capture_output=True, text=True,
+                         env={**os.environ, **env}).stdout
+    stats = {}
+    for line in out.splitlines():
+        key, _, value = line.partition("\t")
+        if value.strip().isdigit():
+            stats[key] = int(value)
+    return stats
+
+
+def ccache_delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    def count(stats: dict[str, int], *keys: str) -> int:
+        return sum(stats.get(k, 0) for k in keys)
+
+    hits = ("direct_cache_hit", "preprocessed_cache_hit")
+    return {"hits": count(after, *hits) - count(before, *hits),
+            "misses": count(after, "cache_miss") - count(before, "cache_miss")}
+
+
+# ---------------------------------------------------------------------------- tests
+
+
+def test(cell: Cell, ctx: Context, report: CellReport) -> CellReport:
+    """Install the built wheel beside the cell's torch in a fresh env and run the tests."""
+    cell_dist = ctx.dist / cell.id
+    steps = Steps(cell_dist / "test.log", echo=ctx.echo)
+    try:
+        wheel = single_wheel(cell_dist)
+        venv = ctx.work / cell.id / "test-env"
+        sources = envs.sources_for(cell)
+        with steps.timed("test-env"):
+            steps.run("test-env", envs.create_cmd(venv, envs.find_python(cell)))
+            steps.run("test-env", envs.install_cmd(
+                venv, [cell.torch_spec, f"{ctx.matrix.extension.name}[test] @ {wheel.as_uri()}"],
+                sources))
+        with steps.timed("tests"):
+            result = steps.run("tests", pytest_cmd(ctx, venv, cell_dist / "junit.xml"),
+                               cwd=ctx.work / cell.id, check=False)
+        report.junit = read_junit(cell_dist / "junit.xml")
+        report.test = "passed" if result.returncode == 0 else "failed"
+        if result.returncode != 0:
+            report.reason = f"tests failed (exit {result.returncode}); see {steps.log_path}"
+    except (NotBuildable, StepFailed) as exc:
+        report.test, report.reason = "failed", str(exc)
+    finally:
+        report.timings.update(steps.timings)
+        report.commands += steps.commands
+        steps.close()
+    return report
+
+
+def pytest_cmd(ctx: Context, venv: Path, junit: Path) -> list[str]:
+    tests = ctx.ext_dir / ctx.matrix.extension.tests
+    args = [str(envs.python_of(venv)), "-m", "pytest", str(tests), "-p", "no:cacheprovider",
+            "--rootdir", str(tests), "-q", "-rs", f"--junitxml={junit}",
+            *ctx.matrix.extension.test_args]
+    return args + (["--require-gpu"] if ctx.require_gpu else [])
+
+
+def read_junit(path: Path) -> dict[str, int]:
+    import xml.etree.ElementTree as ET
+
+    try:
+        root = ET.parse(path).getroot()
+    except (OSError, ET.ParseError):
+        return {}
+    suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
+    totals = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
+    for suite in suites:
+        for key in totals:
+            totals[key] += int(suite.get(key, 0))
+    totals["passed"] = totals["tests"] - totals["failures"] - totals["errors"] - totals["skipped"]
+    return totals
+
+
+def cross_check(cell: Cell, other: Cell, ctx: Context) -> str:
+    """This cell's wheel beside another cell's torch must fail with a clear ImportError."""
+    venv = ctx.work / other.id / "test-env"
+    wheel = single_wheel(ctx.dist / cell.id)
+    target = ctx.work / cell.id / f"cross-{other.id}"
+    shutil.rmtree(target, ignore_errors=True)
+    subprocess.run([envs.uv(), "pip", "install", "--quiet", "--no-deps", "--target", str(target),
+                    "--python", str(envs.python_of(venv)), str(wheel)], check=True,
+                   capture_output=True)
+    result = subprocess.run(
+        [str(envs.python_of(venv)), "-c", f"import {ctx.matrix.extension.import_name}"],
+        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(target)},
+        cwd=target)
+    shutil.rmtree(target, ignore_errors=True)
+    last = (result.stderr.strip().splitlines() or [""])[-1]
+    expect = ctx.matrix.extension.mismatch_message
+    label = f"beside {other.id}'s torch"
+    if result.returncode == 0:
+        return f"FAILED {label}: imported without error"
+    if not last.startswith("ImportError") or "undefined symbol" in last or (
+            expect and expect not in last):
+        return f"FAILED {label}: {last or f'exit {result.returncode}'}"
+    return f"ok {label}: {last}"

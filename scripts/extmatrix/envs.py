@@ -1,0 +1,142 @@
+"""Per-cell virtual environments, made with uv so that cells sharing a torch share its files.
+
+uv's cache hard-links installed files: the first environment with torch 2.14.1
+unpacks ~5 GB, every later one costs seconds. Package sources are the cell's torch
+index (when reachable) plus whatever pip is already configured with on this host
+(find-links, extra indexes), so local wheel folders and mirrors keep working.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+
+from .cells import Cell
+from .toolchain import NotBuildable
+
+
+@dataclass(frozen=True)
+class Sources:
+    index_url: str | None = None
+    extra_index_urls: tuple[str, ...] = ()
+    find_links: tuple[str, ...] = ()
+    notes: tuple[str, ...] = field(default=(), compare=False)
+
+    def uv_args(self) -> list[str]:
+        args: list[str] = []
+        if self.index_url:
+            args += ["--default-index", self.index_url]
+        for url in self.extra_index_urls:
+            args += ["--index", url]
+        for link in self.find_links:
+            args += ["--find-links", link]
+        # torch lives on several indexes at once (PyPI and PyTorch's); take the best match.
+        return args + ["--index-strategy", "unsafe-best-match"]
+
+
+@cache
+def uv() -> str:
+    try:
+        from uv import find_uv_bin
+
+        return find_uv_bin()
+    except (ImportError, FileNotFoundError):
+        found = shutil.which("uv")
+        if not found:
+            raise NotBuildable("uv is not installed (pip install uv)") from None
+        return found
+
+
+@cache
+def host_sources() -> Sources:
+    """find-links and indexes from the host's pip configuration and environment."""
+    try:
+        out = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True,
+                             text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        out = ""
+    values: dict[str, list[str]] = {}
+    for line in out.splitlines():
+        key, _, raw = line.partition("=")
+        name = key.rsplit(".", 1)[-1]
+        values.setdefault(name, []).extend(raw.strip().strip("'\"").split())
+    index = (values.get("index-url") or [None])[0]
+    return Sources(index, tuple(dict.fromkeys(values.get("extra-index-url", []))),
+                   tuple(dict.fromkeys(values.get("find-links", []))))
+
+
+def reachable(url: str, timeout: float = 5.0) -> bool:
+    if url.startswith("file://"):
+        return Path(url[len("file://"):]).exists()
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=timeout):
+            return True
+    except urllib.error.HTTPError as exc:
+        return exc.code < 500
+    except (OSError, ValueError):
+        return False
+
+
+def sources_for(cell: Cell) -> Sources:
+    """The cell's torch index first; the host's configured sources keep working beside it."""
+    host = host_sources()
+    mode = os.environ.get("EXTMATRIX_TORCH_INDEX", "auto")
+    if cell.index and mode != "host" and (mode == "cell" or reachable(cell.index)):
+        return Sources(host.index_url, (cell.index, *host.extra_index_urls), host.find_links,
+                       (f"torch from {cell.index}",))
+    note = (f"{cell.index} not reachable: torch from the host's pip sources"
+            if cell.index and mode != "host" else "torch from the host's pip sources")
+    return Sources(host.index_url, host.extra_index_urls, host.find_links, (note,))
+
+
+def find_python(cell: Cell) -> str:
+    """An installed interpreter for the cell: the build Python, else any Python it tests."""
+    wanted = [cell.python] if not cell.abi3 else list(cell.test_pythons)
+    here = f"{sys.version_info.major}.{sys.version_info.minor}"
+    if here in wanted:
+        return sys.executable
+    env = {**os.environ, "UV_PYTHON_DOWNLOADS": "never"}
+    for version in wanted:
+        found = subprocess.run([uv(), "python", "find", version], capture_output=True, text=True,
+                               env=env)
+        if found.returncode == 0 and found.stdout.strip():
+            return found.stdout.strip()
+    raise NotBuildable(f"no Python {' or '.join(wanted)} is installed here")
+
+
+def python_of(venv: Path) -> Path:
+    return venv / "bin" / "python"
+
+
+def env_marker(venv: Path) -> Path:
+    return venv / "extmatrix-env.json"
+
+
+def matches(venv: Path, wanted: dict) -> bool:
+    marker = env_marker(venv)
+    try:
+        return python_of(venv).exists() and json.loads(marker.read_text()) == wanted
+    except (OSError, ValueError):
+        return False
+
+
+def write_marker(venv: Path, wanted: dict) -> None:
+    env_marker(venv).write_text(json.dumps(wanted, indent=2, sort_keys=True) + "\n")
+
+
+def create_cmd(venv: Path, python: str) -> list[str]:
+    return [uv(), "venv", "--quiet", "--clear", "--python", python, str(venv)]
+
+
+def install_cmd(venv: Path, requirements: list[str], sources: Sources,
+                extra: list[str] | None = None) -> list[str]:
+    return [uv(), "pip", "install", "--quiet", "--python", str(python_of(venv)),
+            *sources.uv_args(), *(extra or []), *requirements]

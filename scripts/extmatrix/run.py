@@ -1,0 +1,130 @@
+"""Running many cells: keep going past failures, optional parallelism, one summary."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from pathlib import Path
+from types import ModuleType
+
+from rich.console import Console
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+from . import envs, toolchain
+from .backends import Context, local, max_jobs
+from .cells import Cell, Plan
+from .errors import UserError
+from .report import CellReport, repro_lines, summary_markdown, summary_table
+
+BACKENDS = ("local", "container")
+
+
+def backend(name: str) -> ModuleType:
+    if name == "container":
+        from .backends import container
+
+        return container
+    return local
+
+
+def context(plan: Plan, *, dist: str | None, parallel: int, require_gpu: bool = False,
+            echo=None) -> Context:
+    root = Path(plan.source.file).resolve().parent
+    work = Path(os.environ.get("EXTMATRIX_WORK") or root / ".extmatrix")
+    return Context(plan.matrix, root, Path(dist).resolve() if dist else root / "dist",
+                   work, toolchain.cache_root(), max_jobs(parallel), require_gpu, echo)
+
+
+def each_cell(cells: list[Cell], work: Callable[[Cell], CellReport], verb: str, jobs: int,
+              keep_going: bool, console: Console) -> list[CellReport]:
+    reports: dict[str, CellReport] = {}
+    columns = (SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True) as progress, \
+            ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        tasks = {c.id: progress.add_task(f"{verb} {c.id}", start=False) for c in cells}
+        pending = list(cells)
+        running = {}
+        stop = False
+        while pending or running:
+            while pending and len(running) < max(1, jobs) and not stop:
+                cell = pending.pop(0)
+                progress.start_task(tasks[cell.id])
+                running[pool.submit(work, cell)] = cell
+            if not running:
+                break
+            done = next(as_completed(running))
+            cell = running.pop(done)
+            report = done.result()
+            reports[cell.id] = report
+            progress.remove_task(tasks[cell.id])
+            mark = "[red]FAILED[/red]" if report.failed else (
+                "ok" if report.build == "built" else report.build)
+            console.print(f"{verb} {cell.id}: {mark}")
+            stop = stop or (report.failed and not keep_going)
+    return [reports[c.id] for c in cells if c.id in reports]
+
+
+def build(cells: list[Cell], ctx: Context, backend_name: str, jobs: int, keep_going: bool,
+          console: Console) -> list[CellReport]:
+    impl = backend(backend_name)
+    return each_cell(cells, lambda c: impl.build(c, ctx), "build", jobs, keep_going, console)
+
+
+def test(cells: list[Cell], ctx: Context, backend_name: str, jobs: int, keep_going: bool,
+         console: Console) -> list[CellReport]:
+    impl = local  # wheels are tested the way users install them: in a plain environment
+
+    def one(cell: Cell) -> CellReport:
+        report = CellReport.read(ctx.dist / cell.id / "report.json")
+        if report is None:
+            return CellReport(cell=cell.id, backend=backend_name, build="missing",
+                              reason=f"no build result in {ctx.dist / cell.id}; run the build")
+        if report.build != "built":
+            return report
+        report.test, report.cross_check = "not-run", None
+        return impl.test(cell, ctx, report)
+
+    reports = each_cell(cells, one, "test", jobs, keep_going, console)
+    by_id = {c.id: c for c in cells}
+    tested = [r for r in reports if r.test == "passed"]
+    for report in tested:
+        cell = by_id[report.cell]
+        other = next((by_id[o.cell] for o in tested
+                      if by_id[o.cell].torch_series != cell.torch_series), None)
+        report.cross_check = (impl.cross_check(cell, other, ctx) if other else
+                              "skipped: no cell with another torch in this run")
+    for report in reports:
+        if report.build == "built":
+            report.write(ctx.dist / report.cell / "report.json")
+    return reports
+
+
+def finish(reports: list[CellReport], backend_name: str, console: Console) -> int:
+    console.print(summary_table(reports))
+    for line in repro_lines(reports, backend_name):
+        console.print(line, highlight=False, markup=False)
+    step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if step_summary:
+        with open(step_summary, "a", encoding="utf-8") as fh:
+            fh.write(summary_markdown(reports, backend_name))
+    return 1 if any(r.failed for r in reports) else 0
+
+
+def shell(cell: Cell, ctx: Context, backend_name: str) -> int:
+    """Leave the user in the cell's build environment."""
+    if backend_name == "container":
+        return backend(backend_name).shell(cell, ctx)
+    venv = ctx.work / cell.id / "build-env"
+    if not envs.python_of(venv).exists():
+        raise UserError(None, f"cell {cell.id} has no environment yet", "build it first")
+    tools = toolchain.provision(cell, ctx.cache)
+    env = local.compile_env(cell, tools, ctx, venv, ctx.work / cell.id / "src")
+    env["VIRTUAL_ENV"] = str(venv)
+    env["PS1"] = f"({cell.id}) \\w $ "
+    print(f"# entering {cell.id}'s environment in {ctx.work / cell.id / 'src'}; exit to leave",
+          file=sys.stderr)
+    return subprocess.call([os.environ.get("SHELL", "bash")], env={**os.environ, **env},
+                           cwd=ctx.work / cell.id / "src")
