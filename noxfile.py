@@ -22,6 +22,30 @@ def plan(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHON)
+def build(session: nox.Session) -> None:
+    """Build the cells' wheels into dist/<cell>/ (default: subset local).
+
+    `nox -s build -- --cell torch2.13-cpu -j 2 --backend container`
+    """
+    engine(session)
+    session.run("extmatrix", "build", *session.posargs)
+
+
+@nox.session(name="test-matrix", python=PYTHON)
+def test_matrix(session: nox.Session) -> None:
+    """Test each built wheel in a fresh environment beside its torch (`-- --require-gpu`)."""
+    engine(session)
+    session.run("extmatrix", "test-matrix", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def repro(session: nox.Session) -> None:
+    """Rebuild and retest one cell, printing every command: `nox -s repro -- CELL [--shell]`."""
+    engine(session)
+    session.run("extmatrix", "repro", *session.posargs)
+
+
+@nox.session(python=PYTHON)
 def schema(session: nox.Session) -> None:
     """Regenerate matrix.schema.json for editors."""
     engine(session)
@@ -37,6 +61,13 @@ def tests(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def bench(session: nox.Session) -> None:
-    """Benchmarks that print ratios measured side by side."""
+    """Planning speed: a 1,000+ cell matrix next to a bare YAML parse."""
     engine(session)
     session.run("python", "benchmarks/bench_plan.py", *session.posargs)
+
+
+@nox.session(name="bench-build", python=PYTHON)
+def bench_build(session: nox.Session) -> None:
+    """Build caching: warm and one-file rebuilds against a cold build, second env against first."""
+    engine(session)
+    session.run("python", "benchmarks/bench_build.py", *session.posargs)

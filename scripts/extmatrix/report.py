@@ -80,7 +80,7 @@ class CellReport:
 
     @property
     def failed(self) -> bool:
-        return (self.build == "failed" or self.test == "failed"
+        return (self.build in ("failed", "missing") or self.test == "failed"
                 or (self.cross_check or "").startswith("FAILED"))
 
     def write(self, path: Path) -> None:

@@ -1,0 +1,164 @@
+"""The local backend's pieces, without compiling anything."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from extmatrix import envs, report, toolchain, wheels
+from extmatrix.backends import Context, local, max_jobs, publish, staging_dir
+from extmatrix.cells import plan_file
+from extmatrix.cli import main
+from extmatrix.report import CellReport
+
+ROOT = Path(__file__).resolve().parent.parent
+PLAN = plan_file(ROOT / "matrix.yaml")
+
+
+def ctx_for(tmp_path: Path) -> Context:
+    return Context(PLAN.matrix, ROOT, tmp_path / "dist", tmp_path / "work", tmp_path / "cache", 2)
+
+
+def fake_wheel(path: Path, version: str, requires: list[str]) -> Path:
+    with zipfile.ZipFile(path, "w") as zf:
+        meta = ["Metadata-Version: 2.1", "Name: segment-ops", f"Version: {version}",
+                *(f"Requires-Dist: {r}" for r in requires)]
+        zf.writestr("segment_ops-0.1.0.dist-info/METADATA", "\n".join(meta) + "\n")
+    return path
+
+
+def test_sync_tree_copies_only_changes_and_keeps_build_products(tmp_path):
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    (src / "csrc").mkdir(parents=True)
+    (src / "csrc" / "a.cpp").write_text("int a;")
+    (src / "old.txt").write_text("x")
+    (src / "build").mkdir()
+    (src / "build" / "junk.o").write_text("stale")
+    local.sync_tree(src, dst)
+    assert (dst / "csrc" / "a.cpp").read_text() == "int a;"
+    assert not (dst / "build").exists()  # the source tree's build products are not copied
+    (dst / "build").mkdir()
+    (dst / "build" / "a.o").write_text("object")
+    copied = (dst / "csrc" / "a.cpp").stat().st_mtime_ns
+    time.sleep(0.01)
+    (src / "old.txt").unlink()
+    local.sync_tree(src, dst)
+    assert (dst / "csrc" / "a.cpp").stat().st_mtime_ns == copied  # untouched: stays warm
+    assert not (dst / "old.txt").exists()
+    assert (dst / "build" / "a.o").exists()
+
+
+def test_wheel_check_finds_missing_promises(tmp_path):
+    cell = PLAN.cell("torch2.14-cu130")
+    good = fake_wheel(tmp_path / "g.whl", "0.1.0+pt214cu130", ["torch==2.14.*", "triton"])
+    assert wheels.inspect(good, PLAN.cell("torch2.14-cpu"), None).problems == [
+        "version 0.1.0+pt214cu130 lacks the local label +pt214cpu"]
+    bad = fake_wheel(tmp_path / "b.whl", "0.1.0", ["torch"])
+    problems = wheels.inspect(bad, cell, None).problems
+    assert problems == [
+        "version 0.1.0 lacks the local label +pt214cu130",
+        "Requires-Dist does not pin torch==2.14.*",
+        "Requires-Dist lacks the runtime dependency triton",
+        "cannot check GPU archs: cuobjdump is not available",
+    ]
+
+
+def test_cuobjdump_listing_is_parsed():
+    listing = ("ELF file    1: _C.abi3.1.sm_80.cubin\nELF file    2: _C.abi3.2.sm_90a.cubin\n"
+               "ELF file    3: _C.abi3.3.sm_120.cubin\nPTX file    1: _C.abi3.1.sm_120.ptx\n")
+    assert wheels._parse(listing, "elf") == {"8.0", "9.0", "12.0"}
+    assert wheels._parse(listing, "ptx") == {"12.0"}
+
+
+def test_host_sources_come_from_pip_config(monkeypatch):
+    out = ("global.extra-index-url='file:///a/simple file:///b/simple'\n"
+           "global.find-links='/wheels'\n:env:.find-links='/wheels'\n")
+
+    class Done:
+        stdout = out
+
+    envs.host_sources.cache_clear()
+    monkeypatch.setattr(envs.subprocess, "run", lambda *a, **k: Done())
+    try:
+        sources = envs.host_sources()
+    finally:
+        envs.host_sources.cache_clear()
+    assert sources.extra_index_urls == ("file:///a/simple", "file:///b/simple")
+    assert sources.find_links == ("/wheels",)
+    assert sources.uv_args() == ["--index", "file:///a/simple", "--index", "file:///b/simple",
+                                 "--find-links", "/wheels", "--index-strategy",
+                                 "unsafe-best-match"]
+
+
+def test_unreachable_cell_index_falls_back_to_host_sources(monkeypatch):
+    monkeypatch.setattr(envs, "reachable", lambda url, timeout=5.0: False)
+    monkeypatch.delenv("EXTMATRIX_TORCH_INDEX", raising=False)
+    sources = envs.sources_for(PLAN.cell("torch2.14-cu130"))
+    assert "https://download.pytorch.org/whl/cu130" not in sources.extra_index_urls
+    assert "not reachable" in sources.notes[0]
+    monkeypatch.setattr(envs, "reachable", lambda url, timeout=5.0: True)
+    sources = envs.sources_for(PLAN.cell("torch2.14-cu130"))
+    assert sources.extra_index_urls[0] == "https://download.pytorch.org/whl/cu130"
+
+
+def test_publish_replaces_only_its_own_cell(tmp_path):
+    ctx = ctx_for(tmp_path)
+    other = ctx.dist / "torch2.13-cpu"
+    other.mkdir(parents=True)
+    (other / "keep.whl").write_text("wheel")
+    cell = PLAN.cell("torch2.14-cu130")
+    for attempt in ("first", "second"):
+        staging = staging_dir(ctx, cell)
+        (staging / f"{attempt}.log").write_text(attempt)
+        publish(ctx, cell, staging, CellReport(cell=cell.id, backend="local", build="failed"))
+    assert sorted(p.name for p in (ctx.dist / cell.id).iterdir()) == ["report.json", "second.log"]
+    assert (other / "keep.whl").read_text() == "wheel"
+    assert sorted(p.name for p in ctx.dist.iterdir()) == ["torch2.13-cpu", "torch2.14-cu130"]
+
+
+def test_cells_that_cannot_be_had_here_are_not_attempted(tmp_path):
+    ctx = ctx_for(tmp_path)
+    rocm = local.build(PLAN.cell("torch2.14-rocm7.2"), ctx)
+    assert rocm.build == "not-buildable" and not rocm.failed
+    assert rocm.reason.startswith("not buildable here: ROCm 7.2 is not installed")
+    arm = local.build(PLAN.cell("torch2.14-cpu-aarch64"), ctx)
+    assert arm.reason == ("not buildable here: a aarch64 cell needs a aarch64 builder "
+                          f"(this machine is {os.uname().machine})")
+    saved = json.loads((ctx.dist / "torch2.14-rocm7.2" / "report.json").read_text())
+    assert saved["build"] == "not-buildable"
+
+
+def test_cuda_12_without_system_toolkit_is_not_buildable(tmp_path, monkeypatch):
+    monkeypatch.setattr(toolchain, "_system_cuda", lambda wanted: None)
+    with pytest.raises(toolchain.NotBuildable, match="cannot be assembled from PyPI"):
+        toolchain.provision(PLAN.cell("torch2.11-cu128"), tmp_path)
+
+
+def test_max_jobs_shares_cores_between_parallel_cells():
+    assert max_jobs(1) >= max_jobs(2) >= 1
+    assert max_jobs(10_000) == 1
+
+
+def test_summary_markdown_lists_repro_commands():
+    reports = [CellReport(cell="torch2.13-cpu", backend="local", build="built", test="passed",
+                          junit={"passed": 5, "skipped": 2, "failures": 0, "errors": 0}),
+               CellReport(cell="torch2.14-cu130", backend="local", build="failed",
+                          reason="compile: exit status 1")]
+    text = report.summary_markdown(reports, "local")
+    assert "| torch2.13-cpu | ok | passed: 5 passed, 2 skipped |" in text
+    assert "- `torch2.14-cu130`: `nox -s repro -- torch2.14-cu130`" in text
+
+
+def test_test_matrix_without_builds_reports_missing_and_fails(tmp_path, capsys):
+    status = main(["test-matrix", "--matrix", str(ROOT / "matrix.yaml"), "--cell",
+                   "torch2.13-cpu", "--dist", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert status == 1
+    assert "torch2.13-cpu: no build result in" in err
+    assert "reproduce: nox -s repro -- torch2.13-cpu" in err
+    assert not (tmp_path / "torch2.13-cpu").exists()  # nothing is made up for it
