@@ -127,11 +127,15 @@ def summary_rows(reports: list[CellReport]) -> list[list[str]]:
     for r in reports:
         cache = f"{r.ccache.get('hits', 0)}/{r.ccache.get('hits', 0) + r.ccache.get('misses', 0)}" \
             if r.ccache else "-"
-        rows.append([r.cell, _status(r), _tests(r), _wheel(r), cache, _times(r)])
+        foreign = "-" if not r.cross_check else (
+            "FAILED" if r.cross_check.startswith("FAILED") else
+            "refused" if r.cross_check.startswith("ok") else "skipped")
+        rows.append([r.cell, _status(r), _tests(r), foreign, _wheel(r), cache, _times(r)])
     return rows
 
 
-SUMMARY_COLUMNS = ["cell", "status", "tests", "wheel", "ccache hits", "timings"]
+# "foreign torch": the wheel imported beside another cell's torch must be refused cleanly.
+SUMMARY_COLUMNS = ["cell", "status", "tests", "foreign torch", "wheel", "ccache hits", "timings"]
 
 
 def summary_table(reports: list[CellReport]) -> Table:

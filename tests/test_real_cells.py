@@ -1,0 +1,87 @@
+"""Real cells, end to end: build a CPU and a CUDA wheel here, then test them as users would.
+
+Slow (minutes): the CUDA cell compiles kernels for four archs on a CPU-only machine.
+Deselect with `-m "not cells"` for a quick run.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from extmatrix import envs
+from extmatrix.cells import plan_file
+from extmatrix.cli import main
+from extmatrix.report import CellReport
+
+ROOT = Path(__file__).resolve().parent.parent
+MATRIX = str(ROOT / "matrix.yaml")
+CPU, CUDA = "torch2.13-cpu", "torch2.14-cu130"
+
+pytestmark = pytest.mark.cells
+
+
+@pytest.fixture(scope="module")
+def dist(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("dist")
+    status = main(["build", "--matrix", MATRIX, "--cell", CPU, "--cell", CUDA, "--dist", str(out)])
+    for cell in (CPU, CUDA):
+        log = out / cell / "build.log"
+        assert log.is_file(), f"{cell} left no build log"
+    assert status == 0, (out / CUDA / "build.log").read_text()[-3000:]
+    return out
+
+
+def report(dist: Path, cell: str) -> CellReport:
+    found = CellReport.read(dist / cell / "report.json")
+    assert found is not None
+    return found
+
+
+def test_wheels_carry_what_the_cells_promised(dist):
+    plan = plan_file(MATRIX)
+    cpu, cuda = report(dist, CPU), report(dist, CUDA)
+    assert cpu.wheel.startswith("segment_ops-0.1.0+pt213cpu-cp310-abi3-")
+    assert cuda.wheel.startswith("segment_ops-0.1.0+pt214cu130-cp310-abi3-")
+    assert "torch==2.13.*" in cpu.requires and "triton" not in cpu.requires
+    assert {"torch==2.14.*", "triton"} <= set(cuda.requires)
+    cell = plan.cell(CUDA)
+    assert cuda.sass == list(cell.archs) and cuda.ptx == list(cell.ptx)  # read from the binary
+    assert (dist / CUDA / cuda.wheel).is_file()
+
+
+def test_wheels_pass_their_tests_and_refuse_a_foreign_torch(dist, capsys):
+    status = main(["test-matrix", "--matrix", MATRIX, "--cell", CPU, "--cell", CUDA,
+                   "--dist", str(dist)])
+    assert status == 0, capsys.readouterr().err
+    for cell in (CPU, CUDA):
+        result = report(dist, cell)
+        assert result.test == "passed"
+        assert result.junit["passed"] > 20 and result.junit["failures"] == 0
+        assert (dist / cell / "junit.xml").is_file()
+        assert result.cross_check.startswith("ok beside"), result.cross_check
+        assert "built for torch" in result.cross_check
+
+
+def test_gpu_tests_fail_without_a_gpu_when_required(dist, capsys):
+    status = main(["test-matrix", "--matrix", MATRIX, "--cell", CPU, "--dist", str(dist),
+                   "--require-gpu"])
+    assert status == 1
+    result = report(dist, CPU)
+    assert result.test == "failed" and result.junit["failures"] > 0
+
+
+def test_jit_and_cmake_builds_match_the_wheel(dist):
+    """The extension's other two build paths, run once against the CPU cell's torch."""
+    venv = Path(os.environ.get("EXTMATRIX_WORK") or ROOT / ".extmatrix") / CPU / "test-env"
+    assert envs.python_of(venv).exists()
+    subprocess.run([envs.uv(), "pip", "install", "--quiet", "--python",
+                    str(envs.python_of(venv)), "cmake==4.4.4", "ninja==1.13.2"], check=True)
+    result = subprocess.run(
+        [str(envs.python_of(venv)), "-m", "pytest", str(ROOT / "ext" / "tests"), "-m", "build",
+         "-p", "no:cacheprovider", "-q", "-rs"], capture_output=True, text=True, cwd=venv)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    assert " passed" in result.stdout and "skipped" not in result.stdout.splitlines()[-1]
