@@ -1,0 +1,178 @@
+"""Build script for segment-ops: one abi3 wheel per (torch minor, CPU/CUDA/ROCm).
+
+Build with the target torch already installed:
+    pip wheel --no-build-isolation --no-deps . -w dist/
+The environment variables it reads are described in README.md.
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+from setuptools import setup
+from torch.utils import cpp_extension
+
+VERSION = "0.1.0"
+# torch >= 2.9 supports CPython >= 3.10, so the wheel is tagged cp310-abi3.
+LIMITED_API_TAG, LIMITED_API_HEX = "cp310", "0x030A0000"
+TORCH_MAJOR, TORCH_MINOR = (int(p) for p in re.match(r"(\d+)\.(\d+)", torch.__version__).groups())
+# GPU archs come only from these variables; the build never probes a GPU.
+ARCH_VARIABLE = {"cuda": "TORCH_CUDA_ARCH_LIST", "rocm": "PYTORCH_ROCM_ARCH"}
+ARCH_EXAMPLE = {"cuda": "8.0;9.0+PTX", "rocm": "gfx90a;gfx942"}
+
+
+def env_flag(name):
+    return os.environ.get(name, "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def toolkit_found(home, *markers):
+    # Checks headers too: torch's guess from a wrapper nvcc on PATH can be a
+    # prefix like /usr/local that holds no toolkit.
+    return bool(home) and all(Path(home, m).exists() for m in markers)
+
+
+def choose_variant():
+    """'cpu', 'cuda' or 'rocm' from how torch was built and which toolkit is
+    present; never from the GPUs of the build machine, which usually has none."""
+    if env_flag("EXTMATRIX_FORCE_CPU"):
+        return "cpu"
+    if torch.version.cuda:
+        if toolkit_found(cpp_extension.CUDA_HOME, "bin/nvcc", "include/cuda_runtime_api.h"):
+            return "cuda"
+        print(
+            f"segment-ops: torch {torch.__version__} has CUDA but no toolkit was found "
+            f"(CUDA_HOME={cpp_extension.CUDA_HOME}); building CPU kernels only",
+            file=sys.stderr,
+        )
+    if torch.version.hip:
+        if toolkit_found(cpp_extension.ROCM_HOME, "bin/hipcc"):
+            return "rocm"
+        print(
+            f"segment-ops: torch {torch.__version__} has HIP but no ROCm was found "
+            f"(ROCM_HOME={cpp_extension.ROCM_HOME}); building CPU kernels only",
+            file=sys.stderr,
+        )
+    return "cpu"
+
+
+def local_version(variant):
+    """pt{major}{minor} + cpu | cu{major}{minor} | rocm{major}.{minor}."""
+    torch_tag = f"pt{TORCH_MAJOR}{TORCH_MINOR}"
+    if variant == "cuda":
+        return torch_tag + "cu" + "".join(torch.version.cuda.split(".")[:2])
+    if variant == "rocm":
+        return torch_tag + "rocm" + ".".join(torch.version.hip.split(".")[:2])
+    return torch_tag + "cpu"
+
+
+def chosen_local_version(variant):
+    derived = local_version(variant)
+    label = os.environ.get("EXTMATRIX_LOCAL_VERSION", "").strip() or derived
+    if not re.fullmatch(r"[A-Za-z0-9]+(\.[A-Za-z0-9]+)*", label):
+        sys.exit(f"segment-ops: EXTMATRIX_LOCAL_VERSION={label!r} is not a PEP 440 local version")
+    # A label in this scheme must describe what is built: a wheel named cu130
+    # holding CPU kernels only (toolkit not found) would ship a broken cell.
+    if re.fullmatch(r"pt\d+(cpu|cu\d+|rocm\d+\.\d+)", label) and label != derived:
+        sys.exit(
+            f"segment-ops: EXTMATRIX_LOCAL_VERSION={label}, but this build is {derived} "
+            f"({variant} kernels, torch {torch.__version__}); check CUDA_HOME/ROCM_HOME, "
+            f"EXTMATRIX_FORCE_CPU and the installed torch"
+        )
+    return label
+
+
+def runtime_deps(variant):
+    raw = os.environ.get("EXTMATRIX_RUNTIME_DEPS", "").strip()
+    if not raw:  # the Triton backend needs triton; torch's GPU wheels name it this way
+        return {"cuda": ["triton"], "rocm": ["pytorch-triton-rocm"]}.get(variant, [])
+    try:
+        deps = json.loads(raw)
+    except json.JSONDecodeError:
+        deps = None
+    if not isinstance(deps, list) or not all(isinstance(d, str) for d in deps):
+        sys.exit(f"segment-ops: EXTMATRIX_RUNTIME_DEPS must be a JSON list of strings, got {raw!r}")
+    return deps
+
+
+def first_line(*cmd, containing=""):
+    """First line of a tool's output that contains `containing`, or None."""
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return next((line.strip() for line in out.splitlines() if containing in line), None)
+
+
+def build_facts(variant):
+    """What the import-time check compares (see src/segment_ops/_compat.py)."""
+    cxx = os.environ.get("CXX", "c++")
+    nvcc = str(Path(cpp_extension.CUDA_HOME or "", "bin", "nvcc"))
+    return {
+        "version": f"{VERSION}+{LOCAL_VERSION}",
+        "variant": variant,
+        "torch": torch.__version__,
+        "torch_git": torch.version.git_version,
+        "cuda": torch.version.cuda if variant == "cuda" else None,
+        "hip": torch.version.hip if variant == "rocm" else None,
+        "arch_list": os.environ.get(ARCH_VARIABLE[variant]) if variant in ARCH_VARIABLE else None,
+        "cxx11_abi": bool(torch._C._GLIBCXX_USE_CXX11_ABI),
+        "compiler": first_line(cxx, "--version") or cxx,
+        "nvcc": first_line(nvcc, "--version", containing="release") if variant == "cuda" else None,
+        "python_abi": f"{LIMITED_API_TAG}-abi3",
+    }
+
+
+class BuildExt(cpp_extension.BuildExtension):
+    def finalize_options(self):
+        super().finalize_options()
+        # setuptools skips an extension whose .so is newer than its sources,
+        # even if that .so was built against another torch; ninja's own
+        # command-line and header tracking decides what to rebuild instead.
+        self.force = True
+
+    def run(self):
+        # torch would otherwise ask the local GPU for its arch: a CPU builder has none.
+        if VARIANT in ARCH_VARIABLE and not os.environ.get(ARCH_VARIABLE[VARIANT], "").strip():
+            sys.exit(
+                f"segment-ops: a {VARIANT} build needs {ARCH_VARIABLE[VARIANT]} "
+                f"(e.g. {ARCH_EXAMPLE[VARIANT]!r}); it never detects GPUs"
+            )
+        super().run()
+        facts = Path(self.get_ext_fullpath("segment_ops._C")).with_name("_build_info.json")
+        facts.write_text(json.dumps(build_facts(VARIANT), indent=2) + "\n")
+
+
+def extension(variant):
+    sources = ["csrc/segment_sum.cpp", "csrc/python_module.cpp"]
+    cxx_flags = ["-O3"]
+    # torch >= 2.7 defines Py_LIMITED_API itself for py_limited_api=True
+    # (pytorch/pytorch#145764); older ones need it here or abi3 is a false claim.
+    if (TORCH_MAJOR, TORCH_MINOR) < (2, 7):
+        cxx_flags.append(f"-DPy_LIMITED_API={LIMITED_API_HEX}")
+    if variant == "cpu":
+        return cpp_extension.CppExtension(
+            "segment_ops._C", sources, extra_compile_args={"cxx": cxx_flags}, py_limited_api=True
+        )
+    # On ROCm torch hipifies the .cu and compiles it with hipcc.
+    return cpp_extension.CUDAExtension(
+        "segment_ops._C",
+        sources + ["csrc/cuda/segment_sum.cu"],
+        extra_compile_args={"cxx": cxx_flags, "nvcc": ["-O3"]},
+        py_limited_api=True,
+    )
+
+
+VARIANT = choose_variant()
+LOCAL_VERSION = chosen_local_version(VARIANT)
+
+setup(
+    version=f"{VERSION}+{LOCAL_VERSION}",
+    install_requires=[f"torch=={TORCH_MAJOR}.{TORCH_MINOR}.*", *runtime_deps(VARIANT)],
+    ext_modules=[extension(VARIANT)],
+    cmdclass={"build_ext": BuildExt},
+    options={"bdist_wheel": {"py_limited_api": LIMITED_API_TAG}},
+)

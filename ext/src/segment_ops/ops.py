@@ -1,0 +1,112 @@
+"""Python side of the ops: the public functions, fake (meta) kernels for
+torch.compile, and autograd.
+
+The C++ library defines the schemas and device kernels; everything torch
+needs beyond that is registered here, per namespace, so a JIT or CMake build
+registered under another namespace can reuse it (see tests/test_build_paths.py).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+NAMESPACE = "segment_ops"
+BACKENDS = ("native", "triton")
+_FLOAT_TYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+
+
+def segment_sum(src: Tensor, indptr: Tensor, *, backend: str = "native") -> Tensor:
+    """Sum rows of ``src`` per CSR segment.
+
+    Args:
+        src: ``[N, *]`` float32, float64, float16 or bfloat16 (the half types
+            accumulate in float32).
+        indptr: int64 ``[B + 1]``, non-decreasing, ``indptr[0] == 0`` and
+            ``indptr[-1] == N``; segment ``b`` is rows ``indptr[b]:indptr[b+1]``.
+        backend: ``"native"`` (C++/CUDA/HIP kernels) or ``"triton"`` (CUDA/ROCm
+            tensors only; needs triton).
+
+    Returns:
+        ``[B, *]``; an empty segment sums to zeros. Differentiable in ``src``.
+    """
+    if backend == "native":
+        return getattr(torch.ops, NAMESPACE).segment_sum(src, indptr)
+    if backend == "triton":
+        # Imported on first use: CPU-only installs have no triton.
+        from ._triton import segment_sum_triton
+
+        return segment_sum_triton(src, indptr)
+    raise ValueError(f"segment_sum: backend must be one of {BACKENDS}, got {backend!r}")
+
+
+def segment_gather(src: Tensor, indptr: Tensor, rows: int) -> Tensor:
+    """Inverse layout of segment_sum (and its backward): ``out[i] = src[segment of row i]``.
+
+    ``src`` is ``[B, *]``, the result ``[rows, *]`` with ``rows == indptr[-1]``.
+    """
+    return getattr(torch.ops, NAMESPACE).segment_gather(src, indptr, rows)
+
+
+def check_metadata(op: str, data_name: str, data: Tensor, indptr: Tensor) -> None:
+    """The C++ metadata checks, for fake tensors and the Triton path."""
+    if indptr.device != data.device:
+        raise RuntimeError(
+            f"{op}: indptr must be on the same device as {data_name} ({data.device}), "
+            f"got {indptr.device}"
+        )
+    if indptr.dtype != torch.int64:
+        raise RuntimeError(f"{op}: indptr must be int64, got {indptr.dtype}")
+    if indptr.dim() != 1 or indptr.shape[0] < 1:
+        raise RuntimeError(
+            f"{op}: indptr must be 1-D with at least one element, got shape {tuple(indptr.shape)}"
+        )
+    if data.dim() < 1:
+        raise RuntimeError(f"{op}: {data_name} must have at least one dimension")
+    if data.dtype not in _FLOAT_TYPES:
+        raise RuntimeError(
+            f"{op}: {data_name} must be float32, float64, float16 or bfloat16, got {data.dtype}"
+        )
+
+
+def register_python_parts(namespace: str) -> None:
+    """Register fake kernels and autograd for the ops of ``namespace``."""
+    ops = getattr(torch.ops, namespace)
+
+    @torch.library.register_fake(f"{namespace}::segment_sum")
+    def _segment_sum_fake(src, indptr):
+        check_metadata("segment_sum", "src", src, indptr)
+        return src.new_empty((indptr.shape[0] - 1, *src.shape[1:]))
+
+    @torch.library.register_fake(f"{namespace}::segment_gather")
+    def _segment_gather_fake(src, indptr, rows):
+        check_metadata("segment_gather", "src", src, indptr)
+        return src.new_empty((rows, *src.shape[1:]))
+
+    def sum_setup(ctx, inputs, output):
+        src, indptr = inputs
+        ctx.save_for_backward(indptr)
+        ctx.rows = src.shape[0]
+
+    def sum_backward(ctx, grad):
+        (indptr,) = ctx.saved_tensors
+        return ops.segment_gather(grad, indptr, ctx.rows), None
+
+    def gather_setup(ctx, inputs, output):
+        _, indptr, _ = inputs
+        ctx.save_for_backward(indptr)
+
+    def gather_backward(ctx, grad):
+        (indptr,) = ctx.saved_tensors
+        return ops.segment_sum(grad, indptr), None, None
+
+    # Each op's backward is the other op, so double backward works too.
+    torch.library.register_autograd(
+        f"{namespace}::segment_sum", sum_backward, setup_context=sum_setup
+    )
+    torch.library.register_autograd(
+        f"{namespace}::segment_gather", gather_backward, setup_context=gather_setup
+    )
+
+
+register_python_parts(NAMESPACE)

@@ -1,0 +1,104 @@
+"""The same sources built the two other ways: JIT (torch.utils.cpp_extension.load)
+and CMake (find_package(Torch) + torch.ops.load_library), each under its own op
+namespace so they coexist with the installed wheel in this process, and each
+checked against the wheel's results.
+
+These need the source tree (EXTMATRIX_EXT_SRC, default: the folder above this
+file) and a C++ compiler; the CMake test also needs cmake and a CPU build of
+torch. Select or deselect them with ``-m build`` / ``-m "not build"``.
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch.library import opcheck
+
+import segment_ops
+from segment_ops.ops import register_python_parts
+
+pytestmark = pytest.mark.build
+
+SOURCE_DIR = Path(os.environ.get("EXTMATRIX_EXT_SRC", Path(__file__).resolve().parents[1]))
+CPU_SOURCES = [SOURCE_DIR / "csrc" / "segment_sum.cpp"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def needs_sources_and_compiler():
+    if not CPU_SOURCES[0].exists():
+        pytest.skip(f"extension sources not found at {SOURCE_DIR} (set EXTMATRIX_EXT_SRC)")
+    if not shutil.which(os.environ.get("CXX", "c++")):
+        pytest.skip("no C++ compiler (c++ or $CXX) on PATH")
+
+
+def same_results_as_wheel(namespace):
+    ops = getattr(torch.ops, namespace)
+    register_python_parts(namespace)
+    indptr = torch.tensor([0, 3, 3, 7, 8])
+    for dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
+        src = torch.randn(8, 5, dtype=torch.float64).to(dtype)
+        assert torch.equal(ops.segment_sum(src, indptr), segment_ops.segment_sum(src, indptr))
+    src = torch.randn(8, 5, dtype=torch.float64, requires_grad=True)
+    opcheck(ops.segment_sum.default, (src, indptr))
+    assert torch.autograd.gradcheck(ops.segment_sum, (src, indptr))
+    with pytest.raises(RuntimeError, match="indptr must be non-decreasing"):
+        ops.segment_sum(src, torch.tensor([0, 5, 3, 8]))
+
+
+def test_jit_load(tmp_path):
+    from torch.utils.cpp_extension import load
+
+    load(
+        name="segment_ops_jit",
+        sources=[str(s) for s in CPU_SOURCES],
+        extra_cflags=["-O2", "-DSEGMENT_OPS_NAMESPACE=segment_ops_jit"],
+        build_directory=str(tmp_path),
+        is_python_module=False,  # loads the library with torch.ops.load_library
+    )
+    same_results_as_wheel("segment_ops_jit")
+
+
+def find_cmake():
+    """$CMAKE, else the cmake installed next to this Python (PyPI's), else PATH."""
+    candidates = [
+        os.environ.get("CMAKE"),
+        str(Path(sys.executable).parent / "cmake"),
+        shutil.which("cmake"),
+    ]
+    return next((c for c in candidates if c and Path(c).is_file()), None)
+
+
+def run(cmd):
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    if result.returncode:
+        pytest.fail(f"{' '.join(cmd)} failed:\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}")
+
+
+def test_cmake_build(tmp_path):
+    if torch.version.cuda or torch.version.hip:
+        pytest.skip(
+            "the CMake path is tested against CPU builds of torch (CMakeLists.txt says why)"
+        )
+    cmake = find_cmake()
+    if cmake is None:
+        pytest.skip("cmake not found (pip install cmake, or set CMAKE)")
+    build = tmp_path / "build"
+    run(
+        [
+            cmake,
+            "-S",
+            str(SOURCE_DIR),
+            "-B",
+            str(build),
+            "-DCMAKE_BUILD_TYPE=Release",
+            f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}",
+            "-DSEGMENT_OPS_NAMESPACE=segment_ops_cmake",
+        ]
+    )
+    run([cmake, "--build", str(build), "-j", os.environ.get("MAX_JOBS", "2")])
+    torch.ops.load_library(str(build / "libsegment_ops.so"))
+    same_results_as_wheel("segment_ops_cmake")

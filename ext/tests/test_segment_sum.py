@@ -1,0 +1,236 @@
+"""Kernel tests, run on CPU and (marked gpu) on CUDA/ROCm."""
+
+import pytest
+import torch
+from torch.library import opcheck
+
+import segment_ops
+
+DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
+# (rtol, atol) against a float64 reference computed from the same inputs: the
+# half types accumulate in float32, so beyond accumulation error (allowed for
+# in assert_matches) only the final rounding to the output dtype shows.
+TOLERANCE = {
+    torch.float64: (1e-12, 1e-12),
+    torch.float32: (1e-5, 1e-5),
+    torch.float16: (2e-3, 1e-3),
+    torch.bfloat16: (1.6e-2, 1e-2),
+}
+# name -> segment lengths
+LAYOUTS = {
+    "mixed": [3, 0, 1, 7, 0, 0, 2],
+    "empty_ends": [0, 4, 0],
+    "all_empty": [0, 0, 0],
+    "one_huge": [1 << 17],
+    "many_tiny": [1] * 5000 + [0, 2] * 500,
+    "no_rows": [0],
+    "no_segments": [],
+}
+
+
+def make_indptr(lengths, device="cpu"):
+    return torch.tensor([0, *lengths], dtype=torch.int64, device=device).cumsum(0)
+
+
+def reference(src, indptr):
+    """Plain float64 segment sum: index_add of each row into its segment."""
+    segments = indptr.numel() - 1
+    ids = torch.repeat_interleave(torch.arange(segments, device=indptr.device), indptr.diff())
+    out = torch.zeros((segments, *src.shape[1:]), dtype=torch.float64, device=src.device)
+    return out.index_add_(0, ids, src.double())
+
+
+def assert_matches(out, src, indptr):
+    assert out.dtype == src.dtype and out.device == src.device
+    assert out.shape == (indptr.numel() - 1, *src.shape[1:])
+    rtol, atol = TOLERANCE[src.dtype]
+    # Summing L terms in [-1, 1] one by one drifts by roughly eps * L / 8 (a
+    # random walk of rounding errors); allow 2 * eps * L.
+    longest = int(indptr.diff().max()) if indptr.numel() > 1 else 0
+    eps = torch.finfo(torch.float64 if src.dtype == torch.float64 else torch.float32).eps
+    atol += 2 * eps * longest
+    torch.testing.assert_close(out.double(), reference(src, indptr), rtol=rtol, atol=atol)
+
+
+def random_src(rows, trailing, dtype, device):
+    return (
+        torch.rand((rows, *trailing), dtype=torch.float64, device=device).mul_(2).sub_(1).to(dtype)
+    )
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_layouts_and_dtypes(device, layout, dtype):
+    indptr = make_indptr(LAYOUTS[layout], device)
+    src = random_src(int(indptr[-1]), (3,), dtype, device)
+    assert_matches(segment_ops.segment_sum(src, indptr), src, indptr)
+
+
+@pytest.mark.parametrize("trailing", [(), (1,), (5,), (4, 3), (2, 0), (64,), (300,)])
+def test_trailing_shapes(device, trailing):
+    indptr = make_indptr([2, 0, 300, 1], device)
+    src = random_src(int(indptr[-1]), trailing, torch.float32, device)
+    assert_matches(segment_ops.segment_sum(src, indptr), src, indptr)
+
+
+@pytest.mark.parametrize("inner", [1, 2, 3, 16, 256])
+def test_long_segments(device, inner):
+    # Long segments with few columns take the GPU's block-per-segment path.
+    indptr = make_indptr([5000, 0, 700, 1], device)
+    src = random_src(int(indptr[-1]), (inner,), torch.float32, device)
+    assert_matches(segment_ops.segment_sum(src, indptr), src, indptr)
+
+
+def test_non_contiguous(device):
+    indptr = make_indptr([4, 0, 6], device)
+    base = random_src(20, (8,), torch.float32, device)
+    for src in (base[::2], base[:10].t().contiguous().t(), base[:10, ::3], base[:1].expand(10, 8)):
+        assert not src.is_contiguous()
+        assert_matches(segment_ops.segment_sum(src, indptr), src, indptr)
+    strided_indptr = torch.stack([indptr, indptr], 1)[:, 0]
+    assert not strided_indptr.is_contiguous()
+    assert_matches(segment_ops.segment_sum(base[:10], strided_indptr), base[:10], indptr)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_matches_torch_segment_reduce(device, dtype):
+    indptr = make_indptr(LAYOUTS["mixed"], device)
+    src = random_src(int(indptr[-1]), (4,), dtype, device)
+    expected = torch.segment_reduce(src, "sum", offsets=indptr, axis=0)
+    torch.testing.assert_close(segment_ops.segment_sum(src, indptr), expected)
+
+
+def test_gather_is_the_backward_layout(device):
+    indptr = make_indptr([2, 0, 3], device)
+    grad = torch.arange(6.0, device=device).reshape(3, 2)
+    out = segment_ops.segment_gather(grad, indptr, 5)
+    expected = grad[torch.tensor([0, 0, 2, 2, 2], device=device)]
+    torch.testing.assert_close(out, expected)
+
+
+@pytest.mark.parametrize(
+    "make_args, message",
+    [
+        (
+            lambda d: (
+                torch.ones(3, 2, device=d),
+                torch.tensor([0, 3], dtype=torch.int32, device=d),
+            ),
+            "indptr must be int64",
+        ),
+        (
+            lambda d: (torch.ones(3, 2, device=d), torch.tensor([0, 2, 1, 3], device=d)),
+            "indptr must be non-decreasing",
+        ),
+        (
+            lambda d: (torch.ones(3, 2, device=d), torch.tensor([1, 3], device=d)),
+            r"indptr\[0\] must be 0",
+        ),
+        (
+            lambda d: (torch.ones(3, 2, device=d), torch.tensor([0, 2], device=d)),
+            r"indptr\[-1\] must equal src.size\(0\) \(3\), got 2",
+        ),
+        (
+            lambda d: (torch.ones(3, 2, device=d), torch.tensor([[0, 3]], device=d)),
+            "indptr must be 1-D",
+        ),
+        (
+            lambda d: (torch.ones(3, 2, device=d), torch.tensor([], dtype=torch.int64, device=d)),
+            "indptr must be 1-D with at least one element",
+        ),
+        (
+            lambda d: (
+                torch.ones(3, 2, dtype=torch.int32, device=d),
+                torch.tensor([0, 3], device=d),
+            ),
+            "src must be float32, float64, float16 or bfloat16",
+        ),
+        (
+            lambda d: (torch.tensor(1.0, device=d), torch.tensor([0, 1], device=d)),
+            "src must have at least one dimension",
+        ),
+    ],
+)
+def test_bad_input(device, make_args, message):
+    src, indptr = make_args(device)
+    with pytest.raises(RuntimeError, match=message):
+        segment_ops.segment_sum(src, indptr)
+
+
+@pytest.mark.gpu
+def test_mismatched_devices():
+    src, indptr = torch.ones(3, 2, device="cuda"), torch.tensor([0, 3])
+    with pytest.raises(RuntimeError, match="indptr must be on the same device as src"):
+        segment_ops.segment_sum(src, indptr)
+    with pytest.raises(RuntimeError, match="indptr must be on the same device as src"):
+        segment_ops.segment_sum(src.cpu(), indptr.cuda())
+
+
+def test_unknown_backend():
+    with pytest.raises(ValueError, match="backend must be one of"):
+        segment_ops.segment_sum(torch.ones(1), torch.tensor([0, 1]), backend="cupy")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("layout", ["mixed", "no_rows", "no_segments"])
+def test_opcheck(device, dtype, layout):
+    indptr = make_indptr(LAYOUTS[layout], device)
+    src = random_src(int(indptr[-1]), (3,), dtype, device).requires_grad_()
+    opcheck(torch.ops.segment_ops.segment_sum.default, (src, indptr))
+    grad = random_src(indptr.numel() - 1, (3,), dtype, device).requires_grad_()
+    opcheck(torch.ops.segment_ops.segment_gather.default, (grad, indptr, src.shape[0]))
+
+
+def test_gradcheck(device):
+    indptr = make_indptr([2, 0, 3, 1], device)
+    src = torch.randn(6, 2, dtype=torch.float64, device=device, requires_grad=True)
+    assert torch.autograd.gradcheck(segment_ops.segment_sum, (src, indptr))
+    assert torch.autograd.gradgradcheck(segment_ops.segment_sum, (src, indptr))
+
+
+def test_compile_fullgraph(device):
+    def pooled_norm(x, indptr):
+        return segment_ops.segment_sum(x.relu(), indptr).norm(dim=-1)
+
+    compiled = torch.compile(pooled_norm, fullgraph=True, dynamic=True)
+    for lengths in ([2, 0, 3], [5, 1, 1, 4]):
+        indptr = make_indptr(lengths, device)
+        x = torch.randn(int(indptr[-1]), 4, device=device, requires_grad=True)
+        out = compiled(x, indptr)
+        torch.testing.assert_close(out, pooled_norm(x, indptr))
+        out.sum().backward()
+        assert x.grad is not None and x.grad.shape == x.shape
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["mixed", "one_huge", "many_tiny", "all_empty", "no_segments"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_triton_backend(layout, dtype):
+    pytest.importorskip("triton")
+    indptr = make_indptr(LAYOUTS[layout], "cuda")
+    src = random_src(int(indptr[-1]), (5,), dtype, "cuda")
+    assert_matches(segment_ops.segment_sum(src, indptr, backend="triton"), src, indptr)
+
+
+@pytest.mark.gpu
+def test_triton_backend_autograd_and_compile():
+    pytest.importorskip("triton")
+    indptr = make_indptr([3, 0, 2], "cuda")
+    src = torch.randn(5, 64, device="cuda", requires_grad=True)
+    segment_ops.segment_sum(src, indptr, backend="triton").sum().backward()
+    torch.testing.assert_close(src.grad, torch.ones_like(src))
+    compiled = torch.compile(
+        lambda x: segment_ops.segment_sum(x, indptr, backend="triton"), fullgraph=True
+    )
+    torch.testing.assert_close(compiled(src), segment_ops.segment_sum(src, indptr))
+
+
+@pytest.mark.gpu
+def test_triton_backend_bad_input():
+    pytest.importorskip("triton")
+    with pytest.raises(RuntimeError, match="indptr must be non-decreasing"):
+        segment_ops.segment_sum(
+            torch.ones(3, device="cuda"),
+            torch.tensor([0, 2, 1, 3], device="cuda"),
+            backend="triton",
+        )
