@@ -81,6 +81,7 @@ def test_host_sources_come_from_pip_config(monkeypatch):
 
     class Done:
         stdout = out
+        returncode = 0
 
     envs.host_sources.cache_clear()
     monkeypatch.setattr(envs.subprocess, "run", lambda *a, **k: Done())
@@ -162,3 +163,24 @@ def test_test_matrix_without_builds_reports_missing_and_fails(tmp_path, capsys):
     assert "torch2.13-cpu: no build result in" in err
     assert "reproduce: nox -s repro -- torch2.13-cpu" in err
     assert not (tmp_path / "torch2.13-cpu").exists()  # nothing is made up for it
+
+
+def test_fingerprint_follows_source_contents_not_build_products(tmp_path):
+    cell = PLAN.cell("torch2.14-cu130")
+    src, venv, out = tmp_path / "src", tmp_path / "venv", tmp_path / "out"
+    (src / "csrc").mkdir(parents=True)
+    (src / "csrc" / "k.cu").write_text("kernel")
+    env = {"TORCH_CUDA_ARCH_LIST": cell.arch_list, "CCACHE_DIR": "/somewhere"}
+    first = local.fingerprint(cell, env, venv, src)
+    (src / "build").mkdir()
+    (src / "build" / "k.o").write_text("object")
+    os.utime(src / "csrc" / "k.cu")  # a touch changes no content
+    assert local.fingerprint(cell, {**env, "CCACHE_DIR": "/elsewhere"}, venv, src) == first
+    out.mkdir()
+    (out / "w.whl").write_text("wheel")
+    (out / local.STAMP).write_text(first)
+    assert local.up_to_date(out, first)
+    (src / "csrc" / "k.cu").write_text("kernel v2")
+    assert local.fingerprint(cell, env, venv, src) != first
+    assert local.fingerprint(cell, {**env, "TORCH_CUDA_ARCH_LIST": "9.0"}, venv, src) != first
+    assert not local.up_to_date(out, "other")

@@ -20,7 +20,7 @@ from functools import cache
 from pathlib import Path
 
 from .cells import Cell
-from .toolchain import NotBuildable
+from .toolchain import NotBuildable, pip_command
 
 
 @dataclass(frozen=True)
@@ -58,11 +58,7 @@ def uv() -> str:
 @cache
 def host_sources() -> Sources:
     """find-links and indexes from the host's pip configuration and environment."""
-    try:
-        out = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True,
-                             text=True, timeout=60).stdout
-    except (OSError, subprocess.SubprocessError):
-        out = ""
+    out = _pip_config()
     values: dict[str, list[str]] = {}
     for line in out.splitlines():
         key, _, raw = line.partition("=")
@@ -71,6 +67,14 @@ def host_sources() -> Sources:
     index = (values.get("index-url") or [None])[0]
     return Sources(index, tuple(dict.fromkeys(values.get("extra-index-url", []))),
                    tuple(dict.fromkeys(values.get("find-links", []))))
+
+
+def _pip_config() -> str:
+    try:
+        return subprocess.run([*pip_command(), "config", "list"], capture_output=True,
+                              text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
 
 
 def reachable(url: str, timeout: float = 5.0) -> bool:

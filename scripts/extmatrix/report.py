@@ -73,6 +73,7 @@ class CellReport:
     sass: list[str] = field(default_factory=list)
     ptx: list[str] = field(default_factory=list)
     ccache: dict[str, int] = field(default_factory=dict)
+    reused: bool = False  # inputs unchanged: the last build's wheel, checked again
     timings: dict[str, float] = field(default_factory=dict)
     junit: dict[str, int] = field(default_factory=dict)
     cross_check: str | None = None

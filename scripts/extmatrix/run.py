@@ -31,11 +31,11 @@ def backend(name: str) -> ModuleType:
 
 
 def context(plan: Plan, *, dist: str | None, parallel: int, require_gpu: bool = False,
-            echo=None) -> Context:
+            echo=None, rebuild: bool = False) -> Context:
     root = Path(plan.source.file).resolve().parent
     work = Path(os.environ.get("EXTMATRIX_WORK") or root / ".extmatrix")
     return Context(plan.matrix, root, Path(dist).resolve() if dist else root / "dist",
-                   work, toolchain.cache_root(), max_jobs(parallel), require_gpu, echo)
+                   work, toolchain.cache_root(), max_jobs(parallel), require_gpu, echo, rebuild)
 
 
 def each_cell(cells: list[Cell], work: Callable[[Cell], CellReport], verb: str, jobs: int,

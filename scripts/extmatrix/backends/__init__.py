@@ -28,6 +28,7 @@ class Context:
     max_jobs: int
     require_gpu: bool = False
     echo: TextIO | None = None  # print each command (repro)
+    rebuild: bool = False  # compile even when the inputs are unchanged
 
     @property
     def ext_dir(self) -> Path:

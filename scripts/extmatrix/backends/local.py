@@ -8,6 +8,7 @@ source tree) → the extension's tests, JUnit XML next to the wheel.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -23,6 +24,7 @@ from ..toolchain import NotBuildable
 from . import Context, publish, staging_dir
 
 BUILD_TOOLS = ["pip", "ninja"]  # beside the extension's own [build-system] requires
+STAMP = "inputs.sha256"  # beside the last wheel: what it was built from
 # Build products live in the per-cell copy and must survive syncs: they make rebuilds warm.
 SKIP_DIRS = {"build", "dist", "__pycache__", ".pytest_cache", ".git"}
 
@@ -42,16 +44,17 @@ def build(cell: Cell, ctx: Context) -> CellReport:
         src = ctx.work / cell.id / "src"
         sync_tree(ctx.ext_dir, src)
         env = compile_env(cell, tools, ctx, venv, src)
-        before = ccache_stats(env)
         out = ctx.work / cell.id / "wheelhouse"
-        shutil.rmtree(out, ignore_errors=True)
+        stamp = fingerprint(cell, env, venv, src)
         with steps.timed("compile"):
-            steps.run("compile", [str(envs.python_of(venv)), "-m", "pip", "wheel",
-                                  "--no-build-isolation", "--no-deps", "--no-cache-dir",
-                                  "--disable-pip-version-check", "-w", str(out), str(src)],
-                      env=env, cwd=src)
-        report.ccache = ccache_delta(before, ccache_stats(env))
-        check_wheel(cell, ctx, single_wheel(out), report, staging, venv)
+            if not ctx.rebuild and up_to_date(out, stamp):
+                steps.note("sources, torch, toolkit and settings unchanged since the last "
+                           "build: reusing its wheel (--rebuild to compile anyway)")
+                report.reused = True
+            else:
+                compile_wheel(venv, src, out, env, stamp, report, steps)
+        with steps.timed("check"):
+            check_wheel(cell, ctx, single_wheel(out), report, staging, venv)
         report.build = "built"
     except NotBuildable as exc:
         report.build, report.reason = "not-buildable", f"not buildable here: {exc}"
@@ -63,6 +66,40 @@ def build(cell: Cell, ctx: Context) -> CellReport:
         steps.close()
         publish(ctx, cell, staging, report)
     return report
+
+
+def compile_wheel(venv: Path, src: Path, out: Path, env: dict[str, str], stamp: str,
+                  report: CellReport, steps: Steps) -> None:
+    shutil.rmtree(out, ignore_errors=True)
+    before = ccache_stats(env)
+    steps.run("compile", [str(envs.python_of(venv)), "-m", "pip", "wheel",
+                          "--no-build-isolation", "--no-deps", "--no-cache-dir",
+                          "--disable-pip-version-check", "-w", str(out), str(src)],
+              env=env, cwd=src)
+    report.ccache = ccache_delta(before, ccache_stats(env))
+    (out / STAMP).write_text(stamp)
+
+
+def fingerprint(cell: Cell, env: dict[str, str], venv: Path, src: Path) -> str:
+    """Everything a build depends on: the cell, its environment, and the source contents."""
+    digest = hashlib.sha256()
+    marker = envs.env_marker(venv)
+    settings = {k: v for k, v in env.items() if not k.startswith("CCACHE") and k != "PATH"}
+    for part in (json.dumps(cell.to_json(), sort_keys=True), json.dumps(settings, sort_keys=True),
+                 marker.read_text() if marker.is_file() else ""):
+        digest.update(part.encode())
+    for path in sorted(p for p in src.rglob("*")
+                       if p.is_file() and not any(map(_skipped, p.relative_to(src).parts))):
+        digest.update(str(path.relative_to(src)).encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def up_to_date(out: Path, stamp: str) -> bool:
+    try:
+        return (out / STAMP).read_text() == stamp and len(list(out.glob("*.whl"))) == 1
+    except OSError:
+        return False
 
 
 def check_wheel(cell: Cell, ctx: Context, wheel: Path, report: CellReport, staging: Path,
@@ -108,7 +145,7 @@ def sync_tree(src: Path, dst: Path) -> None:
     dst.mkdir(parents=True, exist_ok=True)
     seen: set[Path] = set()
     for root, dirs, files in os.walk(src):
-        dirs[:] = [d for d in dirs if d not in SKIP_DIRS and not d.endswith(".egg-info")]
+        dirs[:] = [d for d in dirs if not _skipped(d)]
         rel = Path(root).relative_to(src)
         (dst / rel).mkdir(parents=True, exist_ok=True)
         seen.add(rel)
@@ -124,11 +161,15 @@ def sync_tree(src: Path, dst: Path) -> None:
                 pass
             shutil.copy2(source, target)
     for root, dirs, files in os.walk(dst):
-        dirs[:] = [d for d in dirs if d not in SKIP_DIRS and not d.endswith(".egg-info")]
+        dirs[:] = [d for d in dirs if not _skipped(d)]
         rel = Path(root).relative_to(dst)
         for name in files:
             if rel / name not in seen:
                 (Path(root) / name).unlink()
+
+
+def _skipped(name: str) -> bool:
+    return name in SKIP_DIRS or name.endswith(".egg-info")
 
 
 def compile_env(cell: Cell, tools: toolchain.Toolchain, ctx: Context, venv: Path,
