@@ -22,6 +22,16 @@ def plan(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHON)
+def images(session: nox.Session) -> None:
+    """Build the cells' container images (default: subset local), docker buildx bake or podman.
+
+    `nox -s images -- --cell torch2.13-cpu [--engine podman] [--base local] [--print-bake]`
+    """
+    engine(session)
+    session.run("extmatrix", "images", *session.posargs)
+
+
+@nox.session(python=PYTHON)
 def build(session: nox.Session) -> None:
     """Build the cells' wheels into dist/<cell>/ (default: subset local).
 

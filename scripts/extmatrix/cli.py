@@ -80,6 +80,18 @@ def _repro(args: argparse.Namespace) -> int:
     return status
 
 
+def _images(args: argparse.Namespace) -> int:
+    from . import images
+
+    plan, cells = selected(args, default_subset="local")
+    if args.print_bake:
+        base = args.base if args.base in images.BASES else "upstream"
+        sys.stdout.write(images.bake_json(images.needed(cells, base, plan.matrix.images.prefix)))
+        return 0
+    ctx = run.context(plan, dist=None, parallel=1)
+    return images.build(ctx, cells, args.engine, args.base)
+
+
 def _plan(args: argparse.Namespace) -> int:
     plan, cells = selected(args)
     if args.json:
@@ -138,6 +150,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shell", action="store_true",
                    help="then leave me in the cell's environment")
     _COMMANDS["repro"] = _repro
+
+    p = sub.add_parser("images", help="build the container images the selected cells need "
+                       "(default: subset local), printing each command")
+    _selection_args(p)
+    p.add_argument("--engine", choices=("docker", "podman"),
+                   help="docker (buildx bake, needs a running daemon) or podman; default: "
+                   "$EXTMATRIX_ENGINE, else docker when usable, else podman")
+    p.add_argument("--base", choices=("upstream", "local"),
+                   help="upstream: the matrix's base images; local: a Debian-made base, no "
+                   "registry needed; default: upstream when their registries answer")
+    p.add_argument("--print-bake", action="store_true",
+                   help="print the docker buildx bake file (JSON) instead of building")
+    _COMMANDS["images"] = _images
 
     p = sub.add_parser("schema", help="write the JSON Schema of matrix.yaml for editors")
     p.add_argument("--output", default="matrix.schema.json")

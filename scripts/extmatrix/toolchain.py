@@ -8,6 +8,7 @@ here: <reason>" instead of failing half-way through a compile.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import shutil
@@ -134,8 +135,16 @@ def _pypi_cuda(version: str, cache: Path, log) -> Path:
     return home
 
 
+def pip_command() -> list[str]:
+    """This interpreter's pip; in a venv without pip (uv's, e.g. nox's) the pip on PATH."""
+    if importlib.util.find_spec("pip") is not None:
+        return [sys.executable, "-m", "pip"]
+    found = shutil.which("pip3") or shutil.which("pip")
+    return [found] if found else [sys.executable, "-m", "pip"]
+
+
 def pip_target(requirements: list[str], target: Path) -> None:
-    cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
+    cmd = [*pip_command(), "install", "--quiet", "--no-deps",
            "--disable-pip-version-check", "--target", str(target), *requirements]
     result = subprocess.run(cmd, capture_output=True, text=True)
     if result.returncode != 0:

@@ -1,0 +1,174 @@
+"""The container backend: cibuildwheel builds each cell in its flavor's image.
+
+Build: the cell's image (from `extmatrix images`) → cibuildwheel with the cell's
+CIBW_* environment (torch installed first, compile, auditwheel repair, the
+extension's tests against the installed wheel) → abi3audit on the host → the
+same wheel check as the local backend, plus what the repair left out. Results
+land in dist/<cell>/ exactly as the local backend's do; testing the wheel
+afterwards (test-matrix) is the local backend's, in a plain environment.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+from .. import cibw, engines, envs, toolchain
+from ..cells import Cell
+from ..engines import Engine
+from ..errors import UserError
+from ..report import CellReport
+from ..steps import StepFailed, Steps
+from ..toolchain import NotBuildable
+from . import Context, local, publish, staging_dir
+
+PROJECT = "/project"  # where cibuildwheel copies the extension, and where --shell mounts it
+# cibuildwheel's step titles, as timing names in the report.
+CIBW_STEPS = {"Running before_build...": "before_build", "Building wheel...": "compile",
+              "Repairing wheel...": "repair", "Testing wheel...": "in_image_tests"}
+
+
+def build(cell: Cell, ctx: Context) -> CellReport:
+    report = CellReport(cell=cell.id, backend="container")
+    staging = staging_dir(ctx, cell)
+    steps = Steps(staging / "build.log", echo=ctx.echo)
+    try:
+        engine, python = _prepare(cell, ctx, report)
+        host = _host(cell, ctx, engine)
+        report.sources = list(host.sources.notes)
+        env = {**engine.env, **cibw.environment(cell, ctx.matrix.extension, host, python,
+                                                local.build_requirements(ctx.ext_dir))}
+        # A clean copy: cibuildwheel copies its whole working folder into the container,
+        # and the source tree may hold build products of other builds.
+        src = ctx.work / cell.id / "container-src"
+        local.sync_tree(ctx.ext_dir, src)
+        out = ctx.work / cell.id / "wheelhouse-container"
+        shutil.rmtree(out, ignore_errors=True)
+        stats = _ccache_env(ctx, host)
+        before = local.ccache_stats(stats)
+        start = steps.log_path.stat().st_size
+        with steps.timed("cibuildwheel"):
+            steps.run("cibuildwheel", [sys.executable, "-m", "cibuildwheel", "--platform",
+                                       "linux", "--output-dir", str(out), "."], env=env, cwd=src)
+        report.timings.update(cibw_timings(_read_from(steps.log_path, start)))
+        report.ccache = local.ccache_delta(before, local.ccache_stats(stats))
+        wheel = local.single_wheel(out)
+        if cell.abi3:
+            with steps.timed("abi3audit"):
+                steps.run("abi3audit", [sys.executable, "-m", "abi3audit", "--strict", "--report",
+                                        str(wheel)])
+        repair = cibw.repaired(wheel, cell)
+        steps.note(f"wheel tag {repair.tag}; left to torch's install: "
+                   f"{', '.join(repair.excluded) or 'nothing'}; grafted: "
+                   f"{', '.join(repair.vendored) or 'nothing'}")
+        (staging / "repair.json").write_text(json.dumps(asdict(repair), indent=2) + "\n")
+        local.check_wheel(cell, ctx, wheel, report, staging, None)
+        if repair.problems:
+            raise StepFailed("check", "; ".join(repair.problems))
+        report.build = "built"
+    except NotBuildable as exc:
+        report.build, report.reason = "not-buildable", f"not buildable here: {exc}"
+    except StepFailed as exc:
+        report.build, report.reason = "failed", str(exc)
+    finally:
+        report.timings.update(steps.timings)
+        report.commands = steps.commands
+        steps.close()
+        publish(ctx, cell, staging, report)
+    return report
+
+
+def _prepare(cell: Cell, ctx: Context, report: CellReport) -> tuple[Engine, str]:
+    """The engine, and the build Python of the cell's image; NotBuildable if either lacks."""
+    if cell.platform != toolchain.host_platform():
+        raise NotBuildable(f"a {cell.platform} cell needs a {cell.platform} builder "
+                           f"(this machine is {toolchain.host_platform()})")
+    engine = engines.detect(None, ctx.root, ctx.cache)
+    labels = engine.labels(cell.image)
+    if labels is None:
+        raise NotBuildable(f"{engine.name} has no image {cell.image}; build it with "
+                           f"'extmatrix images --cell {cell.id}'")
+    abis = labels.get("io.extmatrix.python-abis")
+    python = cibw.build_python(cell, abis.split() if abis else None)
+    base = labels.get("io.extmatrix.base-image", "unknown base")
+    report.toolkit = f"image {cell.image} ({engine.name}, from {base}), Python {python}"
+    return engine, python
+
+
+def _host(cell: Cell, ctx: Context, engine: Engine) -> cibw.Host:
+    root = ctx.cache / "container"
+    for sub in ("ccache", "pip"):
+        (root / sub).mkdir(parents=True, exist_ok=True)
+    ca = engines.ca_bundle()
+    return cibw.Host(engine.name, envs.sources_for(cell), str(root / "ccache"), str(root / "pip"),
+                     str(ca) if ca else None, ctx.max_jobs)
+
+
+def _ccache_env(ctx: Context, host: cibw.Host) -> dict[str, str]:
+    """The host's ccache, pointed at the containers' cache, to count hits."""
+    found = toolchain.compiler_cache(ctx.cache).get("EXTMATRIX_CCACHE")
+    return {"EXTMATRIX_CCACHE": found, "CCACHE_DIR": host.ccache_dir} if found else {}
+
+
+def _read_from(path: Path, offset: int) -> str:
+    with path.open(encoding="utf-8", errors="replace") as fh:
+        fh.seek(offset)
+        return fh.read()
+
+
+def cibw_timings(log: str) -> dict[str, float]:
+    """Seconds per cibuildwheel step, from the '✓ 12.34s' line that closes each."""
+    timings: dict[str, float] = {}
+    current = None
+    for line in log.splitlines():
+        text = line.strip()
+        if text in CIBW_STEPS:
+            current = CIBW_STEPS[text]
+            continue
+        done = re.fullmatch(r"(?:\x1b\[[0-9;]*m)*(?:✓|done)\s*(?:\x1b\[[0-9;]*m)*\s*([\d.]+)s",
+                            text)
+        if done and current:
+            timings[current] = round(float(done[1]), 2)
+            current = None
+    return timings
+
+
+def shell(cell: Cell, ctx: Context) -> int:
+    """The cell's image, the extension mounted at /project, the build's environment."""
+    try:
+        engine, python = _prepare(cell, ctx, CellReport(cell=cell.id, backend="container"))
+    except NotBuildable as exc:
+        raise UserError(None, f"cannot open a shell for {cell.id}: {exc}") from None
+    host = _host(cell, ctx, engine)
+    inner = cibw.container_env(cell, host, python)
+    config = cibw.environment(cell, ctx.matrix.extension, host, python,
+                              local.build_requirements(ctx.ext_dir))
+    # The image's PATH (gcc-toolset, CUDA, ccache) stays; the build Python goes first.
+    # PS1 is set here: a non-interactive bash drops the one it inherits.
+    prompt = shlex.quote(f"({cell.id}) \\w # ")
+    enter = (f'export PATH=/opt/python/{cibw.abi(python)}/bin:"$PATH" PS1={prompt}; '
+             "exec bash --norc -i")
+    tty = ["-it"] if sys.stdin.isatty() else ["-i"]
+    cmd = engine.cmd("run", "--rm", *tty, f"--volume={ctx.ext_dir}:{PROJECT}",
+                     f"--workdir={PROJECT}", f"--volume=/:{cibw.HOST_MOUNT}",
+                     f"--volume={host.ccache_dir}:{cibw.CCACHE_MOUNT}",
+                     f"--volume={host.pip_cache_dir}:{cibw.PIP_CACHE_MOUNT}",
+                     *(f"--env={k}={v}" for k, v in inner.items()), cell.image,
+                     "bash", "-c", enter)
+    repair = config["CIBW_REPAIR_WHEEL_COMMAND"].format(dest_dir="/tmp/repaired",
+                                                        wheel="/tmp/wheel/*.whl")
+    exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in engine.env.items())
+    print(f"# {cell.id} in {cell.image}, the extension mounted read-write at {PROJECT}.\n"
+          "# cibuildwheel runs there:\n"
+          f"#   {config['CIBW_BEFORE_BUILD']}\n"
+          "#   python -m pip wheel . --no-build-isolation --no-deps -w /tmp/wheel\n"
+          f"#   {repair}\n"
+          f"$ {exports + ' ' if exports else ''}{shlex.join(cmd)}", file=sys.stderr, flush=True)
+    return subprocess.call(cmd, env={**os.environ, **engine.env})

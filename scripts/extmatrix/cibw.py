@@ -1,0 +1,190 @@
+"""cibuildwheel's configuration for one cell, as the CIBW_* environment it reads.
+
+Everything cibuildwheel does for a cell follows from here: the image and the
+Python that build the wheel; the cell's exact torch installed first (the build
+is not isolated, so it compiles against that torch); the environment the
+extension's setup.py reads; a repair that leaves torch and the GPU runtime out
+of the wheel; and the extension's tests against the installed wheel. What the
+repair really did is read back from the repaired wheel (`repaired`).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import re
+import shlex
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .cells import Cell
+from .config import Extension
+from .envs import Sources
+from .toolchain import NotBuildable
+
+# Libraries the wheel must load from torch's own install, never carry a copy of:
+# two copies of libtorch in one process break the op registry and the allocator.
+REPAIR_EXCLUDES = {
+    "cpu": ("libtorch*.so", "libc10*.so"),
+    "cuda": ("libtorch*.so", "libc10*.so", "libcudart.so.*"),
+    "rocm": ("libtorch*.so", "libc10*.so", "libamdhip64.so.*"),
+}
+HOST_MOUNT = "/host"  # cibuildwheel mounts the host's / there
+CCACHE_MOUNT = "/ccache"  # the images' CCACHE_DIR
+PIP_CACHE_MOUNT = "/pip-cache"
+ARCH_VARIABLE = {"cuda": "TORCH_CUDA_ARCH_LIST", "rocm": "PYTORCH_ROCM_ARCH"}
+
+
+@dataclass(frozen=True)
+class Host:
+    """What the build machine lends the container, as paths on the host."""
+
+    engine: str  # docker | podman
+    sources: Sources  # pip sources for torch and the rest
+    ccache_dir: str
+    pip_cache_dir: str
+    ca_bundle: str | None  # trusted inside too, for TLS-inspecting networks
+    max_jobs: int
+
+
+def abi(python: str) -> str:
+    """3.11 -> cp311-cp311, the /opt/python folder of that CPython."""
+    tag = "cp" + python.replace(".", "")
+    return f"{tag}-{tag}"
+
+
+def build_python(cell: Cell, image_abis: list[str] | None) -> str:
+    """The Python that builds the cell's wheel in its image.
+
+    An abi3 wheel is tagged by the extension's py_limited_api, not by the Python
+    that built it, so any Python the cell supports will do; `image_abis` lists the
+    /opt/python builds an image declares (None: a manylinux image, which has all).
+    """
+    if image_abis is None:
+        return cell.python
+    candidates = list(cell.test_pythons) if cell.abi3 else [cell.python]
+    for python in candidates:
+        if abi(python) in image_abis:
+            return python
+    raise NotBuildable(f"image {cell.image} has {', '.join(image_abis)}; cell {cell.id} builds "
+                       f"with Python {' or '.join(candidates)}")
+
+
+def identifier(cell: Cell, python: str) -> str:
+    return f"cp{python.replace('.', '')}-manylinux_{cell.platform}"
+
+
+def inside(location: str) -> str:
+    """A host path or file:// URL as the container sees it (under /host); other URLs as is."""
+    if location.startswith("file://"):
+        return f"file://{HOST_MOUNT}{location[len('file://'):]}"
+    if "://" in location:
+        return location
+    return f"{HOST_MOUNT}{location}"
+
+
+def container_env(cell: Cell, host: Host, python: str) -> dict[str, str]:
+    """The build's environment inside the container (the image's own ENV underneath,
+    which sets CUDA_HOME/ROCM_HOME and routes compilers through ccache)."""
+    env: dict[str, str] = {}
+    src = host.sources
+    if src.index_url:
+        env["PIP_INDEX_URL"] = inside(src.index_url)
+    if src.extra_index_urls:
+        env["PIP_EXTRA_INDEX_URL"] = " ".join(inside(u) for u in src.extra_index_urls)
+    if src.find_links:
+        env["PIP_FIND_LINKS"] = " ".join(inside(u) for u in src.find_links)
+    if host.ca_bundle:
+        env["PIP_CERT"] = inside(host.ca_bundle)
+    env.update(PIP_CACHE_DIR=PIP_CACHE_MOUNT, CCACHE_DIR=CCACHE_MOUNT, MAX_JOBS=str(host.max_jobs),
+               EXTMATRIX_LOCAL_VERSION=cell.local_version,
+               EXTMATRIX_RUNTIME_DEPS=json.dumps(list(cell.runtime_deps)))
+    if cell.family == "cpu":
+        env["EXTMATRIX_FORCE_CPU"] = "1"
+    else:
+        env[ARCH_VARIABLE[cell.family]] = cell.arch_list
+    major = int((cell.toolkit or "0").split(".")[0])
+    if cell.family == "cuda" and major >= 13:
+        # ATen's CUDA headers include cuBLAS/cuSPARSE headers, which a compiler-only
+        # toolkit lacks: torch's own nvidia wheels bring them into site-packages.
+        site = f"/opt/python/{abi(python)}/lib/python{python}/site-packages"
+        env["CPATH"] = f"{site}/nvidia/cu{major}/include"
+    return env
+
+
+def environment(cell: Cell, extension: Extension, host: Host, python: str,
+                build_requires: list[str]) -> dict[str, str]:
+    """The CIBW_* variables that make `cibuildwheel --platform linux` build this cell."""
+    plat = cell.platform.upper()
+    mounts = [f"--volume={host.ccache_dir}:{CCACHE_MOUNT}",
+              f"--volume={host.pip_cache_dir}:{PIP_CACHE_MOUNT}"]
+    inner = container_env(cell, host, python)
+    excludes = " ".join(f"--exclude {shlex.quote(p)}" for p in REPAIR_EXCLUDES[cell.family])
+    tests = f"{{project}}/{extension.tests}"
+    pytest = (f"python -m pytest {tests} -p no:cacheprovider --rootdir {tests} -q -rs "
+              + shlex.join(extension.test_args)).strip()
+    return {
+        "CIBW_CONTAINER_ENGINE": f"{host.engine}; create_args: {' '.join(mounts)}",
+        "CIBW_ARCHS_LINUX": cell.platform,
+        "CIBW_BUILD": identifier(cell, python),
+        f"CIBW_MANYLINUX_{plat}_IMAGE": cell.image,
+        "CIBW_BUILD_FRONTEND": "pip; args: --no-build-isolation",
+        "CIBW_BEFORE_BUILD": "pip install " + shlex.join([cell.torch_spec, *build_requires]),
+        "CIBW_ENVIRONMENT": " ".join(f"{k}={shlex.quote(v)}" for k, v in inner.items()),
+        "CIBW_REPAIR_WHEEL_COMMAND": f"auditwheel repair {excludes} -w {{dest_dir}} {{wheel}}",
+        # cibuildwheel's own abi3 audit fetches virtualenv.pyz from GitHub; abi3audit
+        # runs on the host after the build instead.
+        "CIBW_AUDIT_COMMAND": "",
+        # The test venv would otherwise take the newest torch of the series.
+        "CIBW_BEFORE_TEST": "pip install " + shlex.quote(cell.torch_spec),
+        "CIBW_TEST_EXTRAS": "test",
+        "CIBW_TEST_REQUIRES": "pytest",
+        "CIBW_TEST_COMMAND": pytest,
+        "CIBW_BUILD_VERBOSITY": "1",
+    }
+
+
+@dataclass
+class Repair:
+    """What the repaired wheel links to and carries, read from its binaries."""
+
+    tag: str  # e.g. cp310-abi3-manylinux_2_34_x86_64
+    excluded: list[str] = field(default_factory=list)  # needed, left to torch's install
+    vendored: list[str] = field(default_factory=list)  # grafted into <pkg>.libs/
+    problems: list[str] = field(default_factory=list)
+
+
+def repaired(wheel: Path, cell: Cell) -> Repair:
+    from elftools.common.exceptions import ELFError
+    from elftools.elf.elffile import ELFFile
+
+    tag = "-".join(wheel.name[: -len(".whl")].split("-")[-3:])
+    facts = Repair(tag)
+    needed: set[str] = set()
+    with zipfile.ZipFile(wheel) as zf:
+        for name in zf.namelist():
+            base = name.rsplit("/", 1)[-1]
+            if not (base.endswith(".so") or ".so." in base):
+                continue
+            if ".libs/" in name:
+                facts.vendored.append(base)
+                continue
+            with zf.open(name) as fh:
+                try:
+                    dynamic = ELFFile(fh).get_section_by_name(".dynamic")
+                except ELFError:
+                    continue
+                if dynamic is not None:
+                    needed |= {t.needed for t in dynamic.iter_tags("DT_NEEDED")}
+    patterns = REPAIR_EXCLUDES[cell.family]
+    facts.excluded = sorted(n for n in needed if any(fnmatch.fnmatch(n, p) for p in patterns))
+    facts.vendored.sort()
+    if not tag.split("-")[-1].startswith("manylinux_"):
+        facts.problems.append(f"the wheel is tagged {tag}, not a repaired manylinux_* wheel")
+    for lib in facts.vendored:
+        # auditwheel renames what it grafts: libfoo.so.1 -> libfoo-1a2b3c4d.so.1
+        original = re.sub(r"-[0-9a-f]{8}(?=\.so)", "", lib)
+        if any(fnmatch.fnmatch(original, p) for p in patterns):
+            facts.problems.append(f"the wheel carries its own {original}; torch's must be used")
+    return facts

