@@ -59,7 +59,8 @@ def test_what_this_machine_cannot_build_is_skipped_with_a_reason():
     skip = images.skip_reason
     assert skip(by_tag["extmatrix-cpu:latest", "x86_64"], "local", "x86_64") is None
     assert skip(by_tag["extmatrix-cuda:13.0", "x86_64"], "local", "x86_64") is None
-    assert "aarch64 builder" in skip(by_tag["extmatrix-cpu:latest", "aarch64"], "local", "x86_64")
+    arm = by_tag["extmatrix-cpu:latest-aarch64", "aarch64"]
+    assert "aarch64 builder" in skip(arm, "local", "x86_64")
     assert "no nvcc on PyPI" in skip(by_tag["extmatrix-cuda:12.6", "x86_64"], "local", "x86_64")
     assert "ships ROCm" in skip(by_tag["extmatrix-rocm:7.2", "x86_64"], "local", "x86_64")
     upstream = images.needed(PLAN.cells, "upstream", "extmatrix")

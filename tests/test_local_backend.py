@@ -184,3 +184,21 @@ def test_fingerprint_follows_source_contents_not_build_products(tmp_path):
     assert local.fingerprint(cell, env, venv, src) != first
     assert local.fingerprint(cell, {**env, "TORCH_CUDA_ARCH_LIST": "9.0"}, venv, src) != first
     assert not local.up_to_date(out, "other")
+
+
+def test_torch_of_another_flavor_makes_the_cell_not_buildable(tmp_path):
+    venv = tmp_path / "venv"
+    venv.mkdir()
+    (venv / "extmatrix-env.json").write_text("{}")
+    (venv / "torch-build.json").write_text(
+        json.dumps({"version": "2.11.0", "cuda": "13.0", "hip": None}))
+    sources = envs.Sources(notes=("https://download.pytorch.org/whl/cu128 not reachable",))
+    local.check_torch_build(PLAN.cell("torch2.11-cu130"), venv, sources)  # the right flavor
+    local.check_torch_build(PLAN.cell("torch2.11-cpu"), venv, sources)  # CPU-only build of it
+    with pytest.raises(toolchain.NotBuildable) as err:
+        local.check_torch_build(PLAN.cell("torch2.11-cu128"), venv, sources)
+    assert str(err.value) == (
+        "torch 2.11.0 installed for this cell is a CUDA 13.0 build, not CUDA 12.8 "
+        "(https://download.pytorch.org/whl/cu128 not reachable)")
+    with pytest.raises(toolchain.NotBuildable, match="is a build without ROCm, not ROCm 7.2"):
+        local.check_torch_build(PLAN.cell("torch2.11-rocm7.2"), venv, sources)

@@ -354,6 +354,8 @@ def _cell(matrix: Matrix, src: Source, compat: Compat, torch: str, flavor: _Flav
             fix = "placeholders are {flavor}, {toolkit}, {torch} and {platform}"
             raise src.error(at, f"bad placeholder in '{text}'", fix) from None
     tag = s.toolkit if flavor.family != "cpu" else "latest"
+    if platform != DEFAULT_PLATFORM:
+        tag += f"-{platform}"
     return Cell(
         id=cell_id,
         torch=torch,

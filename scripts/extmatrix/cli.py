@@ -52,7 +52,7 @@ def _run_args(parser: argparse.ArgumentParser) -> None:
 def _build(args: argparse.Namespace) -> int:
     plan, cells = selected(args, default_subset="local")
     ctx = run.context(plan, dist=args.dist, parallel=args.jobs)
-    console = Console(stderr=True)
+    console = run.console()
     reports = run.build(cells, ctx, args.backend, args.jobs, not args.fail_fast, console)
     return run.finish(reports, args.backend, console)
 
@@ -60,7 +60,7 @@ def _build(args: argparse.Namespace) -> int:
 def _test_matrix(args: argparse.Namespace) -> int:
     plan, cells = selected(args, default_subset="local")
     ctx = run.context(plan, dist=args.dist, parallel=args.jobs, require_gpu=args.require_gpu)
-    console = Console(stderr=True)
+    console = run.console()
     reports = run.test(cells, ctx, args.backend, args.jobs, not args.fail_fast, console)
     return run.finish(reports, args.backend, console)
 
@@ -70,7 +70,7 @@ def _repro(args: argparse.Namespace) -> int:
     plan, (cell,) = selected(args)
     ctx = run.context(plan, dist=args.dist, parallel=1, require_gpu=args.require_gpu,
                       echo=sys.stdout)
-    console = Console(stderr=True)
+    console = run.console()
     reports = run.build([cell], ctx, args.backend, 1, True, console)
     if reports[0].build == "built":
         reports = run.test([cell], ctx, args.backend, 1, True, console)

@@ -49,8 +49,9 @@ class Image:
 
     @property
     def target(self) -> str:
-        """Bake target names allow only letters, digits, '-' and '_'."""
-        return re.sub(r"[^A-Za-z0-9_-]", "-", f"{self.tag}-{self.platform}")
+        """Bake target names allow only letters, digits, '-' and '_'; tags are unique per
+        platform already (cells.py suffixes non-x86_64 ones)."""
+        return re.sub(r"[^A-Za-z0-9_-]", "-", self.tag)
 
     def args(self) -> dict[str, str]:
         args = {"BASE_IMAGE": self.base}

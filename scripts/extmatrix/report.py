@@ -74,6 +74,7 @@ class CellReport:
     ptx: list[str] = field(default_factory=list)
     ccache: dict[str, int] = field(default_factory=dict)
     reused: bool = False  # inputs unchanged: the last build's wheel, checked again
+    repair: dict = field(default_factory=dict)  # container builds: wheel tag, libraries left out
     timings: dict[str, float] = field(default_factory=dict)
     junit: dict[str, int] = field(default_factory=dict)
     cross_check: str | None = None

@@ -22,6 +22,12 @@ from .report import CellReport, repro_lines, summary_markdown, summary_table
 BACKENDS = ("local", "container")
 
 
+def console() -> Console:
+    """Progress and summaries on stderr; CI logs are no terminal, but they are wide."""
+    err = Console(stderr=True)
+    return err if err.is_terminal else Console(stderr=True, width=max(err.width, 160))
+
+
 def backend(name: str) -> ModuleType:
     if name == "container":
         from .backends import container

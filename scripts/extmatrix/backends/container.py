@@ -10,7 +10,6 @@ afterwards (test-matrix) is the local backend's, in a plain environment.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shlex
@@ -68,7 +67,7 @@ def build(cell: Cell, ctx: Context) -> CellReport:
         steps.note(f"wheel tag {repair.tag}; left to torch's install: "
                    f"{', '.join(repair.excluded) or 'nothing'}; grafted: "
                    f"{', '.join(repair.vendored) or 'nothing'}")
-        (staging / "repair.json").write_text(json.dumps(asdict(repair), indent=2) + "\n")
+        report.repair = asdict(repair)
         local.check_wheel(cell, ctx, wheel, report, staging, None)
         if repair.problems:
             raise StepFailed("check", "; ".join(repair.problems))

@@ -133,11 +133,35 @@ def prepare_env(cell: Cell, venv: Path, extra: list[str], steps: Steps) -> envs.
               "sources": sources.uv_args()}
     if envs.matches(venv, wanted):
         steps.note(f"reusing {venv}")
-        return sources
-    steps.run("env", envs.create_cmd(venv, python))
-    steps.run("env", envs.install_cmd(venv, wanted["requirements"], sources))
-    envs.write_marker(venv, wanted)
+    else:
+        steps.run("env", envs.create_cmd(venv, python))
+        steps.run("env", envs.install_cmd(venv, wanted["requirements"], sources))
+        envs.write_marker(venv, wanted)
+    check_torch_build(cell, venv, sources)
     return sources
+
+
+def check_torch_build(cell: Cell, venv: Path, sources: envs.Sources) -> None:
+    """The torch that got installed must be the cell's flavor: an unreachable PyTorch index
+    quietly yields PyPI's build of the same version, whose CUDA may be another one."""
+    probe = venv / "torch-build.json"
+    if not probe.is_file() or probe.stat().st_mtime < envs.env_marker(venv).stat().st_mtime:
+        code = ("import json, torch; print(json.dumps({'version': torch.__version__, "
+                "'cuda': torch.version.cuda, 'hip': torch.version.hip}))")
+        out = subprocess.run([str(envs.python_of(venv)), "-c", code], capture_output=True,
+                             text=True)
+        if out.returncode != 0:
+            raise StepFailed("env", f"torch does not import in {venv}: "
+                                    f"{(out.stderr.strip().splitlines() or ['?'])[-1]}")
+        probe.write_text(out.stdout.strip().splitlines()[-1])
+    built = json.loads(probe.read_text())
+    found = built["cuda"] if cell.family == "cuda" else built["hip"] or ""
+    if cell.family != "cpu" and not (found or "").startswith(cell.toolkit or "?"):
+        where = "; ".join(sources.notes) or "the host's pip sources"
+        label = "CUDA" if cell.family == "cuda" else "ROCm"
+        what = f"a {label} {found} build" if found else f"a build without {label}"
+        raise NotBuildable(f"torch {built['version']} installed for this cell is {what}, "
+                           f"not {label} {cell.toolkit} ({where})")
 
 
 def sync_tree(src: Path, dst: Path) -> None:
