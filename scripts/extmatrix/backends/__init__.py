@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
@@ -16,6 +18,8 @@ from typing import TextIO
 from ..cells import Cell
 from ..config import Matrix
 from ..report import CellReport
+from ..steps import StepFailed, Steps
+from ..toolchain import NotBuildable
 
 
 @dataclass(frozen=True)
@@ -40,6 +44,29 @@ def staging_dir(ctx: Context, cell: Cell) -> Path:
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     return staging
+
+
+@contextmanager
+def building(ctx: Context, cell: Cell, backend: str) -> Iterator[tuple[CellReport, Path, Steps]]:
+    """One cell's build: staged results, the outcome recorded whatever happens, then published.
+
+    A cell that cannot be had here or whose step fails ends in its report, never in an
+    exception that would stop the other cells."""
+    report = CellReport(cell=cell.id, backend=backend)
+    staging = staging_dir(ctx, cell)
+    steps = Steps(staging / "build.log", echo=ctx.echo)
+    try:
+        yield report, staging, steps
+        report.build = "built"
+    except NotBuildable as exc:
+        report.build, report.reason = "not-buildable", f"not buildable here: {exc}"
+    except StepFailed as exc:
+        report.build, report.reason = "failed", str(exc)
+    finally:
+        report.timings.update(steps.timings)
+        report.commands = steps.commands
+        steps.close()
+        publish(ctx, cell, staging, report)
 
 
 def publish(ctx: Context, cell: Cell, staging: Path, report: CellReport) -> None:

@@ -24,9 +24,9 @@ from ..cells import Cell
 from ..engines import Engine
 from ..errors import UserError
 from ..report import CellReport
-from ..steps import StepFailed, Steps
+from ..steps import StepFailed
 from ..toolchain import NotBuildable
-from . import Context, local, publish, staging_dir
+from . import Context, building, local
 
 PROJECT = "/project"  # where cibuildwheel copies the extension, and where --shell mounts it
 # cibuildwheel's step titles, as timing names in the report.
@@ -35,10 +35,7 @@ CIBW_STEPS = {"Running before_build...": "before_build", "Building wheel...": "c
 
 
 def build(cell: Cell, ctx: Context) -> CellReport:
-    report = CellReport(cell=cell.id, backend="container")
-    staging = staging_dir(ctx, cell)
-    steps = Steps(staging / "build.log", echo=ctx.echo)
-    try:
+    with building(ctx, cell, "container") as (report, staging, steps):
         engine, python = _prepare(cell, ctx, report)
         host = _host(cell, ctx, engine)
         report.sources = list(host.sources.notes)
@@ -71,16 +68,6 @@ def build(cell: Cell, ctx: Context) -> CellReport:
         local.check_wheel(cell, ctx, wheel, report, staging, None)
         if repair.problems:
             raise StepFailed("check", "; ".join(repair.problems))
-        report.build = "built"
-    except NotBuildable as exc:
-        report.build, report.reason = "not-buildable", f"not buildable here: {exc}"
-    except StepFailed as exc:
-        report.build, report.reason = "failed", str(exc)
-    finally:
-        report.timings.update(steps.timings)
-        report.commands = steps.commands
-        steps.close()
-        publish(ctx, cell, staging, report)
     return report
 
 

@@ -21,7 +21,7 @@ from ..cells import Cell
 from ..report import CellReport
 from ..steps import StepFailed, Steps
 from ..toolchain import NotBuildable
-from . import Context, publish, staging_dir
+from . import Context, building
 
 BUILD_TOOLS = ["pip", "ninja"]  # beside the extension's own [build-system] requires
 STAMP = "inputs.sha256"  # beside the last wheel: what it was built from
@@ -30,10 +30,7 @@ SKIP_DIRS = {"build", "dist", "__pycache__", ".pytest_cache", ".git"}
 
 
 def build(cell: Cell, ctx: Context) -> CellReport:
-    report = CellReport(cell=cell.id, backend="local")
-    staging = staging_dir(ctx, cell)
-    steps = Steps(staging / "build.log", echo=ctx.echo)
-    try:
+    with building(ctx, cell, "local") as (report, staging, steps):
         with steps.timed("toolkit"):
             tools = toolchain.provision(cell, ctx.cache, log=steps.note)
             report.toolkit = tools.origin
@@ -55,16 +52,6 @@ def build(cell: Cell, ctx: Context) -> CellReport:
                 compile_wheel(venv, src, out, env, stamp, report, steps)
         with steps.timed("check"):
             check_wheel(cell, ctx, single_wheel(out), report, staging, venv)
-        report.build = "built"
-    except NotBuildable as exc:
-        report.build, report.reason = "not-buildable", f"not buildable here: {exc}"
-    except StepFailed as exc:
-        report.build, report.reason = "failed", str(exc)
-    finally:
-        report.timings.update(steps.timings)
-        report.commands = steps.commands
-        steps.close()
-        publish(ctx, cell, staging, report)
     return report
 
 
