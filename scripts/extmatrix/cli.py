@@ -51,7 +51,7 @@ def _run_args(parser: argparse.ArgumentParser) -> None:
 
 def _build(args: argparse.Namespace) -> int:
     plan, cells = selected(args, default_subset="local")
-    ctx = run.context(plan, dist=args.dist, parallel=args.jobs)
+    ctx = run.context(plan, dist=args.dist, parallel=args.jobs, rebuild=args.rebuild)
     console = run.console()
     reports = run.build(cells, ctx, args.backend, args.jobs, not args.fail_fast, console)
     return run.finish(reports, args.backend, console)
@@ -69,7 +69,7 @@ def _repro(args: argparse.Namespace) -> int:
     args.cell, args.subset, args.patterns = [args.cell_id], None, []
     plan, (cell,) = selected(args)
     ctx = run.context(plan, dist=args.dist, parallel=1, require_gpu=args.require_gpu,
-                      echo=sys.stdout)
+                      echo=sys.stdout, rebuild=True)
     console = run.console()
     reports = run.build([cell], ctx, args.backend, 1, True, console)
     if reports[0].build == "built":
@@ -132,6 +132,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("build", help="build the wheels of the selected cells (default: subset "
                        "local) into dist/<cell>/")
     _run_args(p)
+    p.add_argument("--rebuild", action="store_true",
+                   help="compile even when a cell's sources, torch and settings are unchanged")
     _COMMANDS["build"] = _build
 
     p = sub.add_parser("test-matrix", help="install each built wheel beside its torch in a fresh "

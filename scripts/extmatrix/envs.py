@@ -106,7 +106,8 @@ def find_python(cell: Cell) -> str:
     wanted = [cell.python] if not cell.abi3 else list(cell.test_pythons)
     here = f"{sys.version_info.major}.{sys.version_info.minor}"
     if here in wanted:
-        return sys.executable
+        # The interpreter itself, not the venv we run in (nox gives each session its own).
+        return os.path.realpath(sys.executable)
     env = {**os.environ, "UV_PYTHON_DOWNLOADS": "never"}
     for version in wanted:
         found = subprocess.run([uv(), "python", "find", version], capture_output=True, text=True,
