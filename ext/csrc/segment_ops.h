@@ -7,6 +7,7 @@
 #include <torch/library.h>
 
 #include <cstdint>
+#include <vector>
 
 // Builds that share a process (the wheel, a JIT build, a CMake build) must
 // register under different namespaces, so the name is a compile-time knob.
@@ -58,6 +59,13 @@ inline int64_t inner_size(const at::Tensor& t) {
   int64_t inner = 1;
   for (int64_t d = 1; d < t.dim(); ++d) inner *= t.size(d);
   return inner;
+}
+
+// An uninitialised result shaped like `src` but with `rows` leading rows.
+inline at::Tensor new_rows_like(const at::Tensor& src, int64_t rows) {
+  std::vector<int64_t> sizes = src.sizes().vec();
+  sizes[0] = rows;
+  return src.new_empty(sizes);
 }
 
 }  // namespace segment_ops

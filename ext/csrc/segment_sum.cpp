@@ -39,9 +39,7 @@ at::Tensor segment_sum_cpu(const at::Tensor& src, const at::Tensor& indptr_arg) 
 
   const int64_t segments = indptr.numel() - 1;
   const int64_t inner = inner_size(src);
-  std::vector<int64_t> sizes = src.sizes().vec();
-  sizes[0] = segments;
-  at::Tensor out = src.new_empty(sizes);
+  at::Tensor out = new_rows_like(src, segments);
   if (out.numel() == 0) return out;
 
   const at::Tensor x = src.contiguous();
@@ -84,9 +82,7 @@ at::Tensor segment_gather_cpu(const at::Tensor& src, const at::Tensor& indptr_ar
   TORCH_CHECK(rows >= 0, "segment_gather: rows must be >= 0, got ", rows);
   check_indptr_cpu("segment_gather", indptr, rows, "rows");
 
-  std::vector<int64_t> sizes = src.sizes().vec();
-  sizes[0] = rows;
-  at::Tensor out = src.new_empty(sizes);
+  at::Tensor out = new_rows_like(src, rows);
   if (out.numel() == 0) return out;
 
   // A row copy needs no arithmetic, so copy bytes instead of dispatching on dtype.

@@ -130,9 +130,7 @@ at::Tensor segment_sum_cuda(const at::Tensor& src, const at::Tensor& indptr_arg)
 
   const int64_t segments = indptr.numel() - 1;
   const int64_t inner = inner_size(src);
-  std::vector<int64_t> sizes = src.sizes().vec();
-  sizes[0] = segments;
-  at::Tensor out = src.new_empty(sizes);
+  at::Tensor out = new_rows_like(src, segments);
   if (out.numel() == 0) return out;
 
   const at::Tensor x = src.contiguous();
@@ -166,9 +164,7 @@ at::Tensor segment_gather_cuda(const at::Tensor& src, const at::Tensor& indptr_a
   TORCH_CHECK(rows >= 0, "segment_gather: rows must be >= 0, got ", rows);
   check_indptr_cuda("segment_gather", indptr, rows, "rows", stream);
 
-  std::vector<int64_t> sizes = src.sizes().vec();
-  sizes[0] = rows;
-  at::Tensor out = src.new_empty(sizes);
+  at::Tensor out = new_rows_like(src, rows);
   if (out.numel() == 0) return out;
 
   const at::Tensor x = src.contiguous();
