@@ -61,6 +61,14 @@ inline int64_t inner_size(const at::Tensor& t) {
   return inner;
 }
 
+// segment_gather's shape rules, the same for every device.
+inline void check_gather_shape(const at::Tensor& src, int64_t segments, int64_t rows) {
+  TORCH_CHECK(src.size(0) == segments,
+              "segment_gather: src.size(0) must equal indptr.numel() - 1 (", segments, "), got ",
+              src.size(0));
+  TORCH_CHECK(rows >= 0, "segment_gather: rows must be >= 0, got ", rows);
+}
+
 // An uninitialised result shaped like `src` but with `rows` leading rows.
 inline at::Tensor new_rows_like(const at::Tensor& src, int64_t rows) {
   std::vector<int64_t> sizes = src.sizes().vec();

@@ -158,10 +158,7 @@ at::Tensor segment_gather_cuda(const at::Tensor& src, const at::Tensor& indptr_a
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const at::Tensor indptr = indptr_arg.contiguous();
   const int64_t segments = indptr.numel() - 1;
-  TORCH_CHECK(src.size(0) == segments,
-              "segment_gather: src.size(0) must equal indptr.numel() - 1 (", segments, "), got ",
-              src.size(0));
-  TORCH_CHECK(rows >= 0, "segment_gather: rows must be >= 0, got ", rows);
+  check_gather_shape(src, segments, rows);
   check_indptr_cuda("segment_gather", indptr, rows, "rows", stream);
 
   at::Tensor out = new_rows_like(src, rows);

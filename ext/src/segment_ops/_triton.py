@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .ops import NAMESPACE, check_metadata, segment_gather
+from .ops import NAMESPACE, check_metadata, save_sum_context, segment_gather, sum_backward
 
 # (rows, columns, warps) per tile: tall tiles for few columns and long
 # segments, wide ones for many columns, one-warp tiles for short segments.
@@ -92,18 +92,11 @@ def _segment_sum_triton_op(src: Tensor, indptr: Tensor) -> Tensor:
     return out
 
 
-def _setup(ctx, inputs, output):
-    src, indptr = inputs
-    ctx.save_for_backward(indptr)
-    ctx.rows = src.shape[0]
-
-
-def _backward(ctx, grad):
-    (indptr,) = ctx.saved_tensors
-    return segment_gather(grad, indptr, ctx.rows), None
-
-
-torch.library.register_autograd(f"{NAMESPACE}::segment_sum_triton", _backward, setup_context=_setup)
+torch.library.register_autograd(
+    f"{NAMESPACE}::segment_sum_triton",
+    sum_backward(segment_gather),
+    setup_context=save_sum_context,
+)
 
 
 def _check_indptr_values(indptr: Tensor, rows: int) -> None:

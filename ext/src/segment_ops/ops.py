@@ -69,6 +69,23 @@ def check_metadata(op: str, data_name: str, data: Tensor, indptr: Tensor) -> Non
         )
 
 
+def save_sum_context(ctx, inputs, output):
+    """What a segment sum's backward needs: indptr and the row count of src."""
+    src, indptr = inputs
+    ctx.save_for_backward(indptr)
+    ctx.rows = src.shape[0]
+
+
+def sum_backward(gather):
+    """A segment sum's backward: `gather` the output gradient back onto the rows."""
+
+    def backward(ctx, grad):
+        (indptr,) = ctx.saved_tensors
+        return gather(grad, indptr, ctx.rows), None
+
+    return backward
+
+
 def register_python_parts(namespace: str) -> None:
     """Register fake kernels and autograd for the ops of ``namespace``."""
     ops = getattr(torch.ops, namespace)
@@ -83,15 +100,6 @@ def register_python_parts(namespace: str) -> None:
         check_metadata("segment_gather", "src", src, indptr)
         return src.new_empty((rows, *src.shape[1:]))
 
-    def sum_setup(ctx, inputs, output):
-        src, indptr = inputs
-        ctx.save_for_backward(indptr)
-        ctx.rows = src.shape[0]
-
-    def sum_backward(ctx, grad):
-        (indptr,) = ctx.saved_tensors
-        return ops.segment_gather(grad, indptr, ctx.rows), None
-
     def gather_setup(ctx, inputs, output):
         _, indptr, _ = inputs
         ctx.save_for_backward(indptr)
@@ -102,7 +110,9 @@ def register_python_parts(namespace: str) -> None:
 
     # Each op's backward is the other op, so double backward works too.
     torch.library.register_autograd(
-        f"{namespace}::segment_sum", sum_backward, setup_context=sum_setup
+        f"{namespace}::segment_sum",
+        sum_backward(ops.segment_gather),
+        setup_context=save_sum_context,
     )
     torch.library.register_autograd(
         f"{namespace}::segment_gather", gather_backward, setup_context=gather_setup
