@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from extmatrix import envs, report, toolchain, wheels
-from extmatrix.backends import Context, local, max_jobs, publish, staging_dir
+from extmatrix import envs, report, toolchain, wheels, workspace
+from extmatrix.backends import Context, local, max_jobs
 from extmatrix.cells import plan_file
 from extmatrix.cli import main
+from extmatrix.errors import NotBuildable
 from extmatrix.report import CellReport
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -39,7 +40,7 @@ def test_sync_tree_copies_only_changes_and_keeps_build_products(tmp_path):
     (src / "old.txt").write_text("x")
     (src / "build").mkdir()
     (src / "build" / "junk.o").write_text("stale")
-    local.sync_tree(src, dst)
+    workspace.sync_tree(src, dst)
     assert (dst / "csrc" / "a.cpp").read_text() == "int a;"
     assert not (dst / "build").exists()  # the source tree's build products are not copied
     (dst / "build").mkdir()
@@ -47,7 +48,7 @@ def test_sync_tree_copies_only_changes_and_keeps_build_products(tmp_path):
     copied = (dst / "csrc" / "a.cpp").stat().st_mtime_ns
     time.sleep(0.01)
     (src / "old.txt").unlink()
-    local.sync_tree(src, dst)
+    workspace.sync_tree(src, dst)
     assert (dst / "csrc" / "a.cpp").stat().st_mtime_ns == copied  # untouched: stays warm
     assert not (dst / "old.txt").exists()
     assert (dst / "build" / "a.o").exists()
@@ -113,13 +114,16 @@ def test_publish_replaces_only_its_own_cell(tmp_path):
     other.mkdir(parents=True)
     (other / "keep.whl").write_text("wheel")
     cell = PLAN.cell("torch2.14-cu130")
-    for attempt in ("first", "second"):
-        staging = staging_dir(ctx, cell)
-        (staging / f"{attempt}.log").write_text(attempt)
-        publish(ctx, cell, staging, CellReport(cell=cell.id, backend="local", build="failed"))
+    for attempt_name in ("first", "second"):
+        attempt = workspace.begin(cell.id, ctx.dist)
+        (attempt.staging / f"{attempt_name}.log").write_text(attempt_name)
+        report_json = CellReport(cell=cell.id, backend="local", build="failed").to_json()
+        workspace.publish(attempt, report_json, False, None)
     assert sorted(p.name for p in (ctx.dist / cell.id).iterdir()) == ["report.json", "second.log"]
     assert (other / "keep.whl").read_text() == "wheel"
-    assert sorted(p.name for p in ctx.dist.iterdir()) == ["torch2.13-cpu", "torch2.14-cu130"]
+    assert sorted(p.name for p in ctx.dist.iterdir()) == [
+        ".staging", "torch2.13-cpu", "torch2.14-cu130"]
+    assert list((ctx.dist / ".staging").iterdir()) == []  # nothing left behind
 
 
 def test_cells_that_cannot_be_had_here_are_not_attempted(tmp_path):
@@ -136,7 +140,7 @@ def test_cells_that_cannot_be_had_here_are_not_attempted(tmp_path):
 
 def test_cuda_12_without_system_toolkit_is_not_buildable(tmp_path, monkeypatch):
     monkeypatch.setattr(toolchain, "_system_cuda", lambda wanted: None)
-    with pytest.raises(toolchain.NotBuildable, match="cannot be assembled from PyPI"):
+    with pytest.raises(NotBuildable, match="cannot be assembled from PyPI"):
         toolchain.provision(PLAN.cell("torch2.11-cu128"), tmp_path)
 
 
@@ -149,9 +153,10 @@ def test_summary_markdown_lists_repro_commands():
     reports = [CellReport(cell="torch2.13-cpu", backend="local", build="built", test="passed",
                           junit={"passed": 5, "skipped": 2, "failures": 0, "errors": 0}),
                CellReport(cell="torch2.14-cu130", backend="local", build="failed",
-                          reason="compile: exit status 1")]
+                          reason="compile failed (exit 1): k.cu:3:1: error: boom")]
     text = report.summary_markdown(reports, "local")
     assert "| torch2.13-cpu | ok | passed: 5 passed, 2 skipped | - |" in text
+    assert "| torch2.14-cu130 | FAILED: compile failed (exit 1): k.cu:3:1: error: boom |" in text
     assert "- `torch2.14-cu130`: `nox -s repro -- torch2.14-cu130`" in text
 
 
@@ -195,10 +200,10 @@ def test_torch_of_another_flavor_makes_the_cell_not_buildable(tmp_path):
     sources = envs.Sources(notes=("https://download.pytorch.org/whl/cu128 not reachable",))
     local.check_torch_build(PLAN.cell("torch2.11-cu130"), venv, sources)  # the right flavor
     local.check_torch_build(PLAN.cell("torch2.11-cpu"), venv, sources)  # CPU-only build of it
-    with pytest.raises(toolchain.NotBuildable) as err:
+    with pytest.raises(NotBuildable) as err:
         local.check_torch_build(PLAN.cell("torch2.11-cu128"), venv, sources)
     assert str(err.value) == (
         "torch 2.11.0 installed for this cell is a CUDA 13.0 build, not CUDA 12.8 "
         "(https://download.pytorch.org/whl/cu128 not reachable)")
-    with pytest.raises(toolchain.NotBuildable, match="is a build without ROCm, not ROCm 7.2"):
+    with pytest.raises(NotBuildable, match="is a build without ROCm, not ROCm 7.2"):
         local.check_torch_build(PLAN.cell("torch2.11-rocm7.2"), venv, sources)

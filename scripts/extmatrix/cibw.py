@@ -21,7 +21,7 @@ from pathlib import Path
 from .cells import Cell
 from .config import Extension
 from .envs import Sources
-from .toolchain import NotBuildable
+from .errors import NotBuildable
 
 # Libraries the wheel must load from torch's own install, never carry a copy of:
 # two copies of libtorch in one process break the op registry and the allocator.
@@ -84,6 +84,17 @@ def inside(location: str) -> str:
     return f"{HOST_MOUNT}{location}"
 
 
+def host_paths(host: Host) -> list[str]:
+    """The host files the container's environment refers to under /host."""
+    src = host.sources
+    paths = []
+    for location in [src.index_url, *src.extra_index_urls, *src.find_links, host.ca_bundle]:
+        if not location or ("://" in location and not location.startswith("file://")):
+            continue
+        paths.append(location[len("file://"):] if location.startswith("file://") else location)
+    return list(dict.fromkeys(paths))
+
+
 def container_env(cell: Cell, host: Host, python: str) -> dict[str, str]:
     """The build's environment inside the container (the image's own ENV underneath,
     which sets CUDA_HOME/ROCM_HOME and routes compilers through ccache)."""
@@ -121,7 +132,8 @@ def environment(cell: Cell, extension: Extension, host: Host, python: str,
               f"--volume={host.pip_cache_dir}:{PIP_CACHE_MOUNT}"]
     inner = container_env(cell, host, python)
     excludes = " ".join(f"--exclude {shlex.quote(p)}" for p in REPAIR_EXCLUDES[cell.family])
-    tests = f"{{project}}/{extension.tests}"
+    # A shell inside the container runs this: every matrix value in it is quoted.
+    tests = "{project}/" + shlex.quote(extension.tests)
     pytest = (f"python -m pytest {tests} -p no:cacheprovider --rootdir {tests} -q -rs "
               + shlex.join(extension.test_args)).strip()
     return {

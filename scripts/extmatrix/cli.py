@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -12,8 +13,7 @@ from rich.console import Console
 
 from . import report, run, schema
 from .cells import Cell, Plan, plan_file
-from .errors import UserError
-from .toolchain import NotBuildable
+from .errors import Interrupted, NotBuildable, UserError, describe_os_error
 
 Handler = Callable[[argparse.Namespace], int]
 _COMMANDS: dict[str, Handler] = {}
@@ -38,43 +38,71 @@ def selected(args: argparse.Namespace, default_subset: str | None = None
     return plan, plan.select(subset, args.cell, args.patterns)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with its complaints on one line (and still exit status 2)."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: {message}; see '{self.prog} --help'\n")
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} cells at a time; give 1 or more")
+    return value
+
+
 def _run_args(parser: argparse.ArgumentParser) -> None:
     _selection_args(parser)
     parser.add_argument("--backend", choices=run.BACKENDS, default="local",
                         help="local: a virtual environment per cell; container: cibuildwheel "
                         "in the flavor's image")
-    parser.add_argument("-j", "--jobs", type=int, default=1, help="cells at a time")
+    parser.add_argument("-j", "--jobs", type=_positive, default=1, help="cells at a time")
+    parser.add_argument("--strict", action=argparse.BooleanOptionalAction, default=None,
+                        help="a cell that cannot be built here fails the run (default: on "
+                        "when $CI is set, or when cells are named with --cell or -k)")
     parser.add_argument("--dist", help="results folder (default: dist/ beside the matrix)")
     parser.add_argument("--fail-fast", action="store_true",
                         help="stop starting cells after the first failure")
 
 
+def _strict(args: argparse.Namespace) -> bool:
+    if args.strict is not None:
+        return args.strict
+    return bool(os.environ.get("CI")) or bool(args.cell or args.patterns)
+
+
 def _build(args: argparse.Namespace) -> int:
     plan, cells = selected(args, default_subset="local")
-    ctx = run.context(plan, dist=args.dist, parallel=args.jobs, rebuild=args.rebuild)
     console = run.console()
+    ctx = run.context(plan, dist=args.dist, parallel=args.jobs, rebuild=args.rebuild,
+                      console=console)
     reports = run.build(cells, ctx, args.backend, args.jobs, not args.fail_fast, console)
-    return run.finish(reports, args.backend, console)
+    return run.finish(reports, args.backend, console, _strict(args))
 
 
 def _test_matrix(args: argparse.Namespace) -> int:
     plan, cells = selected(args, default_subset="local")
-    ctx = run.context(plan, dist=args.dist, parallel=args.jobs, require_gpu=args.require_gpu)
     console = run.console()
+    ctx = run.context(plan, dist=args.dist, parallel=args.jobs, require_gpu=args.require_gpu,
+                      console=console)
     reports = run.test(cells, ctx, args.backend, args.jobs, not args.fail_fast, console)
-    return run.finish(reports, args.backend, console)
+    return run.finish(reports, args.backend, console, _strict(args))
 
 
 def _repro(args: argparse.Namespace) -> int:
     args.cell, args.subset, args.patterns = [args.cell_id], None, []
     plan, (cell,) = selected(args)
-    ctx = run.context(plan, dist=args.dist, parallel=1, require_gpu=args.require_gpu,
-                      echo=sys.stdout, rebuild=True)
     console = run.console()
+    ctx = run.context(plan, dist=args.dist, parallel=1, require_gpu=args.require_gpu,
+                      echo=sys.stdout, rebuild=True, console=console)
     reports = run.build([cell], ctx, args.backend, 1, True, console)
     if reports[0].build == "built":
         reports = run.test([cell], ctx, args.backend, 1, True, console)
-    status = run.finish(reports, args.backend, console)
+    status = run.finish(reports, args.backend, console, strict=True)
     if args.shell:
         return run.shell(cell, ctx, args.backend)
     return status
@@ -114,12 +142,12 @@ def _schema(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="extmatrix",
         description="Build and test a PyTorch extension across a matrix of torch versions "
         "and CPU/CUDA/ROCm flavors.",
     )
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     p = sub.add_parser("plan", help="show the cells the matrix expands to")
     _selection_args(p)
@@ -175,6 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    previous = _stop_on_sigterm()
     try:
         return _COMMANDS[args.command](args)
     except UserError as exc:
@@ -183,8 +212,33 @@ def main(argv: list[str] | None = None) -> int:
     except NotBuildable as exc:
         print(f"extmatrix: not buildable here: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except Interrupted as exc:
+        print(f"extmatrix: {exc}", file=sys.stderr)
         return 130
+    except KeyboardInterrupt:
+        print("extmatrix: interrupted", file=sys.stderr)
+        return 130
+    except OSError as exc:
+        print(f"extmatrix: {describe_os_error(exc)}", file=sys.stderr)
+        return 1
+    except Exception as exc:  # noqa: BLE001 - a bug of ours: one line, the rest in a file
+        print(f"extmatrix: internal error: {type(exc).__name__}: {exc}; {run.crash_log(exc)}",
+              file=sys.stderr)
+        return 70
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _stop_on_sigterm():
+    """SIGTERM (a CI cancel, `kill`) ends a run like Ctrl-C: attempts recorded, wheels kept."""
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+
+    try:
+        return signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread (an embedding program): leave signals alone
+        return None
 
 
 if __name__ == "__main__":

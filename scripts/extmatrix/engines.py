@@ -16,8 +16,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import UserError
-from .toolchain import NotBuildable
+from .errors import NotBuildable, UserError
 
 ENGINES = ("docker", "podman")
 # Mounted into builds so pip inside trusts what the host trusts (TLS-inspecting proxies).

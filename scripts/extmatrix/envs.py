@@ -19,8 +19,12 @@ from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
 from .cells import Cell
-from .toolchain import NotBuildable, pip_command
+from .errors import NotBuildable
+from .toolchain import pip_command
 
 
 @dataclass(frozen=True)
@@ -131,6 +135,49 @@ def matches(venv: Path, wanted: dict) -> bool:
         return python_of(venv).exists() and json.loads(marker.read_text()) == wanted
     except (OSError, ValueError):
         return False
+
+
+# Run by the environment's own Python: what is really installed, and whether every
+# file a distribution's RECORD lists is still there (a deleted torch leaves its
+# dist-info behind and would pass any marker).
+_INSPECT = """
+import json, sys
+from importlib import metadata
+out = {}
+for name in json.loads(sys.argv[1]):
+    try:
+        dist = metadata.distribution(name)
+    except metadata.PackageNotFoundError:
+        out[name] = {"version": None, "missing": None}
+        continue
+    missing = next((str(f) for f in dist.files or () if not f.locate().exists()), None)
+    out[name] = {"version": dist.version, "missing": missing}
+print(json.dumps(out))
+"""
+
+
+def health(venv: Path, requirements: list[str]) -> str | None:
+    """None when every requirement is installed, whole, at a version it allows; else why not."""
+    python = python_of(venv)
+    if not python.exists():
+        return f"{python} does not exist"
+    reqs = [Requirement(r) for r in requirements]
+    names = [canonicalize_name(r.name) for r in reqs]
+    try:
+        result = subprocess.run([str(python), "-c", _INSPECT, json.dumps(names)],
+                                capture_output=True, text=True, timeout=120)
+        found = json.loads(result.stdout.strip().splitlines()[-1])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return f"{python} does not run"
+    for req, name in zip(reqs, names, strict=True):
+        facts = found.get(name) or {}
+        if facts.get("version") is None:
+            return f"{req.name} is not installed"
+        if facts.get("missing"):
+            return f"{req.name} {facts['version']} lacks its file {facts['missing']}"
+        if req.specifier and not req.specifier.contains(facts["version"], prereleases=True):
+            return f"{req.name} {facts['version']} does not satisfy {req}"
+    return None
 
 
 def write_marker(venv: Path, wanted: dict) -> None:

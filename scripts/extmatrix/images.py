@@ -24,8 +24,8 @@ from . import engines, envs
 from .backends import Context
 from .cells import Cell
 from .engines import Engine
-from .errors import UserError
-from .toolchain import NotBuildable, host_platform
+from .errors import NotBuildable, UserError
+from .toolchain import host_platform
 
 BASES = ("upstream", "local")
 LOCAL_SUITE = "bookworm"

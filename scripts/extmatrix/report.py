@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from pydantic import ConfigDict, TypeAdapter, ValidationError
 from rich.console import Console
 from rich.table import Table
 
 from .cells import Cell, Dropped
+from .errors import UserError
+from .steps import redact
 
 
 def plan_json(cells: Iterable[Cell]) -> str:
@@ -59,17 +63,26 @@ def _span(pythons: tuple[str, ...]) -> str:
 class CellReport:
     """What happened to one cell; saved as dist/<cell>/report.json."""
 
+    # Read back strictly: a report edited by hand or by another tool is refused in one
+    # line, not trusted into a traceback later.
+    __pydantic_config__ = ConfigDict(strict=True, extra="ignore")
+
     cell: str
     backend: str
-    build: str = "pending"  # built | failed | not-buildable
+    build: str = "pending"  # built | failed | not-buildable | interrupted
     test: str = "not-run"  # passed | failed | not-run
     reason: str | None = None
+    attempt: str | None = None  # which build attempt this is (workspace.new_attempt_id)
+    finished: str | None = None
+    # A build that made no good wheel keeps the last good one: {wheel, attempt, finished}.
+    kept: dict[str, str | None] | None = None
     toolkit: str | None = None
     sources: list[str] = field(default_factory=list)
     wheel: str | None = None
     wheel_size: int | None = None
     version: str | None = None
     requires: list[str] = field(default_factory=list)
+    stamped: list[str] = field(default_factory=list)  # what the engine wrote into the wheel
     sass: list[str] = field(default_factory=list)
     ptx: list[str] = field(default_factory=list)
     ccache: dict[str, int] = field(default_factory=dict)
@@ -82,26 +95,47 @@ class CellReport:
 
     @property
     def failed(self) -> bool:
-        return (self.build in ("failed", "missing") or self.test == "failed"
+        return (self.build in ("failed", "missing", "interrupted") or self.test == "failed"
                 or (self.cross_check or "").startswith("FAILED"))
 
+    def to_json(self) -> str:
+        # Index URLs from pip configuration may carry credentials: never saved as given.
+        return redact(json.dumps(asdict(self), indent=2)) + "\n"
+
     def write(self, path: Path) -> None:
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(asdict(self), indent=2) + "\n")
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(self.to_json())
         tmp.replace(path)
 
     @classmethod
     def read(cls, path: Path) -> CellReport | None:
+        """The report at `path`; None when there is none. A damaged one is a UserError."""
         try:
-            return cls(**json.loads(path.read_text()))
-        except (OSError, ValueError, TypeError):
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
             return None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UserError(str(path), f"cannot read ({exc})", "rebuild the cell") from None
+        try:
+            return _READER.validate_json(text)
+        except ValidationError as exc:
+            first = exc.errors(include_url=False)[0]
+            where = ".".join(str(p) for p in first["loc"]) or "the file"
+            raise UserError(str(path), f"damaged report: {where}: {first['msg']}",
+                            "rebuild the cell (extmatrix build --cell "
+                            f"{path.parent.name})") from None
+
+
+_READER = TypeAdapter(CellReport)
 
 
 def _status(r: CellReport) -> str:
-    if r.failed:
-        return "FAILED"
-    return "ok" if r.build == "built" else r.build
+    if r.build == "built" and not r.failed:
+        return "ok"
+    status = "FAILED" if r.failed else r.build
+    reason = first_line(r.reason or r.cross_check)
+    kept = f" (kept wheel of {r.kept.get('attempt')})" if r.kept else ""
+    return f"{status}: {reason}{kept}" if reason else f"{status}{kept}"
 
 
 def _tests(r: CellReport) -> str:
@@ -124,6 +158,15 @@ def _times(r: CellReport) -> str:
     return " ".join(f"{k} {v:.0f}s" for k, v in r.timings.items())
 
 
+def failure(r: CellReport, strict: bool) -> bool:
+    """Failed, or not buildable where the cell had to be built (named, or --strict)."""
+    return r.failed or (strict and r.build == "not-buildable")
+
+
+def first_line(text: str | None) -> str:
+    return (text or "").strip().splitlines()[0] if (text or "").strip() else ""
+
+
 def summary_rows(reports: list[CellReport]) -> list[list[str]]:
     rows = []
     for r in reports:
@@ -140,27 +183,28 @@ def summary_rows(reports: list[CellReport]) -> list[list[str]]:
 SUMMARY_COLUMNS = ["cell", "status", "tests", "foreign torch", "wheel", "ccache hits", "timings"]
 
 
-def summary_table(reports: list[CellReport]) -> Table:
+def summary_table(reports: list[CellReport], strict: bool = False) -> Table:
     table = Table(title=f"{len(reports)} cells", title_justify="left")
     for column in SUMMARY_COLUMNS:
         table.add_column(column, overflow="fold")
     for row, r in zip(summary_rows(reports), reports, strict=True):
-        table.add_row(*row, style="red" if r.failed else None)
+        table.add_row(*row, style="red" if failure(r, strict) else None)
     return table
 
 
-def repro_lines(reports: list[CellReport], backend: str) -> list[str]:
+def repro_lines(reports: list[CellReport], backend: str, strict: bool = False) -> list[str]:
     flag = "" if backend == "local" else f" --backend {backend}"
-    return [f"{r.cell}: {(r.reason or r.cross_check or '').splitlines()[0]}\n"
-            f"    reproduce: nox -s repro -- {r.cell}{flag}" for r in reports if r.failed]
+    return [f"{r.cell}: {first_line(r.reason or r.cross_check) or r.build}\n"
+            f"    reproduce: nox -s repro -- {r.cell}{flag}"
+            for r in reports if failure(r, strict)]
 
 
-def summary_markdown(reports: list[CellReport], backend: str) -> str:
+def summary_markdown(reports: list[CellReport], backend: str, strict: bool = False) -> str:
     lines = ["| " + " | ".join(SUMMARY_COLUMNS) + " |",
              "|" + " --- |" * len(SUMMARY_COLUMNS)]
     for row in summary_rows(reports):
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in row) + " |")
-    failed = [r for r in reports if r.failed]
+    failed = [r for r in reports if failure(r, strict)]
     if failed:
         lines += ["", "Failed cells:", ""]
         flag = "" if backend == "local" else f" --backend {backend}"

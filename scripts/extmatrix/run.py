@@ -7,17 +7,18 @@ import subprocess
 import sys
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 
 from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from . import envs, toolchain
+from . import envs, project, steps, toolchain, workspace
 from .backends import Context, local, max_jobs
 from .cells import Cell, Plan
-from .errors import UserError
-from .report import CellReport, repro_lines, summary_markdown, summary_table
+from .errors import Interrupted, UserError, describe_os_error
+from .report import CellReport, failure, repro_lines, summary_markdown, summary_table
 
 BACKENDS = ("local", "container")
 
@@ -37,40 +38,101 @@ def backend(name: str) -> ModuleType:
 
 
 def context(plan: Plan, *, dist: str | None, parallel: int, require_gpu: bool = False,
-            echo=None, rebuild: bool = False) -> Context:
+            echo=None, rebuild: bool = False, console: Console | None = None) -> Context:
+    """Where a run works and writes; refuses up front what would fail every cell."""
     root = Path(plan.source.file).resolve().parent
     work = Path(os.environ.get("EXTMATRIX_WORK") or root / ".extmatrix")
-    return Context(plan.matrix, root, Path(dist).resolve() if dist else root / "dist",
-                   work, toolchain.cache_root(), max_jobs(parallel), require_gpu, echo, rebuild)
+    out = Path(dist).resolve() if dist else root / "dist"
+    for folder, flag in ((out, "--dist"), (work, "$EXTMATRIX_WORK")):
+        try:
+            workspace.check_writable(folder)
+        except OSError as exc:
+            raise UserError(None, f"cannot write results to {describe_os_error(exc)}",
+                            f"free space there or point {flag} at a writable folder") from None
+    ctx = Context(plan.matrix, root, out, work, toolchain.cache_root(), max_jobs(parallel),
+                  require_gpu, echo, rebuild)
+    if console is not None:
+        ctx = replace(ctx, say=lambda text: console.print(text, highlight=False, markup=False))
+    project.check_tree(ctx.ext_dir)
+    return ctx
 
 
 def each_cell(cells: list[Cell], work: Callable[[Cell], CellReport], verb: str, jobs: int,
               keep_going: bool, console: Console) -> list[CellReport]:
+    """Run `work` on each cell, `jobs` at a time. Ctrl-C/SIGTERM stops every cell's
+    commands, lets each record its attempt, then raises Interrupted."""
     reports: dict[str, CellReport] = {}
     columns = (SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn())
-    with Progress(*columns, console=console, transient=True) as progress, \
-            ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        tasks = {c.id: progress.add_task(f"{verb} {c.id}", start=False) for c in cells}
-        pending = list(cells)
-        running = {}
-        stop = False
-        while pending or running:
-            while pending and len(running) < max(1, jobs) and not stop:
-                cell = pending.pop(0)
-                progress.start_task(tasks[cell.id])
-                running[pool.submit(work, cell)] = cell
-            if not running:
-                break
-            done = next(as_completed(running))
-            cell = running.pop(done)
-            report = done.result()
-            reports[cell.id] = report
-            progress.remove_task(tasks[cell.id])
-            mark = "[red]FAILED[/red]" if report.failed else (
-                "ok" if report.build == "built" else report.build)
-            console.print(f"{verb} {cell.id}: {mark}")
-            stop = stop or (report.failed and not keep_going)
+    steps.reset_cancel()
+    pool = ThreadPoolExecutor(max_workers=max(1, jobs))
+    running: dict = {}
+    try:
+        with Progress(*columns, console=console, transient=True) as progress:
+            tasks = {c.id: progress.add_task(f"{verb} {c.id}", start=False) for c in cells}
+            pending = list(cells)
+            stop = False
+            while pending or running:
+                while pending and len(running) < max(1, jobs) and not stop:
+                    cell = pending.pop(0)
+                    progress.start_task(tasks[cell.id])
+                    running[pool.submit(_guarded, work, cell, verb)] = cell
+                if not running:
+                    break
+                done = next(as_completed(running))
+                cell = running.pop(done)
+                report = done.result()
+                reports[cell.id] = report
+                progress.remove_task(tasks[cell.id])
+                mark = "[red]FAILED[/red]" if report.failed else (
+                    "ok" if report.build == "built" else report.build)
+                console.print(f"{verb} {cell.id}: {mark}")
+                stop = stop or (report.failed and not keep_going)
+    except KeyboardInterrupt:
+        steps.cancel_all()
+        for future, cell in running.items():
+            reports[cell.id] = future.result()  # each records its attempt, then returns
+        pool.shutdown(cancel_futures=True)
+        stopped = [c.id for c in cells if c.id in reports
+                   and reports[c.id].build in ("interrupted", "built")]
+        raise Interrupted(_interrupted_line(stopped, [reports[c] for c in stopped])) from None
+    pool.shutdown()
     return [reports[c.id] for c in cells if c.id in reports]
+
+
+def _guarded(work: Callable[[Cell], CellReport], cell: Cell, verb: str) -> CellReport:
+    """One cell's work; whatever escapes it becomes that cell's failure, not everyone's."""
+    try:
+        return work(cell)
+    except (UserError, OSError) as exc:
+        reason = describe_os_error(exc) if isinstance(exc, OSError) else str(exc)
+    except Interrupted:
+        reason = "interrupted"
+    except Exception as exc:  # noqa: BLE001 - a bug of ours must not take the other cells down
+        reason = f"internal error: {type(exc).__name__}: {exc}; {crash_log(exc)}"
+    return CellReport(cell=cell.id, backend="?", build="failed" if verb == "build" else "built",
+                      test="failed" if verb == "test" else "not-run",
+                      reason=f"{verb} could not finish: {reason}")
+
+
+def _interrupted_line(ids: list[str], reports: list[CellReport]) -> str:
+    kept = [r.cell for r in reports if r.kept]
+    where = f"; attempts recorded in dist/{{{','.join(ids)}}}/report.json" if ids else ""
+    return (f"interrupted{where}" +
+            (f"; earlier wheels kept for {', '.join(kept)}" if kept else ""))
+
+
+def crash_log(exc: BaseException) -> str:
+    """Write the traceback of an internal error to a file; say where, in words."""
+    import tempfile
+    import traceback
+
+    try:
+        fd, path = tempfile.mkstemp(prefix="extmatrix-crash-", suffix=".log")
+        with os.fdopen(fd, "w") as fh:
+            fh.write("".join(traceback.format_exception(exc)))
+        return f"traceback in {path}"
+    except OSError:
+        return "no crash log could be written"
 
 
 def build(cells: list[Cell], ctx: Context, backend_name: str, jobs: int, keep_going: bool,
@@ -84,14 +146,16 @@ def test(cells: list[Cell], ctx: Context, backend_name: str, jobs: int, keep_goi
     impl = local  # wheels are tested the way users install them: in a plain environment
 
     def one(cell: Cell) -> CellReport:
-        report = CellReport.read(ctx.dist / cell.id / "report.json")
-        if report is None:
-            return CellReport(cell=cell.id, backend=backend_name, build="missing",
-                              reason=f"no build result in {ctx.dist / cell.id}; run the build")
-        if report.build != "built":
-            return report
-        report.test, report.cross_check = "not-run", None
-        return impl.test(cell, ctx, report)
+        with workspace.claim(cell.id, ctx.dist, ctx.work, ctx.say):
+            report = CellReport.read(ctx.dist / cell.id / "report.json")
+            if report is None:
+                return CellReport(cell=cell.id, backend=backend_name, build="missing",
+                                  reason=f"no build result in {ctx.dist / cell.id}; "
+                                  "run the build")
+            if report.build != "built":
+                return report
+            report.test, report.cross_check = "not-run", None
+            return impl.test(cell, ctx, report)
 
     reports = each_cell(cells, one, "test", jobs, keep_going, console)
     by_id = {c.id: c for c in cells}
@@ -103,20 +167,26 @@ def test(cells: list[Cell], ctx: Context, backend_name: str, jobs: int, keep_goi
         report.cross_check = (impl.cross_check(cell, other, ctx) if other else
                               "skipped: no cell with another torch in this run")
     for report in reports:
-        if report.build == "built":
-            report.write(ctx.dist / report.cell / "report.json")
+        if report.build == "built" and report.backend != "?":
+            with workspace.claim(report.cell, ctx.dist, ctx.work, ctx.say):
+                report.write(ctx.dist / report.cell / "report.json")
     return reports
 
 
-def finish(reports: list[CellReport], backend_name: str, console: Console) -> int:
-    console.print(summary_table(reports))
-    for line in repro_lines(reports, backend_name):
+def finish(reports: list[CellReport], backend_name: str, console: Console,
+           strict: bool = False) -> int:
+    """The summary; 1 when a cell failed, or (strict) could not be built here."""
+    console.print(summary_table(reports, strict))
+    for line in repro_lines(reports, backend_name, strict):
         console.print(line, highlight=False, markup=False)
     step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if step_summary:
-        with open(step_summary, "a", encoding="utf-8") as fh:
-            fh.write(summary_markdown(reports, backend_name))
-    return 1 if any(r.failed for r in reports) else 0
+        try:
+            with open(step_summary, "a", encoding="utf-8") as fh:
+                fh.write(summary_markdown(reports, backend_name, strict))
+        except OSError as exc:
+            console.print(f"cannot write the step summary: {describe_os_error(exc)}")
+    return 1 if any(failure(r, strict) for r in reports) else 0
 
 
 def shell(cell: Cell, ctx: Context, backend_name: str) -> int:

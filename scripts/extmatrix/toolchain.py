@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .cells import Cell
+from .errors import NotBuildable
 
 # The wheels that make a complete nvcc (compiler, front end, NVVM, headers, cudart).
 CUDA_WHEELS = ("nvidia-cuda-nvcc", "nvidia-cuda-crt", "nvidia-nvvm", "nvidia-cuda-cccl",
@@ -27,10 +28,6 @@ FIRST_PYPI_CUDA = (13, 0)
 # cuobjdump, to list the SASS/PTX inside a built binary, is on PyPI from 13.2 on.
 CUOBJDUMP_WHEEL = "nvidia-cuda-cuobjdump==13.2.*"
 CCACHE_COMPILERS = ("gcc", "g++", "cc", "c++")
-
-
-class NotBuildable(Exception):
-    """This cell cannot be built on this machine; the message says why."""
 
 
 @dataclass(frozen=True)
@@ -215,3 +212,29 @@ def _ccache_from_wheel() -> str | None:
 def _major_minor(version: str | None) -> tuple[int, int]:
     major, minor = (version or "0.0").split(".")[:2]
     return int(major), int(minor)
+
+
+def ccache_stats(env: dict[str, str]) -> dict[str, int]:
+    exe = env.get("EXTMATRIX_CCACHE")
+    if not exe:
+        return {}
+    try:
+        out = subprocess.run([exe, "--print-stats"], capture_output=True, text=True,
+                             env={**os.environ, **env}, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    stats = {}
+    for line in out.splitlines():
+        key, _, value = line.partition("\t")
+        if value.strip().isdigit():
+            stats[key] = int(value)
+    return stats
+
+
+def ccache_delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    def count(stats: dict[str, int], *keys: str) -> int:
+        return sum(stats.get(k, 0) for k in keys)
+
+    hits = ("direct_cache_hit", "preprocessed_cache_hit")
+    return {"hits": count(after, *hits) - count(before, *hits),
+            "misses": count(after, "cache_miss") - count(before, "cache_miss")}

@@ -1,22 +1,31 @@
-"""What a built wheel really contains: its metadata, and the GPU code inside its binaries.
+"""What a built wheel really contains, and the cell's identity written into it.
 
 A cell is only good if its wheel says what the cell promised: the local version,
 the torch pin, the flavor's runtime dependencies, and machine code for every arch
-the cell asked for. Archs are read from the binary with cuobjdump, not trusted
-from the build's arguments.
+the cell asked for. Whatever build backend made the wheel, `stamp` writes the
+cell's identity into it (extension authors need not know about cells). Archs are
+read from the binary with cuobjdump, not trusted from the build's arguments.
 """
 
 from __future__ import annotations
 
+import email.policy
 import re
 import subprocess
 import tempfile
 import zipfile
 from dataclasses import dataclass, field
+from email import message_from_bytes
 from email.parser import Parser
 from pathlib import Path
 
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
+from packaging.version import InvalidVersion, Version
+from wheel.wheelfile import WheelFile
+
 from .cells import Cell
+from .errors import StepFailed
 
 
 @dataclass
@@ -37,21 +46,142 @@ def metadata(wheel: Path) -> tuple[str, list[str]]:
     return msg["Version"], msg.get_all("Requires-Dist") or []
 
 
+def _requirements(requires: list[str]) -> list[Requirement | None]:
+    out: list[Requirement | None] = []
+    for text in requires:
+        try:
+            out.append(Requirement(text))
+        except InvalidRequirement:
+            out.append(None)
+    return out
+
+
 def inspect(wheel: Path, cell: Cell, cuobjdump: Path | None) -> WheelFacts:
     version, requires = metadata(wheel)
     facts = WheelFacts(wheel.name, wheel.stat().st_size, version, requires)
     if not version.endswith(f"+{cell.local_version}"):
         facts.problems.append(f"version {version} lacks the local label +{cell.local_version}")
-    names = {re.split(r"[\s;=<>!~\[]", r, maxsplit=1)[0].lower() for r in requires}
-    pinned = cell.requires_torch.replace(" ", "")
-    if not any(r.replace(" ", "").startswith(pinned) for r in requires):
+    parsed = [r for r in _requirements(requires) if r is not None and r.marker is None]
+    pin = Requirement(cell.requires_torch)
+    if not any(canonicalize_name(r.name) == "torch" and r.specifier == pin.specifier
+               for r in parsed):
         facts.problems.append(f"Requires-Dist does not pin {cell.requires_torch}")
+    names = {canonicalize_name(r.name) for r in parsed}
     for dep in cell.runtime_deps:
-        if re.split(r"[\s;=<>!~\[]", dep, maxsplit=1)[0].lower() not in names:
+        if canonicalize_name(Requirement(dep).name) not in names:
             facts.problems.append(f"Requires-Dist lacks the runtime dependency {dep}")
     if cell.family == "cuda":
         _cuda_archs(wheel, cell, cuobjdump, facts)
     return facts
+
+
+def stamp(wheel: Path, cell: Cell) -> tuple[Path, list[str]]:
+    """Write the cell's identity into `wheel`: the local label (+pt214cu130), the torch pin
+    and the flavor's runtime dependencies. Returns the wheel (renamed if its version
+    changed) and what was changed; a wheel that already says all this is left alone.
+
+    Raises StepFailed where the wheel contradicts the cell: another local label, or a
+    torch requirement that excludes the cell's torch."""
+    try:
+        name, version, build, tags = parse_wheel_filename(wheel.name)
+    except (InvalidWheelFilename, InvalidVersion) as exc:
+        raise StepFailed("stamp", f"the build made {wheel.name}, not a valid wheel name "
+                                  f"({exc})") from None
+    with zipfile.ZipFile(wheel) as zf:
+        meta_name = next((n for n in zf.namelist() if n.count("/") == 1
+                          and n.endswith(".dist-info/METADATA")), None)
+        if meta_name is None:
+            raise StepFailed("stamp", f"{wheel.name} has no .dist-info/METADATA")
+        msg = message_from_bytes(zf.read(meta_name), policy=email.policy.compat32)
+    changes: list[str] = []
+    new_version = _stamped_version(Version(msg["Version"] or str(version)), cell, changes)
+    requires = msg.get_all("Requires-Dist") or []
+    new_requires = _stamped_requires(requires, cell, changes)
+    if not changes:
+        return wheel, []
+    del msg["Requires-Dist"]
+    for req in new_requires:
+        msg["Requires-Dist"] = req
+    msg.replace_header("Version", str(new_version))
+    old_info = meta_name.split("/", 1)[0]
+    stem = old_info[: -len(".dist-info")]
+    file_name = re.sub(r"[^\w\d.]+", "_", name, flags=re.UNICODE)
+    new_stem = f"{file_name}-{new_version}"
+    tag_part = wheel.name[:-len(".whl")].split("-")[-3:]
+    build_part = [f"{build[0]}{build[1]}"] if build else []
+    target = wheel.with_name("-".join([new_stem, *build_part, *tag_part]) + ".whl")
+    return _repack(wheel, target, stem, new_stem, msg, meta_name, changes)
+
+
+def _repack(wheel: Path, target: Path, stem: str, new_stem: str, msg, meta_name: str,
+            changes: list[str]) -> tuple[Path, list[str]]:
+    """Copy every member under its new dist-info/.data name; WheelFile writes RECORD."""
+    tmp_dir = Path(tempfile.mkdtemp(dir=target.parent, prefix=".stamp-"))
+    try:
+        staged = tmp_dir / target.name
+        with zipfile.ZipFile(wheel) as src, WheelFile(staged, "w") as dst:
+            for info in src.infolist():
+                head, _, rest = info.filename.partition("/")
+                if head == f"{stem}.dist-info" and rest == "RECORD":
+                    continue
+                if head in (f"{stem}.dist-info", f"{stem}.data"):
+                    suffix = head[len(stem):]
+                    info_name = f"{new_stem}{suffix}/{rest}"
+                else:
+                    info_name = info.filename
+                data = (msg.as_bytes(policy=email.policy.compat32.clone(max_line_length=0))
+                        if info.filename == meta_name else src.read(info))
+                copy = zipfile.ZipInfo(info_name, date_time=info.date_time)
+                copy.external_attr, copy.compress_type = info.external_attr, zipfile.ZIP_DEFLATED
+                dst.writestr(copy, data)
+        wheel.unlink()
+        staged.replace(target)
+    finally:
+        for leftover in tmp_dir.iterdir():
+            leftover.unlink()
+        tmp_dir.rmdir()
+    return target, changes
+
+
+def _stamped_version(version: Version, cell: Cell, changes: list[str]) -> Version:
+    if version.local == cell.local_version:
+        return version
+    if version.local is not None:
+        raise StepFailed("stamp", f"the wheel's version {version} has its own local label; "
+                                  f"the cell's is +{cell.local_version}: drop the label from "
+                                  "the extension's version (the engine adds it)")
+    changes.append(f"version {version} -> {version}+{cell.local_version}")
+    return Version(f"{version}+{cell.local_version}")
+
+
+def _stamped_requires(requires: list[str], cell: Cell, changes: list[str]) -> list[str]:
+    pin = Requirement(cell.requires_torch)
+    torch_version = Version(cell.torch)
+    out: list[str] = []
+    pinned = False
+    for text, req in zip(requires, _requirements(requires), strict=True):
+        if req is None or canonicalize_name(req.name) != "torch" or req.marker is not None:
+            out.append(text)
+            continue
+        if req.specifier == pin.specifier:
+            pinned = True
+            out.append(text)
+            continue
+        if req.specifier and not req.specifier.contains(torch_version, prereleases=True):
+            raise StepFailed("stamp", f"the wheel requires {req}, which excludes the cell's "
+                                      f"torch {cell.torch}")
+        changes.append(f"Requires-Dist {text} -> {pin}")
+        out.append(str(pin))
+        pinned = True
+    if not pinned:
+        changes.append(f"Requires-Dist + {pin}")
+        out.insert(0, str(pin))
+    names = {canonicalize_name(r.name) for r in _requirements(out) if r is not None}
+    for dep in cell.runtime_deps:
+        if canonicalize_name(Requirement(dep).name) not in names:
+            changes.append(f"Requires-Dist + {dep}")
+            out.append(dep)
+    return out
 
 
 def _cuda_archs(wheel: Path, cell: Cell, cuobjdump: Path | None, facts: WheelFacts) -> None:

@@ -1,25 +1,29 @@
-"""Backends build and test cells; they share the layout of what they leave behind.
+"""Backends build and test cells; what both own lives here.
 
-dist/<cell>/ holds the cell's wheel, report.json, logs and JUnit XML. It is
-replaced in one rename, so a failed or interrupted cell never leaves half a
-result, and never touches another cell's folder.
+A build is one attempt on the cell's workspace (see `workspace`): staged, its
+outcome recorded whatever happens, then published without ever losing the last
+good wheel. Whatever goes wrong inside one cell ends in that cell's report, never
+in an exception that would stop the other cells.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Iterator
+import traceback
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
+from .. import steps as steps_mod
+from .. import toolchain, wheels, workspace
 from ..cells import Cell
 from ..config import Matrix
+from ..errors import Interrupted, NotBuildable, StepFailed, UserError, describe_os_error
 from ..report import CellReport
-from ..steps import StepFailed, Steps
-from ..toolchain import NotBuildable
+from ..steps import Steps
 
 
 @dataclass(frozen=True)
@@ -33,52 +37,75 @@ class Context:
     require_gpu: bool = False
     echo: TextIO | None = None  # print each command (repro)
     rebuild: bool = False  # compile even when the inputs are unchanged
+    say: Callable[[str], None] = field(default=workspace.say_on_stderr, compare=False)
 
     @property
     def ext_dir(self) -> Path:
         return (self.root / self.matrix.extension.path).resolve()
 
 
-def staging_dir(ctx: Context, cell: Cell) -> Path:
-    staging = ctx.dist / f".{cell.id}.partial"
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    return staging
-
-
 @contextmanager
 def building(ctx: Context, cell: Cell, backend: str) -> Iterator[tuple[CellReport, Path, Steps]]:
-    """One cell's build: staged results, the outcome recorded whatever happens, then published.
+    """One cell's build attempt: (report, staging folder, command log)."""
+    with workspace.claim(cell.id, ctx.dist, ctx.work, ctx.say):
+        attempt = workspace.begin(cell.id, ctx.dist)
+        report = CellReport(cell=cell.id, backend=backend, attempt=attempt.id)
+        log = attempt.final / "build.log"
+        steps = Steps(attempt.staging / "build.log", echo=ctx.echo, shown_path=log)
+        try:
+            yield report, attempt.staging, steps
+            report.build = "built"
+        except BaseException as exc:
+            report.build, report.reason = _outcome(exc, steps)
+            if not isinstance(exc, Exception):
+                raise  # KeyboardInterrupt in the main thread: recorded below, then on up
+        finally:
+            report.timings.update(steps.timings)
+            report.commands = steps.commands
+            report.finished = workspace.now()
+            steps.close()
+            good = report.build == "built"
+            kept = None if good else workspace.last_good(attempt.final)
+            if kept is not None:
+                report.kept = {k: kept.get(k) for k in ("wheel", "attempt", "finished")}
+            workspace.publish(attempt, report.to_json(), good, kept)
 
-    A cell that cannot be had here or whose step fails ends in its report, never in an
-    exception that would stop the other cells."""
-    report = CellReport(cell=cell.id, backend=backend)
-    staging = staging_dir(ctx, cell)
-    steps = Steps(staging / "build.log", echo=ctx.echo)
-    try:
-        yield report, staging, steps
-        report.build = "built"
-    except NotBuildable as exc:
-        report.build, report.reason = "not-buildable", f"not buildable here: {exc}"
-    except StepFailed as exc:
-        report.build, report.reason = "failed", str(exc)
-    finally:
-        report.timings.update(steps.timings)
-        report.commands = steps.commands
-        steps.close()
-        publish(ctx, cell, staging, report)
+
+def _outcome(exc: BaseException, steps: Steps) -> tuple[str, str]:
+    if steps_mod.cancelled() or isinstance(exc, (Interrupted, KeyboardInterrupt)):
+        return "interrupted", "interrupted (Ctrl-C or SIGTERM); the commands were stopped"
+    if isinstance(exc, NotBuildable):
+        return "not-buildable", f"not buildable here: {exc}"
+    if isinstance(exc, StepFailed):
+        return "failed", exc.detail
+    if isinstance(exc, UserError):
+        return "failed", str(exc)
+    if isinstance(exc, OSError):
+        return "failed", f"{describe_os_error(exc)}; see {steps.shown}"
+    # A bug of ours: the whole story goes to the cell's log, one line to the user.
+    steps.note("internal error:\n" + "".join(traceback.format_exception(exc)))
+    return "failed", (f"internal error: {type(exc).__name__}: {exc}; traceback in {steps.shown}")
 
 
-def publish(ctx: Context, cell: Cell, staging: Path, report: CellReport) -> None:
-    """Swap the staged results in as dist/<cell>/."""
-    report.write(staging / "report.json")
-    final = ctx.dist / cell.id
-    old = ctx.dist / f".{cell.id}.old"
-    shutil.rmtree(old, ignore_errors=True)
-    if final.exists():
-        os.replace(final, old)
-    os.replace(staging, final)
-    shutil.rmtree(old, ignore_errors=True)
+def stamp_wheel(cell: Cell, wheel: Path, report: CellReport, steps: Steps) -> Path:
+    """The cell's label, torch pin and runtime deps, written into whatever the build made."""
+    stamped, changes = wheels.stamp(wheel, cell)
+    if changes:
+        steps.note(f"stamped {stamped.name}: {'; '.join(changes)}")
+    report.stamped = changes
+    return stamped
+
+
+def check_wheel(cell: Cell, ctx: Context, wheel: Path, report: CellReport, staging: Path,
+                venv: Path | None) -> None:
+    """Fail the cell unless the wheel holds what the cell promised; keep it in staging."""
+    facts = wheels.inspect(wheel, cell, toolchain.cuobjdump(ctx.cache, venv)
+                           if cell.family == "cuda" else None)
+    report.wheel, report.wheel_size, report.version = facts.name, facts.size, facts.version
+    report.requires, report.sass, report.ptx = facts.requires, facts.sass, facts.ptx
+    shutil.copy2(wheel, staging / wheel.name)
+    if facts.problems:
+        raise StepFailed("check", "the wheel " + "; ".join(facts.problems))
 
 
 def max_jobs(parallel_cells: int) -> int:

@@ -22,11 +22,11 @@ from pathlib import Path
 from .. import cibw, engines, envs, toolchain
 from ..cells import Cell
 from ..engines import Engine
-from ..errors import UserError
+from ..errors import NotBuildable, StepFailed, UserError
+from ..project import build_requirements
 from ..report import CellReport
-from ..steps import StepFailed
-from ..toolchain import NotBuildable
-from . import Context, building, local
+from ..workspace import single_wheel, sync_tree
+from . import Context, building, check_wheel, stamp_wheel
 
 PROJECT = "/project"  # where cibuildwheel copies the extension, and where --shell mounts it
 # cibuildwheel's step titles, as timing names in the report.
@@ -40,22 +40,22 @@ def build(cell: Cell, ctx: Context) -> CellReport:
         host = _host(cell, ctx, engine)
         report.sources = list(host.sources.notes)
         env = {**engine.env, **cibw.environment(cell, ctx.matrix.extension, host, python,
-                                                local.build_requirements(ctx.ext_dir))}
+                                                build_requirements(ctx.ext_dir))}
         # A clean copy: cibuildwheel copies its whole working folder into the container,
         # and the source tree may hold build products of other builds.
         src = ctx.work / cell.id / "container-src"
-        local.sync_tree(ctx.ext_dir, src)
+        sync_tree(ctx.ext_dir, src)
         out = ctx.work / cell.id / "wheelhouse-container"
-        shutil.rmtree(out, ignore_errors=True)
+        shutil.rmtree(out, ignore_errors=True)  # the last good wheel is safe in dist/<cell>/
         stats = _ccache_env(ctx, host)
-        before = local.ccache_stats(stats)
+        before = toolchain.ccache_stats(stats)
         start = steps.log_path.stat().st_size
         with steps.timed("cibuildwheel"):
             steps.run("cibuildwheel", [sys.executable, "-m", "cibuildwheel", "--platform",
                                        "linux", "--output-dir", str(out), "."], env=env, cwd=src)
         report.timings.update(cibw_timings(_read_from(steps.log_path, start)))
-        report.ccache = local.ccache_delta(before, local.ccache_stats(stats))
-        wheel = local.single_wheel(out)
+        report.ccache = toolchain.ccache_delta(before, toolchain.ccache_stats(stats))
+        wheel = stamp_wheel(cell, single_wheel(out), report, steps)
         if cell.abi3:
             with steps.timed("abi3audit"):
                 steps.run("abi3audit", [sys.executable, "-m", "abi3audit", "--strict", "--report",
@@ -65,7 +65,7 @@ def build(cell: Cell, ctx: Context) -> CellReport:
                    f"{', '.join(repair.excluded) or 'nothing'}; grafted: "
                    f"{', '.join(repair.vendored) or 'nothing'}")
         report.repair = asdict(repair)
-        local.check_wheel(cell, ctx, wheel, report, staging, None)
+        check_wheel(cell, ctx, wheel, report, staging, None)
         if repair.problems:
             raise StepFailed("check", "; ".join(repair.problems))
     return report
@@ -135,7 +135,7 @@ def shell(cell: Cell, ctx: Context) -> int:
     host = _host(cell, ctx, engine)
     inner = cibw.container_env(cell, host, python)
     config = cibw.environment(cell, ctx.matrix.extension, host, python,
-                              local.build_requirements(ctx.ext_dir))
+                              build_requirements(ctx.ext_dir))
     # The image's PATH (gcc-toolset, CUDA, ccache) stays; the build Python goes first.
     # PS1 is set here: a non-interactive bash drops the one it inherits.
     prompt = shlex.quote(f"({cell.id}) \\w # ")
@@ -143,18 +143,29 @@ def shell(cell: Cell, ctx: Context) -> int:
              "exec bash --norc -i")
     tty = ["-it"] if sys.stdin.isatty() else ["-i"]
     cmd = engine.cmd("run", "--rm", *tty, f"--volume={ctx.ext_dir}:{PROJECT}",
-                     f"--workdir={PROJECT}", f"--volume=/:{cibw.HOST_MOUNT}",
-                     f"--volume={host.ccache_dir}:{cibw.CCACHE_MOUNT}",
-                     f"--volume={host.pip_cache_dir}:{cibw.PIP_CACHE_MOUNT}",
+                     f"--workdir={PROJECT}", *shell_mounts(host),
                      *(f"--env={k}={v}" for k, v in inner.items()), cell.image,
                      "bash", "-c", enter)
     repair = config["CIBW_REPAIR_WHEEL_COMMAND"].format(dest_dir="/tmp/repaired",
                                                         wheel="/tmp/wheel/*.whl")
     exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in engine.env.items())
-    print(f"# {cell.id} in {cell.image}, the extension mounted read-write at {PROJECT}.\n"
+    print(f"# {cell.id} in {cell.image}, the extension mounted read-write at {PROJECT}; "
+          f"pip's local sources and CA bundle read-only under {cibw.HOST_MOUNT}.\n"
           "# cibuildwheel runs there:\n"
           f"#   {config['CIBW_BEFORE_BUILD']}\n"
           "#   python -m pip wheel . --no-build-isolation --no-deps -w /tmp/wheel\n"
           f"#   {repair}\n"
           f"$ {exports + ' ' if exports else ''}{shlex.join(cmd)}", file=sys.stderr, flush=True)
     return subprocess.call(cmd, env={**os.environ, **engine.env})
+
+
+def shell_mounts(host: cibw.Host) -> list[str]:
+    """What an interactive shell sees of the host: the caches, and read-only, only the
+    files the build's environment names under /host (local wheel folders, the CA bundle).
+    Never the host's whole file system: the shell is root in the container."""
+    mounts = [f"--volume={host.ccache_dir}:{cibw.CCACHE_MOUNT}",
+              f"--volume={host.pip_cache_dir}:{cibw.PIP_CACHE_MOUNT}"]
+    for path in cibw.host_paths(host):
+        if Path(path).exists():
+            mounts.append(f"--volume={path}:{cibw.HOST_MOUNT}{path}:ro")
+    return mounts

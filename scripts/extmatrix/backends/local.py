@@ -13,20 +13,21 @@ import json
 import os
 import shutil
 import subprocess
-import tomllib
 from pathlib import Path
 
-from .. import envs, toolchain, wheels
-from ..cells import Cell
-from ..report import CellReport
-from ..steps import StepFailed, Steps
-from ..toolchain import NotBuildable
-from . import Context, building
+from packaging.version import InvalidVersion, Version
 
-BUILD_TOOLS = ["pip", "ninja"]  # beside the extension's own [build-system] requires
+from .. import envs, toolchain, workspace
+from ..cells import Cell
+from ..errors import Interrupted, NotBuildable, StepFailed, UserError, describe_os_error
+from ..project import build_requirements
+from ..report import CellReport
+from ..steps import Steps
+from ..workspace import single_wheel, sync_tree
+from . import Context, building, check_wheel, stamp_wheel
+
 STAMP = "inputs.sha256"  # beside the last wheel: what it was built from
-# Build products live in the per-cell copy and must survive syncs: they make rebuilds warm.
-SKIP_DIRS = {"build", "dist", "__pycache__", ".pytest_cache", ".git"}
+
 
 
 def build(cell: Cell, ctx: Context) -> CellReport:
@@ -51,20 +52,26 @@ def build(cell: Cell, ctx: Context) -> CellReport:
             else:
                 compile_wheel(venv, src, out, env, stamp, report, steps)
         with steps.timed("check"):
-            check_wheel(cell, ctx, single_wheel(out), report, staging, venv)
+            wheel = stamp_wheel(cell, single_wheel(out), report, steps)
+            check_wheel(cell, ctx, wheel, report, staging, venv)
     return report
+
 
 
 def compile_wheel(venv: Path, src: Path, out: Path, env: dict[str, str], stamp: str,
                   report: CellReport, steps: Steps) -> None:
-    shutil.rmtree(out, ignore_errors=True)
-    before = ccache_stats(env)
+    """Compile into a fresh folder; the last wheel and its stamp go only once this one is in."""
+    fresh = out.with_name(out.name + ".partial")
+    shutil.rmtree(fresh, ignore_errors=True)
+    before = toolchain.ccache_stats(env)
     steps.run("compile", [str(envs.python_of(venv)), "-m", "pip", "wheel",
                           "--no-build-isolation", "--no-deps", "--no-cache-dir",
-                          "--disable-pip-version-check", "-w", str(out), str(src)],
+                          "--disable-pip-version-check", "-w", str(fresh), str(src)],
               env=env, cwd=src)
-    report.ccache = ccache_delta(before, ccache_stats(env))
-    (out / STAMP).write_text(stamp)
+    report.ccache = toolchain.ccache_delta(before, toolchain.ccache_stats(env))
+    (fresh / STAMP).write_text(stamp)
+    shutil.rmtree(out, ignore_errors=True)
+    fresh.rename(out)
 
 
 def fingerprint(cell: Cell, env: dict[str, str], venv: Path, src: Path) -> str:
@@ -76,9 +83,12 @@ def fingerprint(cell: Cell, env: dict[str, str], venv: Path, src: Path) -> str:
                  marker.read_text() if marker.is_file() else ""):
         digest.update(part.encode())
     for path in sorted(p for p in src.rglob("*")
-                       if p.is_file() and not any(map(_skipped, p.relative_to(src).parts))):
+                       if not any(map(workspace.skipped, p.relative_to(src).parts))):
         digest.update(str(path.relative_to(src)).encode())
-        digest.update(path.read_bytes())
+        if path.is_symlink():
+            digest.update(b"-> " + os.fsencode(os.readlink(path)))
+        elif path.is_file():
+            digest.update(path.read_bytes())
     return digest.hexdigest()
 
 
@@ -89,41 +99,24 @@ def up_to_date(out: Path, stamp: str) -> bool:
         return False
 
 
-def check_wheel(cell: Cell, ctx: Context, wheel: Path, report: CellReport, staging: Path,
-                venv: Path | None) -> None:
-    """Fail the cell unless the wheel holds what the cell promised; keep it in staging."""
-    facts = wheels.inspect(wheel, cell, toolchain.cuobjdump(ctx.cache, venv)
-                           if cell.family == "cuda" else None)
-    report.wheel, report.wheel_size, report.version = facts.name, facts.size, facts.version
-    report.requires, report.sass, report.ptx = facts.requires, facts.sass, facts.ptx
-    shutil.copy2(wheel, staging / wheel.name)
-    if facts.problems:
-        raise StepFailed("check", "; ".join(facts.problems))
-
-
-def build_requirements(ext_dir: Path) -> list[str]:
-    """The extension's [build-system] requires, minus torch (the cell pins it)."""
-    pyproject = ext_dir / "pyproject.toml"
-    requires: list[str] = ["setuptools", "wheel"]
-    if pyproject.is_file():
-        requires = tomllib.loads(pyproject.read_text()).get("build-system", {}).get(
-            "requires", requires)
-    wanted = [r for r in requires if not r.lower().startswith("torch")] + BUILD_TOOLS
-    return list(dict.fromkeys(wanted))
-
 
 def prepare_env(cell: Cell, venv: Path, extra: list[str], steps: Steps) -> envs.Sources:
-    """Reuse the cell's environment when its torch and tools are unchanged."""
+    """Reuse the cell's environment when it really holds the cell's torch and tools."""
     sources = envs.sources_for(cell)
     python = envs.find_python(cell)
-    wanted = {"python": python, "requirements": [cell.torch_spec, *extra],
-              "sources": sources.uv_args()}
-    if envs.matches(venv, wanted):
+    requirements = [cell.torch_spec, *extra]
+    wanted = {"python": python, "requirements": requirements, "sources": sources.uv_args()}
+    damage = envs.health(venv, requirements) if envs.matches(venv, wanted) else "settings changed"
+    if damage is None:
         steps.note(f"reusing {venv}")
     else:
+        if envs.python_of(venv).exists():
+            steps.note(f"recreating {venv}: {damage}")
+        envs.env_marker(venv).unlink(missing_ok=True)
         steps.run("env", envs.create_cmd(venv, python))
-        steps.run("env", envs.install_cmd(venv, wanted["requirements"], sources))
+        steps.run("env", envs.install_cmd(venv, requirements, sources))
         envs.write_marker(venv, wanted)
+        (venv / "torch-build.json").unlink(missing_ok=True)
     check_torch_build(cell, venv, sources)
     return sources
 
@@ -132,7 +125,7 @@ def check_torch_build(cell: Cell, venv: Path, sources: envs.Sources) -> None:
     """The torch that got installed must be the cell's flavor: an unreachable PyTorch index
     quietly yields PyPI's build of the same version, whose CUDA may be another one."""
     probe = venv / "torch-build.json"
-    if not probe.is_file() or probe.stat().st_mtime < envs.env_marker(venv).stat().st_mtime:
+    if not probe.is_file():
         code = ("import json, torch; print(json.dumps({'version': torch.__version__, "
                 "'cuda': torch.version.cuda, 'hip': torch.version.hip}))")
         out = subprocess.run([str(envs.python_of(venv)), "-c", code], capture_output=True,
@@ -142,8 +135,8 @@ def check_torch_build(cell: Cell, venv: Path, sources: envs.Sources) -> None:
                                     f"{(out.stderr.strip().splitlines() or ['?'])[-1]}")
         probe.write_text(out.stdout.strip().splitlines()[-1])
     built = json.loads(probe.read_text())
-    found = built["cuda"] if cell.family == "cuda" else built["hip"] or ""
-    if cell.family != "cpu" and not (found or "").startswith(cell.toolkit or "?"):
+    found = (built["cuda"] if cell.family == "cuda" else built["hip"]) or ""
+    if cell.family != "cpu" and not same_series(found, cell.toolkit):
         where = "; ".join(sources.notes) or "the host's pip sources"
         label = "CUDA" if cell.family == "cuda" else "ROCm"
         what = f"a {label} {found} build" if found else f"a build without {label}"
@@ -151,36 +144,14 @@ def check_torch_build(cell: Cell, venv: Path, sources: envs.Sources) -> None:
                            f"not {label} {cell.toolkit} ({where})")
 
 
-def sync_tree(src: Path, dst: Path) -> None:
-    """Mirror src into dst, touching only changed files so incremental builds stay warm."""
-    dst.mkdir(parents=True, exist_ok=True)
-    seen: set[Path] = set()
-    for root, dirs, files in os.walk(src):
-        dirs[:] = [d for d in dirs if not _skipped(d)]
-        rel = Path(root).relative_to(src)
-        (dst / rel).mkdir(parents=True, exist_ok=True)
-        seen.add(rel)
-        for name in files:
-            source, target = Path(root) / name, dst / rel / name
-            seen.add(rel / name)
-            s = source.stat()
-            try:
-                t = target.stat()
-                if t.st_size == s.st_size and int(t.st_mtime) == int(s.st_mtime):
-                    continue
-            except FileNotFoundError:
-                pass
-            shutil.copy2(source, target)
-    for root, dirs, files in os.walk(dst):
-        dirs[:] = [d for d in dirs if not _skipped(d)]
-        rel = Path(root).relative_to(dst)
-        for name in files:
-            if rel / name not in seen:
-                (Path(root) / name).unlink()
-
-
-def _skipped(name: str) -> bool:
-    return name in SKIP_DIRS or name.endswith(".egg-info")
+def same_series(found: str, wanted: str | None) -> bool:
+    """Does toolkit `found` (13.0.88, 7.1.25424) belong to `wanted` (13.0, 7.1)? By release
+    numbers, never by text: ROCm 7.14 is not 7.1."""
+    try:
+        have, want = Version(found).release, Version(wanted or "").release
+    except InvalidVersion:
+        return False
+    return have[: len(want)] == want
 
 
 def compile_env(cell: Cell, tools: toolchain.Toolchain, ctx: Context, venv: Path,
@@ -205,35 +176,6 @@ def compile_env(cell: Cell, tools: toolchain.Toolchain, ctx: Context, venv: Path
     return env
 
 
-def single_wheel(folder: Path) -> Path:
-    found = sorted(folder.glob("*.whl"))
-    if len(found) != 1:
-        raise StepFailed("compile", f"expected one wheel in {folder}, found {len(found)}")
-    return found[0]
-
-
-def ccache_stats(env: dict[str, str]) -> dict[str, int]:
-    exe = env.get("EXTMATRIX_CCACHE")
-    if not exe:
-        return {}
-    out = subprocess.run([exe, "--print-stats"], capture_output=True, text=True,
-                         env={**os.environ, **env}).stdout
-    stats = {}
-    for line in out.splitlines():
-        key, _, value = line.partition("\t")
-        if value.strip().isdigit():
-            stats[key] = int(value)
-    return stats
-
-
-def ccache_delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
-    def count(stats: dict[str, int], *keys: str) -> int:
-        return sum(stats.get(k, 0) for k in keys)
-
-    hits = ("direct_cache_hit", "preprocessed_cache_hit")
-    return {"hits": count(after, *hits) - count(before, *hits),
-            "misses": count(after, "cache_miss") - count(before, "cache_miss")}
-
 
 # ---------------------------------------------------------------------------- tests
 
@@ -241,6 +183,8 @@ def ccache_delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int
 def test(cell: Cell, ctx: Context, report: CellReport) -> CellReport:
     """Install the built wheel beside the cell's torch in a fresh env and run the tests."""
     cell_dist = ctx.dist / cell.id
+    for stale in ("test.log", "junit.xml"):
+        (cell_dist / stale).unlink(missing_ok=True)
     steps = Steps(cell_dist / "test.log", echo=ctx.echo)
     try:
         wheel = single_wheel(cell_dist)
@@ -257,9 +201,13 @@ def test(cell: Cell, ctx: Context, report: CellReport) -> CellReport:
         report.junit = read_junit(cell_dist / "junit.xml")
         report.test = "passed" if result.returncode == 0 else "failed"
         if result.returncode != 0:
-            report.reason = f"tests failed (exit {result.returncode}); see {steps.log_path}"
-    except (NotBuildable, StepFailed) as exc:
-        report.test, report.reason = "failed", str(exc)
+            report.reason = f"tests failed (exit {result.returncode}); see {steps.shown}"
+    except Interrupted:
+        report.test, report.reason = "failed", "tests interrupted (Ctrl-C or SIGTERM)"
+    except (NotBuildable, StepFailed, UserError) as exc:
+        report.test, report.reason = "failed", getattr(exc, "detail", None) or str(exc)
+    except OSError as exc:
+        report.test, report.reason = "failed", describe_os_error(exc)
     finally:
         report.timings.update(steps.timings)
         report.commands += steps.commands
@@ -297,9 +245,13 @@ def cross_check(cell: Cell, other: Cell, ctx: Context) -> str:
     wheel = single_wheel(ctx.dist / cell.id)
     target = ctx.work / cell.id / f"cross-{other.id}"
     shutil.rmtree(target, ignore_errors=True)
-    subprocess.run([envs.uv(), "pip", "install", "--quiet", "--no-deps", "--target", str(target),
-                    "--python", str(envs.python_of(venv)), str(wheel)], check=True,
-                   capture_output=True)
+    installed = subprocess.run(
+        [envs.uv(), "pip", "install", "--quiet", "--no-deps", "--target", str(target),
+         "--python", str(envs.python_of(venv)), str(wheel)], capture_output=True, text=True)
+    if installed.returncode != 0:
+        shutil.rmtree(target, ignore_errors=True)
+        why = (installed.stderr.strip().splitlines() or ["?"])[-1]
+        return f"skipped: could not install the wheel beside {other.id}'s torch: {why}"
     result = subprocess.run(
         [str(envs.python_of(venv)), "-c", f"import {ctx.matrix.extension.import_name}"],
         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(target)},

@@ -1,0 +1,61 @@
+"""The extension project under build, as the engine needs to know it, whoever wrote it."""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
+
+from .errors import UserError
+from .workspace import skipped
+
+BUILD_TOOLS = ["pip", "ninja"]  # beside the extension's own [build-system] requires
+# The cell pins these itself: the extension's own pin would fight the cell's.
+CELL_PINNED = {"torch"}
+
+
+def build_requirements(ext_dir: Path) -> list[str]:
+    """The extension's [build-system] requires, minus torch (the cell pins it)."""
+    pyproject = ext_dir / "pyproject.toml"
+    requires: list[str] = ["setuptools", "wheel"]
+    if pyproject.is_file():
+        try:
+            data = tomllib.loads(pyproject.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+            raise UserError(str(pyproject), f"cannot read ({exc})",
+                            "fix the file so that pip can build the project") from None
+        requires = data.get("build-system", {}).get("requires", requires)
+    wanted = []
+    for text in requires:
+        try:
+            name = canonicalize_name(Requirement(text).name)
+        except InvalidRequirement as exc:
+            raise UserError(str(pyproject), f"[build-system] requires: {exc}",
+                            "write PEP 508 requirements") from None
+        if name not in CELL_PINNED:
+            wanted.append(text)
+    return list(dict.fromkeys([*wanted, *BUILD_TOOLS]))
+
+
+def check_tree(ext_dir: Path) -> None:
+    """Refuse a source tree that cannot be copied faithfully into a cell: a dangling
+    symlink, or one that leads out of the extension (the copy would not carry what
+    it points at, and a container would not see it)."""
+    root = ext_dir.resolve()
+    for folder, dirs, files in os.walk(ext_dir):
+        dirs[:] = [d for d in dirs if not skipped(d)]
+        for name in [*dirs, *files]:
+            path = Path(folder) / name
+            if not path.is_symlink():
+                continue
+            shown = path.relative_to(ext_dir.parent) if ext_dir.parent in path.parents else path
+            target = os.readlink(path)
+            if not path.exists():
+                raise UserError(str(shown), f"dangling symlink (-> {target})",
+                                "remove it or point it at a file inside the extension")
+            if not path.resolve().is_relative_to(root):
+                raise UserError(str(shown), f"symlink leads outside the extension (-> {target})",
+                                "copy the file into the extension instead")

@@ -1,0 +1,238 @@
+"""A cell's results folder, dist/<cell>/: one writer at a time; a good wheel is replaced
+only by a newer good one.
+
+Each build is an *attempt* staged in dist/.staging/<cell>/<attempt>/. Publishing
+swaps the staged folder in as dist/<cell>/ in one atomic exchange (renameat2), so
+there is never a moment without a dist/<cell>/. An attempt that did not produce a
+good wheel (failed, not buildable, interrupted, crashed) still publishes its
+report and log, and carries the last good wheel forward with `last-good.json`, the
+report of the build that made it.
+
+Both backends build through `attempt()`; `claim()` alone guards a test run.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import json
+import os
+import secrets
+import shutil
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from filelock import FileLock, Timeout
+
+from .errors import StepFailed
+
+LAST_GOOD = "last-good.json"
+REPORT = "report.json"
+# Build products live in a cell's copy of the sources and must survive syncs: they keep
+# rebuilds warm. They are never part of what the extension is.
+SKIP_DIRS = {"build", "dist", "__pycache__", ".pytest_cache", ".git", ".nox", ".tox"}
+
+
+def say_on_stderr(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+@dataclass(frozen=True)
+class Attempt:
+    id: str  # UTC start time and a random suffix: sortable, unique across machines
+    staging: Path
+    final: Path  # dist/<cell>/
+
+
+def new_attempt_id() -> str:
+    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + secrets.token_hex(3)
+
+
+@contextmanager
+def claim(cell_id: str, dist: Path, work: Path,
+          say: Callable[[str], None] = say_on_stderr) -> Iterator[None]:
+    """Hold the cell's locks (its work folder and its results folder) for a build or test.
+
+    A second extmatrix on the same cell waits, saying so once; other cells go on."""
+    locks = [work / ".locks" / f"{cell_id}.lock", dist / ".locks" / f"{cell_id}.lock"]
+    held: list[FileLock] = []
+    try:
+        for path in dict.fromkeys(locks):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            lock = FileLock(path)
+            try:
+                lock.acquire(timeout=0)
+            except Timeout:
+                say(f"{cell_id}: another extmatrix is building or testing this cell; "
+                    f"waiting for it to finish (lock {path})")
+                lock.acquire()
+            held.append(lock)
+        yield
+    finally:
+        for lock in reversed(held):
+            lock.release()
+
+
+def begin(cell_id: str, dist: Path) -> Attempt:
+    """A fresh staging folder for an attempt; leftovers of killed attempts go first."""
+    root = dist / ".staging" / cell_id
+    shutil.rmtree(root, ignore_errors=True)  # we hold the lock: nothing in there is alive
+    attempt_id = new_attempt_id()
+    staging = root / attempt_id
+    staging.mkdir(parents=True)
+    return Attempt(attempt_id, staging, dist / cell_id)
+
+
+def last_good(final: Path) -> dict | None:
+    """The report of the build that made the wheel now in dist/<cell>/, if any."""
+    for name in (LAST_GOOD, REPORT):
+        try:
+            data = json.loads((final / name).read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict) and data.get("build") == "built" and data.get("wheel") and (
+                final / str(data["wheel"])).is_file():
+            return data
+    return None
+
+
+def publish(attempt: Attempt, report_json: str, good: bool, kept: dict | None) -> None:
+    """Swap the attempt in as dist/<cell>/.
+
+    `report_json` is written as the attempt's report.json. A good attempt also
+    writes it as last-good.json; any other carries `kept` (from `last_good`), the
+    last good build's wheel and report, forward."""
+    (attempt.staging / REPORT).write_text(report_json)
+    if good:
+        (attempt.staging / LAST_GOOD).write_text(report_json)
+    elif kept is not None:
+        _link_or_copy(attempt.final / str(kept["wheel"]), attempt.staging / str(kept["wheel"]))
+        (attempt.staging / LAST_GOOD).write_text(json.dumps(kept, indent=2) + "\n")
+    swap_in(attempt.staging, attempt.final)
+    shutil.rmtree(attempt.staging.parent, ignore_errors=True)
+
+
+def now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def swap_in(staged: Path, final: Path) -> None:
+    """Make `staged` be `final`, atomically where the kernel can exchange two names.
+
+    Afterwards the previous `final` (if any) sits at `staged`, for the caller to delete."""
+    if not final.exists():
+        os.replace(staged, final)
+        return
+    if _exchange(staged, final):
+        return
+    # No renameat2 (another OS, an old kernel or a filesystem without it): two renames.
+    old = staged.with_name(staged.name + ".old")
+    os.replace(final, old)
+    os.replace(staged, final)
+    os.replace(old, staged)
+
+
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p,
+                          ctypes.c_uint]
+    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):
+        return False
+    raise OSError(err, os.strerror(err), str(a), None, str(b))
+
+
+def _link_or_copy(source: Path, target: Path) -> None:
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copy2(source, target)
+
+
+def check_writable(folder: Path) -> None:
+    """Raise OSError naming `folder` when results could not be written there."""
+    folder.mkdir(parents=True, exist_ok=True)
+    probe = folder / f".write-test-{os.getpid()}"
+    try:
+        probe.write_bytes(b"x" * 4096)
+    finally:
+        probe.unlink(missing_ok=True)
+
+
+# ------------------------------------------------------------------ source copies
+
+
+def skipped(name: str) -> bool:
+    return name in SKIP_DIRS or name.endswith(".egg-info")
+
+
+def sync_tree(src: Path, dst: Path) -> None:
+    """Mirror src into dst, touching only changed files so incremental builds stay warm.
+
+    A file counts as unchanged only with the same size and nanosecond mtime: whole
+    seconds would miss an edit made within the second of the last copy. Symlinks
+    are copied as links (the extension check has refused those that leave the tree)."""
+    dst.mkdir(parents=True, exist_ok=True)
+    seen: set[Path] = set()
+    for root, dirs, files in os.walk(src):
+        dirs[:] = [d for d in dirs if not skipped(d)]
+        rel = Path(root).relative_to(src)
+        if (dst / rel).is_symlink() or (dst / rel).is_file():
+            (dst / rel).unlink()
+        (dst / rel).mkdir(parents=True, exist_ok=True)
+        seen.add(rel)
+        for name in [*files, *(d for d in dirs if (Path(root) / d).is_symlink())]:
+            source, target = Path(root) / name, dst / rel / name
+            seen.add(rel / name)
+            if source.is_symlink():
+                link = os.readlink(source)
+                if not (target.is_symlink() and os.readlink(target) == link):
+                    _remove(target)
+                    target.symlink_to(link)
+                continue
+            s = source.stat()
+            try:
+                t = target.lstat()
+                if (not target.is_symlink() and t.st_size == s.st_size
+                        and t.st_mtime_ns == s.st_mtime_ns):
+                    continue
+            except FileNotFoundError:
+                pass
+            _remove(target)
+            shutil.copy2(source, target)
+        dirs[:] = [d for d in dirs if not (Path(root) / d).is_symlink()]
+    for root, dirs, files in os.walk(dst):
+        dirs[:] = [d for d in dirs if not skipped(d)]
+        rel = Path(root).relative_to(dst)
+        for name in [*files, *dirs]:
+            if rel / name not in seen and not skipped(name):
+                _remove(Path(root) / name)
+        dirs[:] = [d for d in dirs if rel / d in seen]
+
+
+def _remove(path: Path) -> None:
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    elif path.is_dir():
+        shutil.rmtree(path)
+
+
+def single_wheel(folder: Path) -> Path:
+    found = sorted(folder.glob("*.whl"))
+    if len(found) != 1:
+        raise StepFailed("compile", f"expected one wheel in {folder}, found {len(found)}")
+    return found[0]
