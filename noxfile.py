@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import nox
 
 nox.options.default_venv_backend = "uv|virtualenv"
@@ -14,11 +16,23 @@ def engine(session: nox.Session, *extras: str) -> None:
     session.install("-e", f".[{','.join(extras)}]" if extras else ".")
 
 
+def extmatrix(session: nox.Session, command: str) -> None:
+    """Run `extmatrix COMMAND`, keeping its exit status: 2 is a usage error, 130 an interrupt.
+
+    On Ctrl-C, give it time to stop its builds and record them before nox kills it."""
+    try:
+        session.run("extmatrix", command, *session.posargs, interrupt_timeout=30)
+    except nox.command.CommandFailed as failed:
+        if failed.return_code in (2, 130):
+            sys.exit(failed.return_code)
+        raise
+
+
 @nox.session(python=PYTHON)
 def plan(session: nox.Session) -> None:
     """Show the cells: `nox -s plan -- --json | --explain | --subset pr | -k GLOB`."""
     engine(session)
-    session.run("extmatrix", "plan", *session.posargs)
+    extmatrix(session, "plan")
 
 
 @nox.session(python=PYTHON)
@@ -28,7 +42,7 @@ def images(session: nox.Session) -> None:
     `nox -s images -- --cell torch2.13-cpu [--engine podman] [--base local] [--print-bake]`
     """
     engine(session)
-    session.run("extmatrix", "images", *session.posargs)
+    extmatrix(session, "images")
 
 
 @nox.session(python=PYTHON)
@@ -38,28 +52,28 @@ def build(session: nox.Session) -> None:
     `nox -s build -- --cell torch2.13-cpu -j 2 --backend container`
     """
     engine(session)
-    session.run("extmatrix", "build", *session.posargs)
+    extmatrix(session, "build")
 
 
 @nox.session(name="test-matrix", python=PYTHON)
 def test_matrix(session: nox.Session) -> None:
     """Test each built wheel in a fresh environment beside its torch (`-- --require-gpu`)."""
     engine(session)
-    session.run("extmatrix", "test-matrix", *session.posargs)
+    extmatrix(session, "test-matrix")
 
 
 @nox.session(python=PYTHON)
 def repro(session: nox.Session) -> None:
     """Rebuild and retest one cell, printing every command: `nox -s repro -- CELL [--shell]`."""
     engine(session)
-    session.run("extmatrix", "repro", *session.posargs)
+    extmatrix(session, "repro")
 
 
 @nox.session(python=PYTHON)
 def schema(session: nox.Session) -> None:
     """Regenerate matrix.schema.json for editors."""
     engine(session)
-    session.run("extmatrix", "schema", *session.posargs)
+    extmatrix(session, "schema")
 
 
 @nox.session(python=PYTHON)

@@ -47,7 +47,7 @@ def context(plan: Plan, *, dist: str | None, parallel: int, require_gpu: bool = 
         try:
             workspace.check_writable(folder)
         except OSError as exc:
-            raise UserError(None, f"cannot write results to {describe_os_error(exc)}",
+            raise UserError(None, f"cannot write to {folder}: {exc.strerror or exc}",
                             f"free space there or point {flag} at a writable folder") from None
     ctx = Context(plan.matrix, root, out, work, toolchain.cache_root(), max_jobs(parallel),
                   require_gpu, echo, rebuild)

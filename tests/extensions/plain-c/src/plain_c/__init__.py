@@ -1,0 +1,3 @@
+from ._native import twice
+
+__all__ = ["twice"]

@@ -1,0 +1,257 @@
+"""What a demanding user does to a build, and what they must get back: the last good wheel
+kept, one true line naming a log that exists, and never a traceback.
+
+The builds are real (pip, setuptools, gcc, a cell environment with torch 2.13 CPU) but of
+`tests/extensions/plain-c`, a C extension small enough to compile in a second.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from extmatrix import steps
+from extmatrix.cli import main
+from extmatrix.report import CellReport
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURE = ROOT / "tests" / "extensions" / "plain-c"
+CELL = "py3.11-torch2.13-cpu"
+MATRIX = """\
+extension:
+  path: ext
+  name: plain-c
+  import: plain_c
+  abi3: false
+axes:
+  torch: ["2.13"]
+  flavor: [cpu, rocm7.2]
+  python: ["3.11"]
+flavors:
+  cpu: {}
+  rocm7.2: {archs: [gfx942]}
+subsets:
+  local: [py3.11-torch2.13-cpu, py3.11-torch2.13-rocm7.2]
+"""
+# A build step that takes long enough to be interrupted, with a child of its own that must
+# not outlive the interruption.
+SLOW_SETUP = """\
+import os, subprocess, pathlib
+from setuptools import Extension, setup
+child = subprocess.Popen(["sleep", "300"])
+pathlib.Path(os.environ["PLAIN_C_STARTED"]).write_text(str(child.pid))
+child.wait()
+setup(ext_modules=[Extension("plain_c._native", ["src/native.c"])])
+"""
+
+pytestmark = pytest.mark.cells
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory) -> Path:
+    """One cell environment for the whole module: faults are about results, not installs."""
+    return tmp_path_factory.mktemp("work")
+
+
+@pytest.fixture
+def project(tmp_path, work, monkeypatch) -> Path:
+    shutil.copytree(FIXTURE, tmp_path / "ext")
+    (tmp_path / "matrix.yaml").write_text(MATRIX)
+    monkeypatch.setenv("EXTMATRIX_WORK", str(work))
+    monkeypatch.delenv("CI", raising=False)
+    return tmp_path
+
+
+def cli(project: Path, *args: str) -> list[str]:
+    return ["--matrix", str(project / "matrix.yaml"), "--dist", str(project / "dist"), *args]
+
+
+def build(project: Path, *args: str) -> int:
+    return main(["build", *cli(project, "--cell", CELL, *args)])
+
+
+def report(project: Path) -> CellReport:
+    found = CellReport.read(project / "dist" / CELL / "report.json")
+    assert found is not None
+    return found
+
+
+def wheels(project: Path) -> list[str]:
+    return sorted(p.name for p in (project / "dist" / CELL).glob("*.whl"))
+
+
+def assert_one_line(err: str) -> str:
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert "Traceback" not in err, err
+    return lines[-1]
+
+
+@pytest.fixture
+def good(project, capsys) -> str:
+    assert build(project) == 0, capsys.readouterr().err
+    (found,) = wheels(project)
+    assert found.startswith("plain_c-1.0.0+pt213cpu-cp311-cp311-")
+    capsys.readouterr()
+    return found
+
+
+def test_a_compile_error_keeps_the_good_wheel_and_says_the_compilers_line(project, good, capsys):
+    source = project / "ext" / "src" / "native.c"
+    source.write_text(source.read_text() + "\n#error the kernel does not compile\n")
+    assert build(project) == 1
+    err = capsys.readouterr().err
+    saved = report(project)
+    assert saved.build == "failed"
+    assert "native.c:" in saved.reason and "error: #error the kernel does not compile" in saved.reason
+    log = Path(saved.reason.rsplit("see ", 1)[1])
+    assert log.is_file() and "the kernel does not compile" in log.read_text()
+    assert "error: #error the kernel does not compile" in err  # the user sees the cause
+    assert wheels(project) == [good]
+    assert saved.kept["wheel"] == good and saved.kept["attempt"]
+    kept = json.loads((project / "dist" / CELL / "last-good.json").read_text())
+    assert kept["build"] == "built" and kept["wheel"] == good
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_an_interrupted_compile_stops_its_children_and_keeps_the_good_wheel(project, good, sig):
+    (project / "ext" / "setup.py").write_text(SLOW_SETUP)
+    started = project / "started"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "extmatrix.cli", "build", *cli(project, "--cell", CELL)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        env={**os.environ, "PLAIN_C_STARTED": str(started)})
+    deadline = time.monotonic() + 120
+    while not started.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert started.exists(), proc.communicate()[1]
+    sent = time.monotonic()
+    os.killpg(proc.pid, sig)  # what a terminal does: the whole foreground group
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert time.monotonic() - sent < 20
+    line = assert_one_line(err)
+    assert line.startswith("extmatrix: interrupted") and "earlier wheels kept" in line
+    child = int(started.read_text())
+    assert not Path(f"/proc/{child}").exists() or "State:\tZ" in Path(
+        f"/proc/{child}/status").read_text()
+    saved = report(project)
+    assert saved.build == "interrupted" and saved.kept["wheel"] == good
+    assert wheels(project) == [good]
+    assert (project / "dist" / CELL / "build.log").is_file()
+
+
+def test_two_builds_of_one_cell_at_once_both_end_cleanly(project, good):
+    cmd = [sys.executable, "-m", "extmatrix.cli", "build", *cli(project, "--cell", CELL,
+                                                                 "--rebuild")]
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    results = [p.communicate(timeout=300) for p in procs]
+    for proc, (_, err) in zip(procs, results, strict=True):
+        assert proc.returncode == 0, err
+        assert "Traceback" not in err
+    assert any("another extmatrix is building or testing this cell" in err for _, err in results)
+    assert wheels(project) == [good]
+    assert report(project).build == "built"
+    assert list((project / "dist" / ".staging").iterdir()) == []
+
+
+def test_a_damaged_environment_is_rebuilt(project, good, work, capsys):
+    site = next((work / CELL / "build-env").glob("lib/python3*/site-packages"))
+    (site / "torch" / "__init__.py").unlink()  # dist-info stays: a marker would trust it
+    assert build(project, "--rebuild") == 0, capsys.readouterr().err
+    log = (project / "dist" / CELL / "build.log").read_text()
+    assert "recreating" in log and "torch/__init__.py" in log
+
+
+def test_a_stale_wheel_is_never_reused_after_a_quick_edit(project, good, capsys):
+    source = project / "ext" / "src" / "native.c"
+    source.write_text(source.read_text().replace("2 * value", "3 * value"))
+    stat = source.stat()
+    os.utime(source, ns=(stat.st_atime_ns, stat.st_mtime_ns - stat.st_mtime_ns % 10**9))
+    assert build(project) == 0
+    assert not report(project).reused
+
+
+def test_not_buildable_fails_only_where_the_cell_was_asked_for(project, capsys):
+    named = main(["build", *cli(project, "--cell", "py3.11-torch2.13-rocm7.2")])
+    err = capsys.readouterr().err
+    assert named == 1 and "Traceback" not in err
+    assert "py3.11-torch2.13-rocm7.2: not buildable here: ROCm 7.2 is not installed" in err
+    assert main(["build", *cli(project, "-k", "*rocm*", "--no-strict")]) == 0
+    err = capsys.readouterr().err
+    assert "not-buildable: not buildable here: ROCm 7.2" in " ".join(err.split())
+
+
+def test_read_only_and_full_results_folders_are_one_line(project, capsys):
+    if os.geteuid() != 0:
+        pytest.skip("needs root to mount a small tmpfs")
+    mount = project / "small"
+    mount.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount)]).returncode:
+        pytest.skip("tmpfs cannot be mounted here")
+    try:
+        (mount / "filler").write_bytes(b"\0" * 64 * 1024)  # up to the last block
+    except OSError:
+        pass
+    try:
+        status = main(["build", "--matrix", str(project / "matrix.yaml"), "--dist",
+                       str(mount / "dist"), "--cell", CELL])
+        line = assert_one_line(capsys.readouterr().err)
+        assert status == 2 and "No space left on device" in line and str(mount) in line
+        subprocess.run(["mount", "-o", "remount,ro", str(mount)], check=True)
+        status = main(["build", "--matrix", str(project / "matrix.yaml"), "--dist",
+                       str(mount / "dist"), "--cell", CELL])
+        line = assert_one_line(capsys.readouterr().err)
+        assert status == 2 and "Read-only file system" in line and "--dist" in line
+    finally:
+        subprocess.run(["umount", str(mount)], check=True)
+
+
+def test_user_side_faults_are_one_line_with_exit_2(project, good, capsys):
+    for jobs in ("0", "-1"):
+        with pytest.raises(SystemExit) as stop:
+            main(["build", *cli(project, "-j", jobs)])
+        assert stop.value.code == 2
+        assert "cells at a time; give 1 or more" in assert_one_line(capsys.readouterr().err)
+    (project / "dist" / CELL / "report.json").write_text(json.dumps({"cell": 5}))
+    assert main(["test-matrix", *cli(project, "--cell", CELL)]) == 1  # that cell only
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert "report.json: damaged report: cell: Input should be a valid string; rebuild the " \
+           "cell" in " ".join(err.split())
+    (project / "ext" / "src" / "gone.h").symlink_to("nowhere.h")
+    assert build(project) == 2
+    line = assert_one_line(capsys.readouterr().err)
+    assert "gone.h: dangling symlink (-> nowhere.h)" in line
+
+
+def test_credentials_in_index_urls_are_never_written():
+    text = "torch from https://alice:s3cret@pypi.example.com/simple and file:///w"
+    assert steps.redact(text) == "torch from https://***@pypi.example.com/simple and file:///w"
+    saved = CellReport(cell="c", backend="local", sources=[text],
+                       commands=["uv pip install --index https://tok@host/simple torch"]).to_json()
+    assert "s3cret" not in saved and "tok@" not in saved
+
+
+def test_first_cause_finds_the_real_error():
+    log = "\n".join([
+        "$ pip wheel .", "running build_ext",
+        "src/k.cu(12): error: identifier \"x\" is undefined",
+        "src/k.cpp:3:1: error: second", "error: command '/usr/bin/gcc' failed with exit code 1",
+        "ERROR: Failed building wheel for k", "RuntimeError: Error compiling objects"])
+    assert steps.first_cause(log) == 'src/k.cu(12): error: identifier "x" is undefined'
+    resolver = "  × No solution found when resolving dependencies:\n  ╰─▶ Because torch==9 " \
+               "was not found in the package registry, we can conclude ..."
+    assert steps.first_cause(resolver).startswith("Because torch==9 was not found")
+    assert steps.first_cause("Traceback (most recent call last):\n  File x\n"
+                             "ModuleNotFoundError: No module named 'torch'") == \
+        "ModuleNotFoundError: No module named 'torch'"
