@@ -59,6 +59,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "matrix.yaml"
         path.write_text(text)
+        # The plan checks that the extension it names is a Python project with tests.
+        (Path(tmp) / "ext" / "tests").mkdir(parents=True)
+        (Path(tmp) / "ext" / "pyproject.toml").write_text("")
         (Path(tmp) / "compat.yaml").write_text(synthetic_compat())
         cells = len(plan_file(path).cells)
         parse_best, parse_med = best_of(20, lambda: yaml.safe_load(path.read_text()))

@@ -5,6 +5,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+# Extensions under tests/extensions/ are built and tested by the engine, in cell
+# environments: their own test suites do not belong to this one.
+collect_ignore_glob = ["extensions/*"]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import textwrap
 from pathlib import Path
 
@@ -17,6 +18,9 @@ SHIPPED = ROOT / "matrix.yaml"
 
 
 def write(tmp_path: Path, text: str) -> Path:
+    """matrix.yaml in tmp_path, beside the smallest project its default `path: ext` takes."""
+    (tmp_path / "ext" / "tests").mkdir(parents=True, exist_ok=True)
+    (tmp_path / "ext" / "pyproject.toml").write_text("[project]\nname = 'demo'\n")
     path = tmp_path / "matrix.yaml"
     path.write_text(text)
     return path
@@ -140,3 +144,79 @@ def test_selection(kwargs, ids):
 def test_selection_that_matches_nothing_is_an_error():
     with pytest.raises(UserError, match="no cell matches"):
         plan_file(SHIPPED).select(subset="pr", patterns=["*rocm*"])
+
+
+def project(folder: Path) -> Path:
+    (folder / "tests").mkdir(parents=True)
+    (folder / "pyproject.toml").write_text("[project]\nname = 'demo'\n")
+    return folder
+
+
+def tiny(matrix: Path, extension: str) -> Path:
+    matrix.parent.mkdir(parents=True, exist_ok=True)
+    matrix.write_text(textwrap.dedent(f"""\
+        extension: {{name: demo, import: demo, {extension}}}
+        axes: {{torch: ["2.14"], flavor: [cpu], python: ["3.12"]}}
+        flavors: {{cpu: {{}}}}
+    """))
+    return matrix
+
+
+def test_the_repository_is_found_above_the_matrix_file(tmp_path):
+    (tmp_path / ".git").mkdir()
+    project(tmp_path / "ext")
+    assert plan_file(tiny(tmp_path / "ci" / "matrix.yaml", "path: ../ext")).cells
+
+
+@pytest.mark.parametrize("link", [False, True])
+def test_an_extension_outside_the_repository_needs_allow_outside(tmp_path, link):
+    (tmp_path / "repo" / ".git").mkdir(parents=True)
+    beside = project(tmp_path / "beside")
+    path = "../beside"
+    if link:  # a symlink in the repository counts where it leads
+        (tmp_path / "repo" / "ext").symlink_to(beside)
+        path = "ext"
+    matrix = tiny(tmp_path / "repo" / "matrix.yaml", f"path: {path}")
+    with pytest.raises(UserError, match=f"1:45: extension folder '{path}' lies outside the "
+                       "repository; move it inside, or set 'allow_outside: true'"):
+        plan_file(matrix)
+    tiny(matrix, f"path: {path}, allow_outside: true")
+    assert plan_file(matrix).cells
+
+
+def test_a_matrix_outside_any_repository_keeps_its_extension_beside_it(tmp_path):
+    project(tmp_path / "ext")
+    matrix = tiny(tmp_path / "sub" / "matrix.yaml", "path: ../ext")
+    with pytest.raises(UserError, match="lies outside the repository"):
+        plan_file(matrix)
+
+
+def test_a_tests_folder_that_links_out_of_the_extension_is_refused(tmp_path):
+    ext = tmp_path / "ext"
+    (ext / "src").mkdir(parents=True)
+    (ext / "setup.py").write_text("")
+    (ext / "tests").symlink_to(tmp_path)
+    with pytest.raises(UserError, match="1:12: tests folder 'tests' leads outside 'ext'"):
+        plan_file(tiny(tmp_path / "matrix.yaml", "path: ext"))
+
+
+@pytest.mark.parametrize(("settings", "message"), [
+    # Release numbers, not text prefixes: 7.14 is not a 7.1 release.
+    ('rocm7.1: {archs: [gfx942], toolkit: "7.14"}',
+     "toolkit 7.14 does not match flavor rocm7.1; use a ROCm 7.1.x version"),
+    ('cu130: {archs: ["9.0af"]}', "CUDA 13.0 cannot target arch '9.0af'"),
+])
+def test_versions_and_archs_compare_exactly(tmp_path, settings, message):
+    text = SMALL.replace("ABI3", "true").replace("rocm7.2: {", f"{settings}\n  rocm7.2: {{")
+    if "rocm7.1" in settings:
+        text = text.replace("[cpu, cu130, rocm7.2]", "[cpu, cu130, rocm7.1, rocm7.2]")
+    else:
+        text = text.replace('  cu130: {archs: ["8.0", "9.0"], ptx: ["9.0"]}\n', "")
+    with pytest.raises(UserError, match=re.escape(message)):
+        plan_file(write(tmp_path, text))
+
+
+def test_a_rocm_patch_release_is_a_release_of_its_flavor(tmp_path):
+    text = SMALL.replace("ABI3", "true").replace("rocm7.2: {", 'rocm7.2: {toolkit: "7.2.1", ')
+    (rocm,) = [c for c in plan_file(write(tmp_path, text)).cells if c.id == "torch2.14-rocm7.2"]
+    assert rocm.toolkit == "7.2.1"

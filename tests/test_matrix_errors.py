@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import re
+import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -57,3 +60,65 @@ def test_bad_selection(args, message, capsys):
     matrix = str(Path(__file__).parent.parent / "matrix.yaml")
     assert main(["plan", "--matrix", matrix, *args]) == 2
     assert capsys.readouterr().err == f"extmatrix: {message}\n"
+
+
+LAUGHS = "a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + "".join(
+    f"{name}: &{name} [{', '.join([f'*{prev}'] * 9)}]\n"
+    for prev, name in zip("abcdefgh", "bcdefghi", strict=True)
+)
+
+
+def _hostile(tmp_path: Path, kind: str) -> str:
+    """A matrix file written to cost time, memory or a hang; returns what to pass."""
+    path = tmp_path / f"{kind}.yaml"
+    if kind == "fifo":
+        os.mkfifo(path)  # nobody ever writes: opening it for reading would block
+    elif kind == "directory":
+        path.mkdir()
+    elif kind == "dev-zero":
+        return "/dev/zero"
+    else:
+        path.write_bytes({
+            "laughs": LAUGHS.encode(),
+            "self-alias": b"a: &a [x, *a]\n",
+            "deep-flow": b"a: " + b"[" * 100_000 + b"]" * 100_000 + b"\n",
+            "deep-block": "".join(" " * i + f"k{i}:\n" for i in range(600)).encode() + b"x\n",
+            "huge": b"# padding\n" * 200_000,
+            "nul": b"a: b\x00c\n",
+            "latin-1": b"a: caf\xe9\n",
+        }[kind])
+    return str(path)
+
+
+@pytest.mark.parametrize(("kind", "message"), [
+    ("laughs", ":6:8: aliases expand to too many values (over 100,000)"),
+    ("self-alias", ":1:11: aliases nest deeper than 64 levels"),
+    ("deep-flow", ":1:67: the YAML nests deeper than 64 levels"),
+    ("deep-block", ":65:65: the YAML nests deeper than 64 levels"),
+    ("huge", ": file is larger than 1 MiB"),
+    ("nul", ":1:5: character U+0000 is not allowed in YAML"),
+    ("latin-1", ":1:7: not UTF-8 text (byte 0xe9)"),
+    ("fifo", ": not a regular file (a FIFO); pass a matrix file"),
+    ("directory", ": not a regular file (a directory); pass a matrix file"),
+    ("dev-zero", ": not a regular file (a character device); pass a matrix file"),
+])
+def test_hostile_input_ends_quickly_in_one_line(kind, message, tmp_path, capsys):
+    matrix = _hostile(tmp_path, kind)
+
+    def too_slow(*_):
+        raise TimeoutError(f"planning {kind} did not end")
+
+    # A regression here would hang (a FIFO's open) rather than fail: bound it.
+    previous = signal.signal(signal.SIGALRM, too_slow)
+    signal.setitimer(signal.ITIMER_REAL, 10)
+    start = time.perf_counter()
+    try:
+        status = main(["plan", "--matrix", matrix])
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    elapsed = time.perf_counter() - start
+    err = capsys.readouterr().err
+    assert status == 2
+    assert err.count("\n") == 1 and err.startswith(matrix + message), err
+    assert elapsed < 5

@@ -15,7 +15,7 @@ from pathlib import Path
 from .compat import Compat, series, span, version_key
 from .config import Family, FlavorSettings, Matrix, Rule, flavor_family, flavor_toolkit, load_matrix
 from .errors import UserError
-from .source import Source
+from .source import Source, printable
 
 DEFAULT_PLATFORM = "x86_64"
 
@@ -83,7 +83,7 @@ class Plan:
                 names = list(self.matrix.subsets)
                 close = difflib.get_close_matches(subset, names, n=1)
                 fix = f"did you mean '{close[0]}'?" if close else f"subsets: {', '.join(names)}"
-                raise UserError(None, f"unknown subset '{subset}'", fix)
+                raise UserError(None, printable(f"unknown subset '{subset}'"), printable(fix))
             globs = self.matrix.subsets[subset]
             chosen = [c for c in chosen if any(fnmatch.fnmatchcase(c.id, g) for g in globs)]
         if cell_ids:
@@ -101,7 +101,8 @@ class Plan:
 def unknown_cell(cell_id: str, known: list[str]) -> UserError:
     close = difflib.get_close_matches(cell_id, known, n=1, cutoff=0.5)
     fix = f"did you mean '{close[0]}'?" if close else "run 'extmatrix plan' to list the cells"
-    return UserError(None, f"unknown cell '{cell_id}'", fix)
+    # From the command line: a newline there must not split the one-line error.
+    return UserError(None, printable(f"unknown cell '{cell_id}'"), printable(fix))
 
 
 def plan_file(path: str | Path) -> Plan:
@@ -112,7 +113,53 @@ def plan_file(path: str | Path) -> Plan:
         if not compat_path.is_file():
             raise src.error(("compat",), f"compat file '{matrix.compat}' not found",
                             "give a path relative to the matrix file")
-    return expand(matrix, src, Compat.load(compat_path))
+    plan = expand(matrix, src, Compat.load(compat_path))
+    check_extension(matrix, src)
+    return plan
+
+
+def repository(matrix_file: Path) -> Path:
+    """The nearest folder up from the matrix file that holds .git, else the file's folder."""
+    start = matrix_file.resolve().parent
+    for folder in (start, *start.parents):
+        if (folder / ".git").exists():
+            return folder
+    return start
+
+
+def check_extension(matrix: Matrix, src: Source) -> None:
+    """The extension folder is a Python project inside the repository, with its tests.
+
+    Checked at plan time, so a wrong path fails in a second rather than after an image
+    build; a few stats, so `plan` stays fast.
+    """
+    ext = matrix.extension
+    at = ("extension", "path")
+    matrix_file = Path(src.file)
+    folder = matrix_file.parent / ext.path
+    if not folder.exists():
+        raise src.error(at, f"extension folder '{ext.path}' not found",
+                        "give the project folder relative to the matrix file")
+    if not folder.is_dir():
+        raise src.error(at, f"extension path '{ext.path}' is not a folder",
+                        "give the folder holding pyproject.toml or setup.py")
+    resolved = folder.resolve()
+    if not ext.allow_outside:
+        repo = repository(matrix_file)
+        if not resolved.is_relative_to(repo):
+            # Images and cells copy the repository; a project beside it would be missed.
+            raise src.error(at, f"extension folder '{ext.path}' lies outside the repository",
+                            "move it inside, or set 'allow_outside: true' under extension")
+    if not ((folder / "pyproject.toml").is_file() or (folder / "setup.py").is_file()):
+        raise src.error(at, f"extension folder '{ext.path}' is not a Python project "
+                        "(no pyproject.toml or setup.py)", "point it at the project's folder")
+    tests = folder / ext.tests
+    if not tests.is_dir():
+        raise src.error(("extension", "tests"), f"tests folder '{ext.tests}' not found in "
+                        f"'{ext.path}'", "give the test folder relative to extension.path")
+    if not tests.resolve().is_relative_to(resolved):
+        raise src.error(("extension", "tests"), f"tests folder '{ext.tests}' leads outside "
+                        f"'{ext.path}' (through a symlink)", "keep the tests inside the project")
 
 
 @dataclass(frozen=True)
@@ -232,7 +279,9 @@ def _resolve_flavor(name: str, matrix: Matrix, src: Source, compat: Compat) -> _
 
     label = "CUDA" if family == "cuda" else "ROCm"
     toolkit = merged.toolkit or implied
-    if toolkit != implied and not toolkit.startswith(implied + "."):
+    # By release numbers, not text: flavor rocm7.1 must not take toolkit 7.14.
+    wanted = version_key(implied)
+    if version_key(toolkit)[: len(wanted)] != wanted:
         raise src.error(where_set("toolkit"), f"toolkit {toolkit} does not match flavor {name}",
                         f"use a {label} {implied}.x version")
     if compat.toolkit(family, toolkit) is None:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import datetime
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
+from packaging.version import InvalidVersion, Version
 from pydantic import Field
 
 from . import source as yaml_source
@@ -47,8 +49,13 @@ class CompatFile(_Model):
     platforms: dict[Platform, PlatformFacts] = Field(default_factory=dict)
 
 
+@functools.cache
 def version_key(text: str) -> tuple[int, ...]:
-    return tuple(int(part) for part in text.split(".") if part.isdigit())
+    """The release numbers, compared as numbers (7.14 > 7.2; 7.1 is no prefix of 7.14)."""
+    try:
+        return Version(text).release
+    except InvalidVersion:
+        return ()  # unusable text sorts first instead of failing a plan
 
 
 def series(version: str) -> str:
@@ -87,8 +94,9 @@ class Compat:
     def unsupported_archs(self, family: Family, toolkit: str, archs: list[str]) -> list[str]:
         facts = self.toolkit(family, toolkit)
         known = set(facts.archs) if facts else set()
-        # "9.0a"/"10.0f" are arch-specific variants of 9.0/10.0.
-        return [a for a in archs if a.rstrip("af") not in known and a not in known]
+        # "9.0a"/"10.0f" are arch-specific variants of 9.0/10.0; one suffix, not "9.0af".
+        return [a for a in archs
+                if a not in known and not (a[-1:] in ("a", "f") and a[:-1] in known)]
 
     def why_not(
         self, torch: str, family: Family, toolkit: str | None, platform: str

@@ -6,9 +6,10 @@ import difflib
 import re
 import types
 import typing
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Annotated, Any, Literal
 
+from packaging.requirements import InvalidRequirement, Requirement
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from . import source as yaml_source
@@ -18,10 +19,29 @@ from .source import Source
 Family = Literal["cpu", "cuda", "rocm"]
 Platform = Literal["x86_64", "aarch64"]
 
-_FLAVOR = re.compile(r"^(cpu|cu(\d{2})(\d)|rocm(\d+\.\d+(?:\.\d+)?))$")
-_TORCH = re.compile(r"^\d+\.\d+(\.\d+)?$")
-_PYTHON = re.compile(r"^3\.\d+$")
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+# Every pattern is applied with fullmatch: `$` would also accept a trailing newline.
+_FLAVOR = re.compile(r"cpu|cu(\d{2})(\d)|rocm(\d+\.\d+(?:\.\d+)?)")
+_TORCH = re.compile(r"\d+\.\d+(\.\d+)?")
+_PYTHON = re.compile(r"3\.\d+")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+_TOOLKIT = re.compile(r"\d+(\.\d+){1,2}")
+_PLACEHOLDER = re.compile(r"\{(\w*)\}")
+# Index URLs and image references reach command lines and environment variables:
+# only the characters a URL or an OCI reference needs, never quotes, `$` or spaces.
+_URL = re.compile(r"(https?://[A-Za-z0-9.\[\]-]|file:///?[A-Za-z0-9._~%-])"
+                  r"[A-Za-z0-9._~%!&()*+,;=:@/?#\[\]-]*")
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_IMAGE_NAME = re.compile(rf"{_COMPONENT}(?:/{_COMPONENT})*")
+_IMAGE = re.compile(
+    r"(?:(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*"
+    r"|\[[0-9A-Fa-f:]+\])(?::\d+)?/)?"  # registry[:port]/
+    rf"{_COMPONENT}(?:/{_COMPONENT})*"  # name
+    r"(?::\w[\w.-]{0,127})?"  # :tag
+    r"(?:@sha256:[0-9a-f]{64})?"  # @digest
+)
+_TESTS = re.compile(r"[A-Za-z0-9._/-]+")
+# What each placeholder stands in for while a value is checked, before a cell fills it.
+_SAMPLES = {"flavor": "cu130", "toolkit": "13.0", "torch": "2.11.0", "platform": "x86_64"}
 
 
 def flavor_family(name: str) -> Family:
@@ -30,16 +50,16 @@ def flavor_family(name: str) -> Family:
 
 def flavor_toolkit(name: str) -> str | None:
     """The toolkit version a flavor name implies: cu130 -> 13.0, rocm6.4 -> 6.4."""
-    match = _FLAVOR.match(name)
+    match = _FLAVOR.fullmatch(name)
     if not match or name == "cpu":
         return None
-    if match.group(2):
-        return f"{int(match.group(2))}.{match.group(3)}"
-    return match.group(4)
+    if match.group(1):
+        return f"{int(match.group(1))}.{match.group(2)}"
+    return match.group(3)
 
 
 def _check_flavor(name: str) -> str:
-    if not _FLAVOR.match(name):
+    if not _FLAVOR.fullmatch(name):
         raise ValueError(
             f"unknown flavor '{name}'; a flavor is 'cpu', 'cuXYZ' (CUDA X.Y, e.g. cu130) "
             "or 'rocmX.Y' (e.g. rocm7.2)"
@@ -48,20 +68,90 @@ def _check_flavor(name: str) -> str:
 
 
 def _check_torch(value: str) -> str:
-    if not _TORCH.match(value):
+    if not _TORCH.fullmatch(value):
         raise ValueError(f"'{value}' is not a torch release; write X.Y or X.Y.Z, e.g. \"2.11\"")
     return value
 
 
 def _check_python(value: str) -> str:
-    if not _PYTHON.match(value):
+    if not _PYTHON.fullmatch(value):
         raise ValueError(f"'{value}' is not a Python version; write 3.X, e.g. \"3.12\"")
     return value
 
 
 def _check_name(value: str) -> str:
-    if not _NAME.match(value):
+    if not _NAME.fullmatch(value):
         raise ValueError(f"'{value}' is not a valid name; use letters, digits, '.', '_' or '-'")
+    return value
+
+
+def _with_samples(value: str) -> str:
+    # Unknown placeholder names pass here; filling a cell reports them at their line.
+    return _PLACEHOLDER.sub(lambda m: _SAMPLES.get(m.group(1), "x"), value)
+
+
+def _check_toolkit(value: str) -> str:
+    if not _TOOLKIT.fullmatch(value):
+        raise ValueError(f"'{value}' is not a toolkit version; write X.Y or X.Y.Z, e.g. \"13.0\"")
+    return value
+
+
+def _check_index(value: str) -> str:
+    if not _URL.fullmatch(_with_samples(value)):
+        raise ValueError(f"'{value}' is not an index URL; write an http(s):// or file:// URL "
+                         "without spaces, quotes or '$', e.g. https://download.pytorch.org/whl/cpu")
+    return value
+
+
+def _check_image(value: str) -> str:
+    if not _IMAGE.fullmatch(_with_samples(value)):
+        raise ValueError(f"'{value}' is not an image reference; write "
+                         "[registry/]name[:tag][@sha256:digest] in lowercase, e.g. "
+                         "quay.io/pypa/manylinux_2_28_{platform}:2025.11.09-1")
+    return value
+
+
+def _check_image_name(value: str) -> str:
+    if not _IMAGE_NAME.fullmatch(value):
+        raise ValueError(f"'{value}' is not an image name; use lowercase letters and digits, "
+                         "joined by '.', '_', '-' or '/'")
+    return value
+
+
+def _check_requirement(value: str) -> str:
+    try:
+        Requirement(_with_samples(value))
+    except InvalidRequirement as exc:
+        why = str(exc).splitlines()[0] if str(exc) else "invalid"
+        raise ValueError(f"'{value}' is not a requirement ({why}); "
+                         "write a PEP 508 requirement, e.g. triton>=3.1") from None
+    return value
+
+
+def _check_relative(value: str) -> str:
+    if not value or PurePosixPath(value).is_absolute() or not value.isprintable():
+        raise ValueError(f"'{value}' is not a relative path; "
+                         "give the project folder relative to the matrix file")
+    return value
+
+
+def _check_tests(value: str) -> str:
+    if PurePosixPath(value).is_absolute():
+        raise ValueError(f"'{value}' is an absolute path; give the folder relative to "
+                         "extension.path")
+    if ".." in value.split("/"):
+        raise ValueError(f"'{value}' leads out of the extension; give a folder inside "
+                         "extension.path")
+    if not _TESTS.fullmatch(value):
+        raise ValueError(f"'{value}' is not a plain folder path; use only letters, digits, "
+                         "'.', '_', '-' and '/'")
+    return value
+
+
+def _check_argument(value: str) -> str:
+    if any(c in value for c in "\0\n\r"):
+        raise ValueError(f"test argument '{value}' holds a NUL or a line break; "
+                         "give each argument on one line")
     return value
 
 
@@ -69,6 +159,14 @@ FlavorName = Annotated[str, AfterValidator(_check_flavor)]
 TorchVersion = Annotated[str, AfterValidator(_check_torch)]
 PythonVersion = Annotated[str, AfterValidator(_check_python)]
 Name = Annotated[str, AfterValidator(_check_name)]
+ToolkitVersion = Annotated[str, AfterValidator(_check_toolkit)]
+IndexUrl = Annotated[str, AfterValidator(_check_index)]
+ImageRef = Annotated[str, AfterValidator(_check_image)]
+ImageName = Annotated[str, AfterValidator(_check_image_name)]
+RequirementText = Annotated[str, AfterValidator(_check_requirement)]
+RelativePath = Annotated[str, AfterValidator(_check_relative)]
+TestsPath = Annotated[str, AfterValidator(_check_tests)]
+TestArgument = Annotated[str, AfterValidator(_check_argument)]
 
 
 class _Model(BaseModel):
@@ -78,16 +176,28 @@ class _Model(BaseModel):
 class Extension(_Model):
     """The extension under build; point it at your own project."""
 
-    path: str = Field("ext", description="Project folder holding setup.py/pyproject.toml.")
+    path: RelativePath = Field(
+        "ext",
+        description="Project folder holding setup.py/pyproject.toml, relative to the matrix "
+        "file. It must lie inside the repository (the nearest folder up from the matrix file "
+        "that holds .git, else the matrix file's folder) unless `allow_outside` is set.",
+    )
+    allow_outside: bool = Field(
+        False,
+        description="Let `path` lead outside the repository (e.g. a project checked out "
+        "beside it). Lifts only that rule: the folder must still be a Python project.",
+    )
     name: Name = Field(description="Distribution name, as in the wheel file name.")
     import_name: Name = Field(alias="import", description="Top-level import name.")
-    tests: str = Field("tests", description="Test folder, relative to `path`.")
+    tests: TestsPath = Field(
+        "tests", description="Test folder, relative to `path` and inside it (no '..')."
+    )
     abi3: bool = Field(
         True,
         description="One cp3X-abi3 wheel serves every Python of a cell; "
         "the Python axis then only multiplies the tests.",
     )
-    test_args: list[str] = Field(
+    test_args: list[TestArgument] = Field(
         default_factory=list, description="Extra pytest arguments for the matrix tests."
     )
     mismatch_message: str | None = Field(
@@ -100,14 +210,22 @@ class Extension(_Model):
 class FlavorSettings(_Model):
     """Per-flavor settings. Unset keys come from `defaults.<family>`."""
 
-    toolkit: str | None = Field(None, description="CUDA/ROCm version; defaults from the name.")
+    toolkit: ToolkitVersion | None = Field(
+        None, description="CUDA/ROCm version; defaults from the name."
+    )
     archs: list[str] | None = Field(
         None, description="GPU targets compiled to machine code (SASS / gfx). Never detected."
     )
     ptx: list[str] | None = Field(None, description="CUDA archs also embedded as PTX for JIT.")
-    index: str | None = Field(None, description="Package index serving this flavor's torch.")
-    base_image: str | None = Field(None, description="Upstream image the build image starts from.")
-    runtime_deps: list[str] | None = Field(
+    index: IndexUrl | None = Field(
+        None, description="Package index serving this flavor's torch: an http(s):// or file:// "
+        "URL; placeholders {flavor}, {toolkit}, {torch}, {platform}."
+    )
+    base_image: ImageRef | None = Field(
+        None, description="Upstream image the build image starts from: "
+        "[registry/]name[:tag][@sha256:digest]; placeholders as in `index`."
+    )
+    runtime_deps: list[RequirementText] | None = Field(
         None, description="Requirements written into the wheel for this flavor (e.g. triton)."
     )
 
@@ -134,7 +252,9 @@ class PlatformSettings(_Model):
 
 
 class Images(_Model):
-    prefix: str = Field("extmatrix", description="Built images are named PREFIX-FAMILY:TAG.")
+    prefix: ImageName = Field(
+        "extmatrix", description="Built images are named PREFIX-FAMILY:TAG."
+    )
 
 
 class Matrix(_Model):
@@ -234,7 +354,10 @@ def _user_error(source: Source, model: type[_Model], error: dict) -> UserError:
         return source.error(loc, f"'{_dotted(loc)}' is empty", "list at least one value")
     if kind == "value_error":
         message = str(error.get("ctx", {}).get("error", error["msg"]))
-        problem, _, fix = message.partition("; ")
+        # The value is quoted in the problem and may hold "; " itself: split at the last.
+        problem, sep, fix = message.rpartition("; ")
+        if not sep:
+            problem, fix = message, ""
         return source.error(loc, problem, fix or None, key=error["loc"][-1:] == ("[key]",))
     return source.error(loc, f"'{_dotted(loc)}': {error['msg']}")
 

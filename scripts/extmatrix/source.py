@@ -7,6 +7,8 @@ text the user typed: `torch: [2.10]` must mean "2.10", not the float 2.1.
 
 from __future__ import annotations
 
+import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +22,16 @@ Path_ = tuple[str | int, ...]
 _INT = "tag:yaml.org,2002:int"
 _FLOAT = "tag:yaml.org,2002:float"
 
+# A matrix is a few KB; these bound what a hostile or mistaken file can cost.
+MAX_BYTES = 1 << 20
+MAX_DEPTH = 64
+MAX_VALUES = 100_000
+_FLATTER = f"keep it within {MAX_DEPTH} levels"
+
+_KINDS = [(stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
+          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+          (stat.S_ISSOCK, "a socket")]
+
 
 @dataclass
 class Source:
@@ -27,8 +39,10 @@ class Source:
 
     file: str
     data: Any
-    values: dict[Path_, Where] = field(default_factory=dict)
-    keys: dict[Path_, Where] = field(default_factory=dict)
+    # yaml's own marks, made into a Where only when an error needs one: aliases can
+    # make a file hold 100,000 values, and every one is recorded.
+    values: dict[Path_, yaml.Mark] = field(default_factory=dict)
+    keys: dict[Path_, yaml.Mark] = field(default_factory=dict)
 
     def where(self, path: Path_, *, key: bool = False) -> Where:
         """The position of `path`, or of its nearest ancestor that exists."""
@@ -36,71 +50,210 @@ class Source:
         for end in range(len(path), -1, -1):
             hit = table.get(path[:end]) or self.values.get(path[:end])
             if hit is not None:
-                return hit
-        return Where(self.file)
+                return _where(self.file, hit)
+        return Where(printable(self.file))
 
     def error(self, path: Path_, problem: str, fix: str | None = None, *, key: bool = False):
-        return UserError(self.where(path, key=key), problem, fix)
+        return UserError(self.where(path, key=key), printable(problem),
+                         printable(fix) if fix else fix)
+
+
+def printable(text: str) -> str:
+    """`text` with control characters escaped: a value holding a newline must not
+    break the one-line error it is quoted in."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def load(path: str | Path, *, display: str | None = None) -> Source:
     name = display or str(path)
+    shown = printable(name)  # the file keeps its real name; errors get a one-line one
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        # stat first: opening a FIFO would wait for a writer, /dev/zero never ends.
+        _check_kind(os.stat(path), shown)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+        with open(fd, "rb") as fh:
+            _check_kind(os.fstat(fh.fileno()), shown)  # swapped since the stat?
+            data = fh.read(MAX_BYTES + 1)
     except FileNotFoundError:
         fix = "pass an existing matrix file with --matrix"
-        raise UserError(name, "file not found", fix) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UserError(name, f"cannot read file ({exc})") from None
+        raise UserError(shown, "file not found", fix) from None
+    except OSError as exc:
+        raise UserError(shown, f"cannot read file ({exc.strerror or exc})") from None
+    except ValueError as exc:  # a NUL in the path
+        raise UserError(shown, printable(f"cannot read file ({exc})")) from None
+    if len(data) > MAX_BYTES:
+        raise _too_large(shown)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        col = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
+        raise UserError(Where(shown, line, col), f"not UTF-8 text (byte 0x{data[exc.start]:02x})",
+                        "save the file as UTF-8") from None
     return parse(text, name)
 
 
+def _check_kind(info: os.stat_result, name: str) -> None:
+    if not stat.S_ISREG(info.st_mode):
+        kind = next((k for test, k in _KINDS if test(info.st_mode)), "not a file")
+        raise UserError(name, f"not a regular file ({kind})", "pass a matrix file")
+    if info.st_size > MAX_BYTES:
+        raise _too_large(name)
+
+
+def _too_large(name: str) -> UserError:
+    return UserError(name, f"file is larger than {MAX_BYTES >> 20} MiB", "pass a matrix file")
+
+
 def parse(text: str, file: str) -> Source:
+    shown = printable(file)
+    loader = None
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        loader = _Loader(text, file)  # checks every character up front
+        root = loader.get_single_node()
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
-        where = Where(file, mark.line + 1, mark.column + 1) if mark else Where(file)
-        what = exc.problem or exc.context or "invalid YAML"
+        where = _where(file, mark) if mark else Where(shown)
+        what = printable(exc.problem or exc.context or "invalid YAML")
         raise UserError(where, f"YAML syntax error: {what}", "fix the YAML syntax") from None
+    except yaml.reader.ReaderError as exc:
+        before = text[: exc.position]
+        where = Where(shown, before.count("\n") + 1, len(before) - (before.rfind("\n") + 1) + 1)
+        what = f"character U+{exc.character:04X} is not allowed in YAML"
+        fix = "remove it, or write it as an escape in double quotes"
+        raise UserError(where, what, fix) from None
     except yaml.YAMLError as exc:
-        raise UserError(file, f"YAML error: {exc}") from None
+        raise UserError(shown, printable(f"YAML error: {exc}")) from None
+    except RecursionError:  # the depth bound should make this unreachable
+        raise UserError(shown, "the YAML nests too deeply", _FLATTER) from None
+    finally:
+        if loader is not None:
+            loader.dispose()
     source = Source(file, None)
     if root is None:
-        raise UserError(Where(file, 1, 1), "the file is empty", "write a mapping of settings")
-    source.data = _build(root, (), source, yaml.SafeLoader(""))
+        raise UserError(Where(shown, 1, 1), "the file is empty", "write a mapping of settings")
+    try:
+        source.data = _Builder(source, loader.aliases).build(root, (), None)
+    except RecursionError:
+        raise UserError(shown, "the YAML nests too deeply", _FLATTER) from None
     return source
 
 
-def _mark(node: yaml.Node, file: str) -> Where:
-    return Where(file, node.start_mark.line + 1, node.start_mark.column + 1)
+def _where(file: str, mark: yaml.Mark) -> Where:
+    return Where(printable(file), mark.line + 1, mark.column + 1)
 
 
-def _build(node: yaml.Node, path: Path_, source: Source, loader: yaml.SafeLoader) -> Any:
-    source.values[path] = _mark(node, source.file)
-    if isinstance(node, yaml.MappingNode):
-        loader.flatten_mapping(node)
+def _mark(node: yaml.Node | yaml.Event, file: str) -> Where:
+    return _where(file, node.start_mark)
+
+
+class _Loader(yaml.SafeLoader):
+    """Composes while bounding the nesting depth, so deep input is refused before
+    the recursive composer can overflow, and notes where each alias was written:
+    the composed tree keeps only the anchored node, and an expansion that grows
+    too large should be reported where the user wrote the alias."""
+
+    def __init__(self, text: str, file: str):
+        super().__init__(text)
+        self.file = file
+        self.depth = 0
+        self.aliases: dict[tuple[int, Any], yaml.Mark] = {}
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node:
+        if self.check_event(yaml.AliasEvent):
+            mark = self.peek_event().start_mark
+            node = super().compose_node(parent, index)
+            if index is None and parent is not None and not isinstance(node, yaml.ScalarNode):
+                # a key (composed with index None) that would expand into a collection
+                raise UserError(_where(self.file, mark), "mapping keys must be plain scalars")
+            self.aliases[_slot(parent, index)] = mark
+            return node
+        if not self.check_event(yaml.CollectionStartEvent):
+            return super().compose_node(parent, index)
+        if self.depth >= MAX_DEPTH:
+            where = _mark(self.peek_event(), self.file)
+            raise UserError(where, f"the YAML nests deeper than {MAX_DEPTH} levels", _FLATTER)
+        self.depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
+
+
+def _slot(parent: yaml.Node | None, index: Any) -> tuple[int, Any]:
+    """A child's place in its parent: an item index, or the key node of a mapping value."""
+    return (id(parent), index if isinstance(index, int) else id(index))
+
+
+class _Builder:
+    """Turns composed nodes into plain data, recording every position.
+
+    Aliases share nodes, so a small file can stand for an enormous tree ("billion
+    laughs"): every value built counts against MAX_VALUES, and the nesting through
+    aliases against MAX_DEPTH.
+    """
+
+    def __init__(self, source: Source, aliases: dict):
+        self.source = source
+        self.loader = yaml.SafeLoader("")
+        self.aliases = aliases
+        self.budget = MAX_VALUES
+
+    def build(self, node: yaml.Node, path: Path_, alias: yaml.Mark | None) -> Any:
+        source = self.source
+        source.values[path] = node.start_mark
+        self.budget -= 1
+        if self.budget < 0 or len(path) > MAX_DEPTH + 1:
+            self._refuse(node, alias)
+        if isinstance(node, yaml.MappingNode):
+            return self._mapping(node, path, alias)
+        if isinstance(node, yaml.SequenceNode):
+            return [self.build(item, path + (i,), alias or self.aliases.get((id(node), i)))
+                    for i, item in enumerate(node.value)]
+        if node.tag in (_INT, _FLOAT):
+            return node.value  # versions are text: 2.10 stays "2.10"
+        try:
+            return self.loader.construct_object(node, deep=True)
+        except yaml.constructor.ConstructorError as exc:
+            raise UserError(_mark(node, source.file),
+                            printable(f"cannot read value: {exc.problem}")) from None
+
+    def _mapping(self, node: yaml.MappingNode, path: Path_, alias: yaml.Mark | None) -> dict:
+        source = self.source
+        try:
+            self.loader.flatten_mapping(node)
+        except yaml.constructor.ConstructorError as exc:
+            mark = exc.problem_mark or node.start_mark
+            raise UserError(_where(source.file, mark),
+                            printable(f"cannot merge: {exc.problem}")) from None
         out: dict[Any, Any] = {}
         for key_node, value_node in node.value:
-            key = _build(key_node, path + ("<key>",), source, loader)
+            if not isinstance(key_node, yaml.ScalarNode):  # before an aliased key expands
+                raise UserError(_mark(key_node, source.file), "mapping keys must be plain scalars")
+            key = self.build(key_node, path + ("<key>",), alias)
             if not isinstance(key, (str, int, float, bool)) or key is None:
                 raise UserError(_mark(key_node, source.file), "mapping keys must be plain scalars")
             key = str(key)
             if key in out:
                 raise UserError(
                     _mark(key_node, source.file),
-                    f"duplicate key '{key}'",
+                    printable(f"duplicate key '{key}'"),
                     "keep only one of them",
                 )
-            source.keys[path + (key,)] = _mark(key_node, source.file)
-            out[key] = _build(value_node, path + (key,), source, loader)
+            source.keys[path + (key,)] = key_node.start_mark
+            at = alias or self.aliases.get((id(node), id(key_node)))
+            out[key] = self.build(value_node, path + (key,), at)
         source.values.pop(path + ("<key>",), None)
         return out
-    if isinstance(node, yaml.SequenceNode):
-        return [_build(item, path + (i,), source, loader) for i, item in enumerate(node.value)]
-    if node.tag in (_INT, _FLOAT):
-        return node.value  # versions are text: 2.10 stays "2.10"
-    try:
-        return loader.construct_object(node, deep=True)
-    except yaml.constructor.ConstructorError as exc:
-        raise UserError(_mark(node, source.file), f"cannot read value: {exc.problem}") from None
+
+    def _refuse(self, node: yaml.Node, alias: yaml.Mark | None) -> None:
+        file = self.source.file
+        where = _where(file, alias) if alias else _mark(node, file)
+        if self.budget < 0:
+            what = (f"aliases expand to too many values (over {MAX_VALUES:,})" if alias
+                    else f"the file holds too many values (over {MAX_VALUES:,})")
+            raise UserError(where, what, "write the values out, or use fewer aliases")
+        raise UserError(where, f"aliases nest deeper than {MAX_DEPTH} levels",
+                        "an alias must not contain itself")

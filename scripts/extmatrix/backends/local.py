@@ -15,8 +15,6 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from packaging.version import InvalidVersion, Version
-
 from .. import envs, toolchain, workspace
 from ..cells import Cell
 from ..errors import Interrupted, NotBuildable, StepFailed, UserError, describe_os_error
@@ -136,22 +134,12 @@ def check_torch_build(cell: Cell, venv: Path, sources: envs.Sources) -> None:
         probe.write_text(out.stdout.strip().splitlines()[-1])
     built = json.loads(probe.read_text())
     found = (built["cuda"] if cell.family == "cuda" else built["hip"]) or ""
-    if cell.family != "cpu" and not same_series(found, cell.toolkit):
+    if cell.family != "cpu" and not toolchain.same_series(found, cell.toolkit):
         where = "; ".join(sources.notes) or "the host's pip sources"
         label = "CUDA" if cell.family == "cuda" else "ROCm"
         what = f"a {label} {found} build" if found else f"a build without {label}"
         raise NotBuildable(f"torch {built['version']} installed for this cell is {what}, "
                            f"not {label} {cell.toolkit} ({where})")
-
-
-def same_series(found: str, wanted: str | None) -> bool:
-    """Does toolkit `found` (13.0.88, 7.1.25424) belong to `wanted` (13.0, 7.1)? By release
-    numbers, never by text: ROCm 7.14 is not 7.1."""
-    try:
-        have, want = Version(found).release, Version(wanted or "").release
-    except InvalidVersion:
-        return False
-    return have[: len(want)] == want
 
 
 def compile_env(cell: Cell, tools: toolchain.Toolchain, ctx: Context, venv: Path,
