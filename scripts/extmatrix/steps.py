@@ -121,10 +121,14 @@ class Steps:
             print(f"$ {line}", file=self.echo, flush=True)
         full_env = {**os.environ, **(env or {})}
         try:
-            proc = subprocess.Popen(cmd, env=full_env, cwd=cwd, stdout=self._log,
-                                    stderr=subprocess.STDOUT, text=True, start_new_session=True)
+            proc = subprocess.Popen(cmd, env=full_env, cwd=cwd, stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
         except OSError as exc:
             raise StepFailed(step, f"cannot run {cmd[0]}: {exc.strerror or exc}") from None
+        # Tools print their configuration (cibuildwheel: the whole environment, index
+        # URLs included): the log gets their output with credentials taken out.
+        copier = threading.Thread(target=self._copy, args=(proc.stdout,), daemon=True)
+        copier.start()
         with _guard:
             _running.add(proc)
         try:
@@ -137,6 +141,8 @@ class Steps:
         finally:
             with _guard:
                 _running.discard(proc)
+            # A daemon the command left behind may hold the pipe open: do not wait on it.
+            copier.join(timeout=5)
         if _cancel.is_set():
             raise Interrupted(step)
         if check and code != 0:
@@ -144,6 +150,12 @@ class Steps:
             raise StepFailed(step, f"{step} failed (exit {code}): "
                                    f"{cause or 'no error message'}; see {self.shown}")
         return subprocess.CompletedProcess(cmd, code)
+
+    def _copy(self, pipe) -> None:
+        with pipe:
+            for raw in iter(pipe.readline, b""):
+                self._log.write(redact(raw.decode("utf-8", errors="replace")))
+        self._log.flush()
 
     def output_since(self, offset: int) -> str:
         self._log.flush()
