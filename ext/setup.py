@@ -2,7 +2,7 @@
 
 Build with the target torch already installed:
     pip wheel --no-build-isolation --no-deps . -w dist/
-The environment variables it reads are described in README.md.
+The environment variables it reads are the ones most extensions honour; README.md lists them.
 """
 
 import json
@@ -37,30 +37,30 @@ def toolkit_found(home, *markers):
 
 def choose_variant():
     """'cpu', 'cuda' or 'rocm' from how torch was built and which toolkit is
-    present; never from the GPUs of the build machine, which usually has none."""
-    if env_flag("EXTMATRIX_FORCE_CPU"):
+    present; never from the GPUs of the build machine, which usually has none.
+    FORCE_CUDA=1 insists on GPU kernels, FORCE_ONLY_CPU=1 on CPU kernels only."""
+    if env_flag("FORCE_ONLY_CPU"):
         return "cpu"
-    if torch.version.cuda:
-        if toolkit_found(cpp_extension.CUDA_HOME, "bin/nvcc", "include/cuda_runtime_api.h"):
-            return "cuda"
-        print(
-            f"segment-ops: torch {torch.__version__} has CUDA but no toolkit was found "
-            f"(CUDA_HOME={cpp_extension.CUDA_HOME}); building CPU kernels only",
-            file=sys.stderr,
-        )
-    if torch.version.hip:
-        if toolkit_found(cpp_extension.ROCM_HOME, "bin/hipcc"):
-            return "rocm"
-        print(
-            f"segment-ops: torch {torch.__version__} has HIP but no ROCm was found "
-            f"(ROCM_HOME={cpp_extension.ROCM_HOME}); building CPU kernels only",
-            file=sys.stderr,
-        )
+    gpu = "cuda" if torch.version.cuda else "rocm" if torch.version.hip else None
+    if gpu is None:
+        if env_flag("FORCE_CUDA"):
+            sys.exit(f"segment-ops: FORCE_CUDA=1, but torch {torch.__version__} is CPU-only")
+        return "cpu"
+    home, markers = ((cpp_extension.CUDA_HOME, ("bin/nvcc", "include/cuda_runtime_api.h"))
+                     if gpu == "cuda" else (cpp_extension.ROCM_HOME, ("bin/hipcc",)))
+    if toolkit_found(home, *markers):
+        return gpu
+    where = f"{'CUDA' if gpu == 'cuda' else 'ROCM'}_HOME={home}"
+    if env_flag("FORCE_CUDA"):
+        sys.exit(f"segment-ops: FORCE_CUDA=1, but no {gpu} toolkit was found ({where})")
+    print(f"segment-ops: torch {torch.__version__} supports {gpu} but no toolkit was found "
+          f"({where}); building CPU kernels only", file=sys.stderr)
     return "cpu"
 
 
-def local_version(variant):
-    """pt{major}{minor} + cpu | cu{major}{minor} | rocm{major}.{minor}."""
+def local_label(variant):
+    """What this build is, as a PEP 440 local label (recorded in the build facts; CI
+    tools that publish one wheel per torch x flavor add it to the version)."""
     torch_tag = f"pt{TORCH_MAJOR}{TORCH_MINOR}"
     if variant == "cuda":
         return torch_tag + "cu" + "".join(torch.version.cuda.split(".")[:2])
@@ -69,33 +69,9 @@ def local_version(variant):
     return torch_tag + "cpu"
 
 
-def chosen_local_version(variant):
-    derived = local_version(variant)
-    label = os.environ.get("EXTMATRIX_LOCAL_VERSION", "").strip() or derived
-    if not re.fullmatch(r"[A-Za-z0-9]+(\.[A-Za-z0-9]+)*", label):
-        sys.exit(f"segment-ops: EXTMATRIX_LOCAL_VERSION={label!r} is not a PEP 440 local version")
-    # A label in this scheme must describe what is built: a wheel named cu130
-    # holding CPU kernels only (toolkit not found) would ship a broken cell.
-    if re.fullmatch(r"pt\d+(cpu|cu\d+|rocm\d+\.\d+)", label) and label != derived:
-        sys.exit(
-            f"segment-ops: EXTMATRIX_LOCAL_VERSION={label}, but this build is {derived} "
-            f"({variant} kernels, torch {torch.__version__}); check CUDA_HOME/ROCM_HOME, "
-            f"EXTMATRIX_FORCE_CPU and the installed torch"
-        )
-    return label
-
-
 def runtime_deps(variant):
-    raw = os.environ.get("EXTMATRIX_RUNTIME_DEPS", "").strip()
-    if not raw:  # the Triton backend needs triton; torch's GPU wheels name it this way
-        return {"cuda": ["triton"], "rocm": ["pytorch-triton-rocm"]}.get(variant, [])
-    try:
-        deps = json.loads(raw)
-    except json.JSONDecodeError:
-        deps = None
-    if not isinstance(deps, list) or not all(isinstance(d, str) for d in deps):
-        sys.exit(f"segment-ops: EXTMATRIX_RUNTIME_DEPS must be a JSON list of strings, got {raw!r}")
-    return deps
+    # The Triton backend needs triton; torch's GPU wheels name it this way.
+    return {"cuda": ["triton"], "rocm": ["pytorch-triton-rocm"]}.get(variant, [])
 
 
 def first_line(*cmd, containing=""):
@@ -112,7 +88,8 @@ def build_facts(variant):
     cxx = os.environ.get("CXX", "c++")
     nvcc = str(Path(cpp_extension.CUDA_HOME or "", "bin", "nvcc"))
     return {
-        "version": f"{VERSION}+{LOCAL_VERSION}",
+        "version": VERSION,
+        "label": local_label(variant),
         "variant": variant,
         "torch": torch.__version__,
         "torch_git": torch.version.git_version,
@@ -167,10 +144,9 @@ def extension(variant):
 
 
 VARIANT = choose_variant()
-LOCAL_VERSION = chosen_local_version(VARIANT)
 
 setup(
-    version=f"{VERSION}+{LOCAL_VERSION}",
+    version=VERSION,
     install_requires=[f"torch=={TORCH_MAJOR}.{TORCH_MINOR}.*", *runtime_deps(VARIANT)],
     ext_modules=[extension(VARIANT)],
     cmdclass={"build_ext": BuildExt},

@@ -25,11 +25,13 @@ def ctx_for(tmp_path: Path) -> Context:
     return Context(PLAN.matrix, ROOT, tmp_path / "dist", tmp_path / "work", tmp_path / "cache", 2)
 
 
-def fake_wheel(path: Path, version: str, requires: list[str]) -> Path:
+def fake_wheel(path: Path, version: str, requires: list[str], binary: bool = True) -> Path:
     with zipfile.ZipFile(path, "w") as zf:
         meta = ["Metadata-Version: 2.1", "Name: segment-ops", f"Version: {version}",
                 *(f"Requires-Dist: {r}" for r in requires)]
         zf.writestr("segment_ops-0.1.0.dist-info/METADATA", "\n".join(meta) + "\n")
+        if binary:
+            zf.writestr("segment_ops/_C.abi3.so", b"\x7fELF")
     return path
 
 
@@ -67,6 +69,9 @@ def test_wheel_check_finds_missing_promises(tmp_path):
         "Requires-Dist lacks the runtime dependency triton",
         "cannot check GPU archs: cuobjdump is not available",
     ]
+    pure = fake_wheel(tmp_path / "p.whl", "0.1.0+pt214cu130", ["torch==2.14.*", "Triton"],
+                      binary=False)
+    assert wheels.inspect(pure, cell, None).problems == []  # no binary: no device code to want
 
 
 def test_cuobjdump_listing_is_parsed():
@@ -207,3 +212,57 @@ def test_torch_of_another_flavor_makes_the_cell_not_buildable(tmp_path):
         "(https://download.pytorch.org/whl/cu128 not reachable)")
     with pytest.raises(NotBuildable, match="is a build without ROCm, not ROCm 7.2"):
         local.check_torch_build(PLAN.cell("torch2.11-rocm7.2"), venv, sources)
+
+
+def built_wheel(folder: Path, name: str, version: str, requires: list[str],
+                local: str = "") -> Path:
+    """A wheel as a build backend leaves it: dist-info named without the cell's label."""
+    from wheel.wheelfile import WheelFile
+
+    stem = f"{name}-{version}{local}"
+    path = folder / f"{stem}-cp311-cp311-linux_x86_64.whl"
+    meta = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}{local}",
+            *(f"Requires-Dist: {r}" for r in requires), "", "Long description."]
+    with WheelFile(path, "w") as wf:
+        wf.writestr(f"{name}/__init__.py", "")
+        wf.writestr(f"{stem}.dist-info/METADATA", "\n".join(meta) + "\n")
+        wf.writestr(f"{stem}.dist-info/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: false\n")
+    return path
+
+
+def test_stamp_writes_the_cells_identity_with_a_valid_record(tmp_path):
+    from wheel.wheelfile import WheelFile
+
+    cell = PLAN.cell("torch2.14-cu130")
+    wheel = built_wheel(tmp_path, "my_ext", "1.2.0", ["torch>=2.0", "numpy"])
+    stamped, changes = wheels.stamp(wheel, cell)
+    assert stamped.name == "my_ext-1.2.0+pt214cu130-cp311-cp311-linux_x86_64.whl"
+    assert not wheel.exists()
+    assert changes == ["version 1.2.0 -> 1.2.0+pt214cu130",
+                       "Requires-Dist torch>=2.0 -> torch==2.14.*", "Requires-Dist + triton"]
+    version, requires = wheels.metadata(stamped)
+    assert version == "1.2.0+pt214cu130" and requires == ["torch==2.14.*", "numpy", "triton"]
+    with WheelFile(stamped) as wf:  # checks every file against the rewritten RECORD
+        names = wf.namelist()
+        for name in names:
+            wf.read(name)
+    assert "my_ext-1.2.0+pt214cu130.dist-info/RECORD" in names
+    assert wheels.inspect(stamped, cell, None).problems == []
+    again, more = wheels.stamp(stamped, cell)
+    assert (again, more) == (stamped, [])  # a wheel that already says it is left alone
+
+
+def test_stamp_reports_a_wheel_that_contradicts_the_cell(tmp_path):
+    from extmatrix.errors import StepFailed
+
+    cell = PLAN.cell("torch2.13-cpu")
+    labelled = built_wheel(tmp_path, "a", "1.0", ["torch"], local="+cu121")
+    with pytest.raises(StepFailed, match=r"has its own local label; the cell's is \+pt213cpu"):
+        wheels.stamp(labelled, cell)
+    excluding = built_wheel(tmp_path, "b", "1.0", ["torch>=2.14"])
+    with pytest.raises(StepFailed, match="requires torch>=2.14, which excludes .* torch 2.13"):
+        wheels.stamp(excluding, cell)
+    named = built_wheel(tmp_path, "c", "1.0", ["Torch==2.13.*", "pytorch_triton_rocm"])
+    # Names compare canonicalised: Torch is torch, pytorch_triton_rocm is pytorch-triton-rocm.
+    assert wheels.stamp(named, PLAN.cell("torch2.13-rocm7.2"))[1] == [
+        "version 1.0 -> 1.0+pt213rocm7.2"]

@@ -3,7 +3,7 @@ and CMake (find_package(Torch) + torch.ops.load_library), each under its own op
 namespace so they coexist with the installed wheel in this process, and each
 checked against the wheel's results.
 
-These need the source tree (EXTMATRIX_EXT_SRC, default: the folder above this
+These need the source tree (SEGMENT_OPS_SRC, default: the folder above this
 file) and a C++ compiler; the CMake test also needs cmake and a CPU build of
 torch. Select or deselect them with ``-m build`` / ``-m "not build"``.
 """
@@ -23,14 +23,14 @@ from segment_ops.ops import register_python_parts
 
 pytestmark = pytest.mark.build
 
-SOURCE_DIR = Path(os.environ.get("EXTMATRIX_EXT_SRC", Path(__file__).resolve().parents[1]))
+SOURCE_DIR = Path(os.environ.get("SEGMENT_OPS_SRC", Path(__file__).resolve().parents[1]))
 CPU_SOURCES = [SOURCE_DIR / "csrc" / "segment_sum.cpp"]
 
 
 @pytest.fixture(scope="module", autouse=True)
 def needs_sources_and_compiler():
     if not CPU_SOURCES[0].exists():
-        pytest.skip(f"extension sources not found at {SOURCE_DIR} (set EXTMATRIX_EXT_SRC)")
+        pytest.skip(f"extension sources not found at {SOURCE_DIR} (set SEGMENT_OPS_SRC)")
     if not shutil.which(os.environ.get("CXX", "c++")):
         pytest.skip("no C++ compiler (c++ or $CXX) on PATH")
 

@@ -11,7 +11,6 @@ repair really did is read back from the repaired wheel (`repaired`).
 from __future__ import annotations
 
 import fnmatch
-import json
 import re
 import shlex
 import zipfile
@@ -22,6 +21,7 @@ from .cells import Cell
 from .config import Extension
 from .envs import Sources
 from .errors import NotBuildable
+from .toolchain import honoured_env
 
 # Libraries the wheel must load from torch's own install, never carry a copy of:
 # two copies of libtorch in one process break the op registry and the allocator.
@@ -33,7 +33,6 @@ REPAIR_EXCLUDES = {
 HOST_MOUNT = "/host"  # cibuildwheel mounts the host's / there
 CCACHE_MOUNT = "/ccache"  # the images' CCACHE_DIR
 PIP_CACHE_MOUNT = "/pip-cache"
-ARCH_VARIABLE = {"cuda": "TORCH_CUDA_ARCH_LIST", "rocm": "PYTORCH_ROCM_ARCH"}
 
 
 @dataclass(frozen=True)
@@ -109,12 +108,7 @@ def container_env(cell: Cell, host: Host, python: str) -> dict[str, str]:
     if host.ca_bundle:
         env["PIP_CERT"] = inside(host.ca_bundle)
     env.update(PIP_CACHE_DIR=PIP_CACHE_MOUNT, CCACHE_DIR=CCACHE_MOUNT, MAX_JOBS=str(host.max_jobs),
-               EXTMATRIX_LOCAL_VERSION=cell.local_version,
-               EXTMATRIX_RUNTIME_DEPS=json.dumps(list(cell.runtime_deps)))
-    if cell.family == "cpu":
-        env["EXTMATRIX_FORCE_CPU"] = "1"
-    else:
-        env[ARCH_VARIABLE[cell.family]] = cell.arch_list
+               **honoured_env(cell))
     major = int((cell.toolkit or "0").split(".")[0])
     if cell.family == "cuda" and major >= 13:
         # ATen's CUDA headers include cuBLAS/cuSPARSE headers, which a compiler-only
@@ -151,7 +145,7 @@ def environment(cell: Cell, extension: Extension, host: Host, python: str,
         # The test venv would otherwise take the newest torch of the series.
         "CIBW_BEFORE_TEST": "pip install " + shlex.quote(cell.torch_spec),
         "CIBW_TEST_EXTRAS": "test",
-        "CIBW_TEST_REQUIRES": "pytest",
+        "CIBW_TEST_REQUIRES": shlex.join(dict.fromkeys(["pytest", *extension.test_requires])),
         "CIBW_TEST_COMMAND": pytest,
         "CIBW_BUILD_VERBOSITY": "1",
     }

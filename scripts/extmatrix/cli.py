@@ -129,6 +129,20 @@ def _plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def _init(args: argparse.Namespace) -> int:
+    from . import init
+
+    written = init.write(Path(args.path), Path(args.output), torch=args.torch,
+                         pythons=args.python, engine_spec=args.engine_spec,
+                         with_workflow=not args.no_workflow,
+                         force=args.force)
+    for path in written:
+        print(f"wrote {path}", file=sys.stderr)
+    print(f"next: extmatrix plan --matrix {args.output}, then extmatrix build --matrix "
+          f"{args.output}", file=sys.stderr)
+    return 0
+
+
 def _schema(args: argparse.Namespace) -> int:
     text = schema.render()
     target = Path(args.output)
@@ -193,6 +207,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--print-bake", action="store_true",
                    help="print the docker buildx bake file (JSON) instead of building")
     _COMMANDS["images"] = _images
+
+    p = sub.add_parser("init", help="write a first matrix.yaml (and a GitHub Actions workflow) "
+                       "for an existing extension")
+    p.add_argument("path", nargs="?", default=".", help="the extension's project folder")
+    p.add_argument("--output", default="matrix.yaml", help="the matrix file to write")
+    p.add_argument("--torch", help="torch release (X.Y) to start with; default: the newest")
+    p.add_argument("--python", action="append", metavar="3.X",
+                   help="a Python to build for; repeat; default: the torch's oldest and newest")
+    p.add_argument("--engine-spec", default="extmatrix",
+                   help="what the workflow pip-installs to get the engine, e.g. "
+                   "'extmatrix @ git+https://github.com/OWNER/extmatrix@TAG'")
+    p.add_argument("--no-workflow", action="store_true", help="write only the matrix")
+    p.add_argument("--force", action="store_true", help="replace files that exist")
+    _COMMANDS["init"] = _init
 
     p = sub.add_parser("schema", help="write the JSON Schema of matrix.yaml for editors")
     p.add_argument("--output", default="matrix.schema.json")

@@ -200,6 +200,23 @@ class Extension(_Model):
     test_args: list[TestArgument] = Field(
         default_factory=list, description="Extra pytest arguments for the matrix tests."
     )
+    test_requires: list[RequirementText] = Field(
+        default_factory=list,
+        description="Installed beside the wheel for its tests (the wheel's own `test` extra "
+        "is installed too when it has one).",
+    )
+    test_command: list[TestArgument] | None = Field(
+        None,
+        description="The test command, one argument per item, run in the test environment; "
+        "{python}, {tests} and {junit} are filled in. Default: pytest on `tests` (with the "
+        "engine's plugin, so --require-gpu works for any suite).",
+    )
+    cross_torch: Literal["refuse", "report"] = Field(
+        "report",
+        description="A wheel imported beside another cell's torch: 'refuse' fails the cell "
+        "unless the import is refused with a clear ImportError; 'report' only says that it "
+        "loads (a crash or an undefined symbol fails either way).",
+    )
     mismatch_message: str | None = Field(
         None,
         description="Text the ImportError must contain when a wheel is imported beside "

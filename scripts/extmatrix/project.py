@@ -8,6 +8,7 @@ from pathlib import Path
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
+from pyproject_hooks import BuildBackendHookCaller, quiet_subprocess_runner
 
 from .errors import UserError
 from .workspace import skipped
@@ -17,17 +18,28 @@ BUILD_TOOLS = ["pip", "ninja"]  # beside the extension's own [build-system] requ
 CELL_PINNED = {"torch"}
 
 
-def build_requirements(ext_dir: Path) -> list[str]:
-    """The extension's [build-system] requires, minus torch (the cell pins it)."""
+LEGACY_BACKEND = "setuptools.build_meta:__legacy__"  # what pip uses without [build-system]
+
+
+def build_system(ext_dir: Path) -> dict:
+    """[build-system] of the extension's pyproject.toml, with PEP 517's defaults."""
     pyproject = ext_dir / "pyproject.toml"
-    requires: list[str] = ["setuptools", "wheel"]
+    data: dict = {}
     if pyproject.is_file():
         try:
-            data = tomllib.loads(pyproject.read_text(encoding="utf-8"))
+            data = tomllib.loads(pyproject.read_text(encoding="utf-8")).get("build-system", {})
         except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
             raise UserError(str(pyproject), f"cannot read ({exc})",
                             "fix the file so that pip can build the project") from None
-        requires = data.get("build-system", {}).get("requires", requires)
+    return {"requires": data.get("requires", ["setuptools", "wheel"]),
+            "build-backend": data.get("build-backend", LEGACY_BACKEND),
+            "backend-path": data.get("backend-path")}
+
+
+def build_requirements(ext_dir: Path) -> list[str]:
+    """The extension's [build-system] requires, minus torch (the cell pins it)."""
+    pyproject = ext_dir / "pyproject.toml"
+    requires = build_system(ext_dir)["requires"]
     wanted = []
     for text in requires:
         try:
@@ -38,6 +50,31 @@ def build_requirements(ext_dir: Path) -> list[str]:
         if name not in CELL_PINNED:
             wanted.append(text)
     return list(dict.fromkeys([*wanted, *BUILD_TOOLS]))
+
+
+def dynamic_build_requirements(ext_dir: Path, python: Path, env: dict[str, str]) -> list[str]:
+    """What the build backend asks for beyond [build-system] requires, minus torch.
+
+    A build without isolation never asks: scikit-build-core's cmake and ninja, or
+    meson-python's, would be missing. setuptools' answer is only `wheel`, and asking
+    costs a run of setup.py (a torch import): it is not asked."""
+    system = build_system(ext_dir)
+    if system["build-backend"].startswith("setuptools."):
+        return []
+    caller = BuildBackendHookCaller(str(ext_dir), system["build-backend"],
+                                    backend_path=system["backend-path"],
+                                    runner=quiet_subprocess_runner,
+                                    python_executable=str(python))
+    with caller.subprocess_runner(_runner_with(env)):
+        asked = caller.get_requires_for_build_wheel()
+    return [r for r in asked if canonicalize_name(Requirement(r).name) not in CELL_PINNED]
+
+
+def _runner_with(env: dict[str, str]):
+    def run(cmd, cwd=None, extra_environ=None):
+        quiet_subprocess_runner(cmd, cwd=cwd, extra_environ={**env, **(extra_environ or {})})
+
+    return run
 
 
 def check_tree(ext_dir: Path) -> None:

@@ -54,10 +54,24 @@ def provision(cell: Cell, cache: Path, log=print) -> Toolchain:
         raise NotBuildable(f"a {cell.platform} cell needs a {cell.platform} builder "
                            f"(this machine is {host_platform()})")
     if cell.family == "cpu":
-        return Toolchain("cpu", None, None, "none needed", {"EXTMATRIX_FORCE_CPU": "1"})
+        return Toolchain("cpu", None, None, "none needed", honoured_env(cell))
     if cell.family == "cuda":
         return _cuda(cell, cache, log)
     return _rocm(cell)
+
+
+def honoured_env(cell: Cell) -> dict[str, str]:
+    """The variables extensions in the wild already read to decide what they build.
+
+    A builder has no GPU, so a setup.py that asks torch.cuda.is_available() would
+    build CPU kernels only: FORCE_CUDA=1 is the long-standing way to say "build
+    them anyway", and the arch lists stop torch from asking a GPU for its arch."""
+    if cell.family == "cpu":
+        return {"FORCE_ONLY_CPU": "1"}
+    if cell.family == "cuda":
+        return {"FORCE_CUDA": "1", "TORCH_CUDA_ARCH_LIST": cell.arch_list}
+    # ROCm builds go through torch's CUDA extension path (hipified), hence FORCE_CUDA too.
+    return {"FORCE_CUDA": "1", "FORCE_ROCM": "1", "PYTORCH_ROCM_ARCH": cell.arch_list}
 
 
 def host_platform() -> str:
@@ -75,8 +89,10 @@ def _cuda(cell: Cell, cache: Path, log) -> Toolchain:
                 "toolkit) and cannot be assembled from PyPI: NVIDIA ships a complete nvcc "
                 "there only from CUDA 13.0 on")
         home = _pypi_cuda(cell.toolkit, cache, log)
-    env = {"CUDA_HOME": str(home), "CUDA_PATH": str(home),
-           "TORCH_CUDA_ARCH_LIST": cell.arch_list,
+    # CUDACXX and CUDAToolkit_ROOT are what CMake (enable_language(CUDA), FindCUDAToolkit)
+    # reads, for extensions built with CMake rather than torch's setuptools helpers.
+    env = {"CUDA_HOME": str(home), "CUDA_PATH": str(home), **honoured_env(cell),
+           "CUDACXX": str(home / "bin" / "nvcc"), "CUDAToolkit_ROOT": str(home),
            "PATH": f"{home / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"}
     return Toolchain("cuda", cell.toolkit, home, origin, env)
 
@@ -159,7 +175,7 @@ def _rocm(cell: Cell) -> Toolchain:
         have = f"found ROCm {found} at {home}" if found else f"no ROCm at {home}"
         raise NotBuildable(f"ROCm {cell.toolkit} is not installed ({have}; set ROCM_HOME); "
                            "ROCm builds of torch come only from PyTorch's own index")
-    env = {"ROCM_HOME": str(home), "PYTORCH_ROCM_ARCH": cell.arch_list}
+    env = {"ROCM_HOME": str(home), **honoured_env(cell)}
     return Toolchain("rocm", cell.toolkit, home, f"system {home}", env)
 
 

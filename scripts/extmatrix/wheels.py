@@ -46,6 +46,14 @@ def metadata(wheel: Path) -> tuple[str, list[str]]:
     return msg["Version"], msg.get_all("Requires-Dist") or []
 
 
+def extras(wheel: Path) -> list[str]:
+    """The extras a wheel declares (Provides-Extra)."""
+    with zipfile.ZipFile(wheel) as zf:
+        name = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
+        msg = Parser().parsestr(zf.read(name).decode())
+    return msg.get_all("Provides-Extra") or []
+
+
 def _requirements(requires: list[str]) -> list[Requirement | None]:
     out: list[Requirement | None] = []
     for text in requires:
@@ -185,16 +193,26 @@ def _stamped_requires(requires: list[str], cell: Cell, changes: list[str]) -> li
 
 
 def _cuda_archs(wheel: Path, cell: Cell, cuobjdump: Path | None, facts: WheelFacts) -> None:
-    if cuobjdump is None:
-        facts.problems.append("cannot check GPU archs: cuobjdump is not available")
+    with zipfile.ZipFile(wheel) as zf:
+        libs = [n for n in zf.namelist() if n.endswith(".so") or ".so." in n.rsplit("/", 1)[-1]]
+        if not libs:
+            return  # pure Python (Triton kernels, say): no device code to look for
+        if cuobjdump is None:
+            facts.problems.append("cannot check GPU archs: cuobjdump is not available")
+            return
+        with tempfile.TemporaryDirectory() as tmp:
+            for name in libs:
+                zf.extract(name, tmp)
+                sass, ptx = list_archs(cuobjdump, Path(tmp) / name)
+                facts.sass = sorted(set(facts.sass) | sass, key=_arch_key)
+                facts.ptx = sorted(set(facts.ptx) | ptx, key=_arch_key)
+    if not facts.sass and not facts.ptx:
+        facts.problems.append(
+            f"holds no GPU code at all (wanted SASS for {' '.join(cell.archs)}): its build made "
+            "CPU-only kernels. A build that chooses CUDA from torch.cuda.is_available() gets "
+            "False on a builder without a GPU: decide from torch.version.cuda, or honour "
+            "FORCE_CUDA=1, which the engine sets for CUDA cells")
         return
-    with tempfile.TemporaryDirectory() as tmp, zipfile.ZipFile(wheel) as zf:
-        libs = [n for n in zf.namelist() if n.endswith(".so")]
-        for name in libs:
-            zf.extract(name, tmp)
-            sass, ptx = list_archs(cuobjdump, Path(tmp) / name)
-            facts.sass = sorted(set(facts.sass) | sass, key=_arch_key)
-            facts.ptx = sorted(set(facts.ptx) | ptx, key=_arch_key)
     for arch in cell.archs:
         if arch not in facts.sass:
             facts.problems.append(f"no SASS for arch {arch} in the binary")

@@ -11,16 +11,21 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
+import signal
 import subprocess
 from pathlib import Path
 
-from .. import envs, toolchain, workspace
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+from .. import envs, project, toolchain, wheels, workspace
 from ..cells import Cell
 from ..errors import Interrupted, NotBuildable, StepFailed, UserError, describe_os_error
 from ..project import build_requirements
 from ..report import CellReport
-from ..steps import Steps
+from ..steps import Steps, first_cause
 from ..workspace import single_wheel, sync_tree
 from . import Context, building, check_wheel, stamp_wheel
 
@@ -40,6 +45,8 @@ def build(cell: Cell, ctx: Context) -> CellReport:
         src = ctx.work / cell.id / "src"
         sync_tree(ctx.ext_dir, src)
         env = compile_env(cell, tools, ctx, venv, src)
+        with steps.timed("env"):
+            add_dynamic_requirements(cell, venv, src, env, sources, steps)
         out = ctx.work / cell.id / "wheelhouse"
         stamp = fingerprint(cell, env, venv, src)
         with steps.timed("compile"):
@@ -119,6 +126,19 @@ def prepare_env(cell: Cell, venv: Path, extra: list[str], steps: Steps) -> envs.
     return sources
 
 
+def add_dynamic_requirements(cell: Cell, venv: Path, src: Path, env: dict[str, str],
+                             sources: envs.Sources, steps: Steps) -> None:
+    """Install what the build backend asks for on top of [build-system] requires."""
+    try:
+        asked = project.dynamic_build_requirements(src, envs.python_of(venv), env)
+    except Exception as exc:  # noqa: BLE001 - the backend's own failure: the compile says more
+        steps.note(f"the build backend did not say what else it needs: {exc}")
+        return
+    if asked and envs.health(venv, asked) is not None:
+        steps.note(f"the build backend asks for {', '.join(asked)}")
+        steps.run("env", envs.install_cmd(venv, asked, sources))
+
+
 def check_torch_build(cell: Cell, venv: Path, sources: envs.Sources) -> None:
     """The torch that got installed must be the cell's flavor: an unreachable PyTorch index
     quietly yields PyPI's build of the same version, whose CUDA may be another one."""
@@ -159,19 +179,24 @@ def compile_env(cell: Cell, tools: toolchain.Toolchain, ctx: Context, venv: Path
         site = next(venv.glob("lib/python3*/site-packages"))
         includes = sorted({str(p) for p in site.glob("nvidia/*/include")})
         env["CPATH"] = os.pathsep.join(filter(None, [*includes, os.environ.get("CPATH")]))
-    env.update(MAX_JOBS=str(ctx.max_jobs), EXTMATRIX_LOCAL_VERSION=cell.local_version,
-               EXTMATRIX_RUNTIME_DEPS=json.dumps(list(cell.runtime_deps)))
+    env["MAX_JOBS"] = str(ctx.max_jobs)
     return env
 
 
 
 # ---------------------------------------------------------------------------- tests
 
+PLUGIN_DIR = Path(__file__).resolve().parent.parent / "pytest_plugin"
+PLUGIN = "extmatrix_cell"
+CELL_FACTS = "test-facts.json"  # what the plugin counted
+# Not torch's "Failed to initialize NumPy: No module named 'numpy'" warning: a real import error.
+_MISSING_MODULE = re.compile(r"(?:ModuleNotFoundError|ImportError): No module named '([\w.]+)'")
+
 
 def test(cell: Cell, ctx: Context, report: CellReport) -> CellReport:
     """Install the built wheel beside the cell's torch in a fresh env and run the tests."""
     cell_dist = ctx.dist / cell.id
-    for stale in ("test.log", "junit.xml"):
+    for stale in ("test.log", "junit.xml", CELL_FACTS):
         (cell_dist / stale).unlink(missing_ok=True)
     steps = Steps(cell_dist / "test.log", echo=ctx.echo)
     try:
@@ -181,15 +206,19 @@ def test(cell: Cell, ctx: Context, report: CellReport) -> CellReport:
         with steps.timed("test-env"):
             steps.run("test-env", envs.create_cmd(venv, envs.find_python(cell)))
             steps.run("test-env", envs.install_cmd(
-                venv, [cell.torch_spec, f"{ctx.matrix.extension.name}[test] @ {wheel.as_uri()}"],
-                sources))
+                venv, test_requirements(ctx, wheel, cell), sources))
+        cmd, env = test_cmd(ctx, venv, cell_dist)
         with steps.timed("tests"):
-            result = steps.run("tests", pytest_cmd(ctx, venv, cell_dist / "junit.xml"),
-                               cwd=ctx.work / cell.id, check=False)
+            start = (cell_dist / "test.log").stat().st_size
+            result = steps.run("tests", cmd, env=env, cwd=ctx.work / cell.id, check=False)
         report.junit = read_junit(cell_dist / "junit.xml")
+        facts = _read_facts(cell_dist / CELL_FACTS)
+        if facts:
+            report.junit["gpu_skipped"] = int(facts.get("gpu_skipped", 0))
         report.test = "passed" if result.returncode == 0 else "failed"
         if result.returncode != 0:
-            report.reason = f"tests failed (exit {result.returncode}); see {steps.shown}"
+            output = steps.output_since(start)
+            report.reason = f"{test_failure(result.returncode, output, facts)}; see {steps.shown}"
     except Interrupted:
         report.test, report.reason = "failed", "tests interrupted (Ctrl-C or SIGTERM)"
     except (NotBuildable, StepFailed, UserError) as exc:
@@ -203,12 +232,61 @@ def test(cell: Cell, ctx: Context, report: CellReport) -> CellReport:
     return report
 
 
-def pytest_cmd(ctx: Context, venv: Path, junit: Path) -> list[str]:
-    tests = ctx.ext_dir / ctx.matrix.extension.tests
-    args = [str(envs.python_of(venv)), "-m", "pytest", str(tests), "-p", "no:cacheprovider",
-            "--rootdir", str(tests), "-q", "-rs", f"--junitxml={junit}",
-            *ctx.matrix.extension.test_args]
-    return args + (["--require-gpu"] if ctx.require_gpu else [])
+def test_requirements(ctx: Context, wheel: Path, cell: Cell) -> list[str]:
+    """The cell's torch, the wheel (with its `test` extra when it has one), the matrix's
+    test_requires, and pytest when the engine runs the tests with pytest."""
+    ext = ctx.matrix.extension
+    extras = "[test]" if "test" in wheels.extras(wheel) else ""
+    wanted = [cell.torch_spec, f"{ext.name}{extras} @ {wheel.as_uri()}", *ext.test_requires]
+    if ext.test_command is None and not any(
+            canonicalize_name(Requirement(r).name) == "pytest" for r in ext.test_requires):
+        wanted.append("pytest")
+    return wanted
+
+
+def test_cmd(ctx: Context, venv: Path, cell_dist: Path) -> tuple[list[str], dict[str, str]]:
+    ext = ctx.matrix.extension
+    tests = ctx.ext_dir / ext.tests
+    junit = cell_dist / "junit.xml"
+    env = {"EXTMATRIX_CELL_REPORT": str(cell_dist / CELL_FACTS),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(PLUGIN_DIR),
+                                                       os.environ.get("PYTHONPATH")]))}
+    if ctx.require_gpu:
+        env["EXTMATRIX_REQUIRE_GPU"] = "1"
+    if ext.test_command is not None:
+        fill = {"python": str(envs.python_of(venv)), "tests": str(tests), "junit": str(junit)}
+        return [arg.format_map(fill) for arg in ext.test_command], env
+    return [str(envs.python_of(venv)), "-m", "pytest", str(tests), "-p", PLUGIN,
+            "-p", "no:cacheprovider", "--rootdir", str(tests), "-q", "-rs",
+            f"--junitxml={junit}", *ext.test_args], env
+
+
+def test_failure(code: int, output: str, facts: dict) -> str:
+    """Why the tests failed, as the fix would be stated."""
+    if facts.get("no_gpu"):
+        return "--require-gpu, but torch sees no GPU on this machine"
+    missing = _MISSING_MODULE.search(output)
+    if missing:
+        return (f"the tests need '{missing[1]}', which is not in the test environment: add it "
+                "to extension.test_requires in the matrix, or to the extension's `test` extra")
+    if code == 4:
+        return f"the test command was refused (exit 4): {failed_test_line(output)}"
+    if code == 5:
+        return "no tests were collected (exit 5): check extension.tests in the matrix"
+    return f"tests failed (exit {code}): {failed_test_line(output)}"
+
+
+def failed_test_line(output: str) -> str:
+    failed = [line for line in output.splitlines() if line.startswith(("FAILED ", "ERROR "))]
+    return failed[0] if failed else (first_cause(output) or "no message")
+
+
+def _read_facts(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def read_junit(path: Path) -> dict[str, int]:
@@ -228,7 +306,11 @@ def read_junit(path: Path) -> dict[str, int]:
 
 
 def cross_check(cell: Cell, other: Cell, ctx: Context) -> str:
-    """This cell's wheel beside another cell's torch must fail with a clear ImportError."""
+    """This cell's wheel imported beside another cell's torch.
+
+    A clear ImportError is right ("ok"). A crash, an undefined symbol or any other
+    error is wrong everywhere ("FAILED"). An import that works is news, not a failure
+    ("loads"), unless the matrix says `cross_torch: refuse`."""
     venv = ctx.work / other.id / "test-env"
     wheel = single_wheel(ctx.dist / cell.id)
     target = ctx.work / cell.id / f"cross-{other.id}"
@@ -240,17 +322,31 @@ def cross_check(cell: Cell, other: Cell, ctx: Context) -> str:
         shutil.rmtree(target, ignore_errors=True)
         why = (installed.stderr.strip().splitlines() or ["?"])[-1]
         return f"skipped: could not install the wheel beside {other.id}'s torch: {why}"
+    ext = ctx.matrix.extension
     result = subprocess.run(
-        [str(envs.python_of(venv)), "-c", f"import {ctx.matrix.extension.import_name}"],
+        [str(envs.python_of(venv)), "-c", f"import {ext.import_name}"],
         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(target)},
         cwd=target)
     shutil.rmtree(target, ignore_errors=True)
     last = (result.stderr.strip().splitlines() or [""])[-1]
-    expect = ctx.matrix.extension.mismatch_message
-    label = f"beside {other.id}'s torch"
+    label = f"beside {other.id}'s torch ({other.torch})"
+    fix = ("pin torch in the wheel's requirements and compare torch.__version__ at import, "
+           "raising ImportError before the binary loads")
+    if result.returncode < 0:
+        return f"FAILED {label}: the import crashed ({_signal_name(-result.returncode)}); {fix}"
     if result.returncode == 0:
-        return f"FAILED {label}: imported without error"
-    if not last.startswith("ImportError") or "undefined symbol" in last or (
-            expect and expect not in last):
-        return f"FAILED {label}: {last or f'exit {result.returncode}'}"
+        if ext.cross_torch == "refuse":
+            return f"FAILED {label}: imported without error; {fix}"
+        return (f"loads {label}: the import works with torch {other.torch} too (the pin "
+                f"{cell.requires_torch} may be tighter than needed)")
+    if "undefined symbol" in last or not last.startswith("ImportError") or (
+            ext.mismatch_message and ext.mismatch_message not in last):
+        return f"FAILED {label}: {last or f'exit {result.returncode}'}; {fix}"
     return f"ok {label}: {last}"
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"

@@ -1,0 +1,216 @@
+"""`extmatrix init`: a first matrix.yaml (and CI workflow) for an extension that has none.
+
+What can be read from the project is read (distribution name, import package,
+tests folder, abi3 or not); what cannot be known is chosen the way the compat
+facts allow: the newest torch (or the one asked for), its CPU flavor and every
+CUDA 13.x flavor it ships — the flavors a GPU-less builder can compile without a
+container — and its oldest and newest Python.
+"""
+
+from __future__ import annotations
+
+import configparser
+import os
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from packaging.utils import canonicalize_name
+
+from .compat import Compat, version_key
+from .errors import UserError
+
+ARCHS = ("8.0", "9.0", "10.0", "12.0")  # A100, H100, B200, RTX 50: SASS for each
+SKIP = {"tests", "test", "docs", "doc", "build", "dist", "examples", "benchmarks", "scripts"}
+WORKFLOW = Path(".github") / "workflows" / "extmatrix.yml"
+
+
+@dataclass(frozen=True)
+class Project:
+    name: str
+    import_name: str
+    tests: str
+    abi3: bool
+
+
+def describe(ext_dir: Path) -> Project:
+    """What the extension's own files say about it."""
+    if not ext_dir.is_dir():
+        raise UserError(str(ext_dir), "not a folder", "pass the extension's project folder")
+    name = _dist_name(ext_dir)
+    tests = next((t for t in ("tests", "test") if (ext_dir / t).is_dir()), None)
+    if tests is None:
+        raise UserError(str(ext_dir), "no tests/ or test/ folder",
+                        "add the extension's tests there, then run init again")
+    setup_py = ext_dir / "setup.py"
+    abi3 = setup_py.is_file() and "py_limited_api" in setup_py.read_text(errors="replace")
+    return Project(name, _import_name(ext_dir, name), tests, abi3)
+
+
+def _dist_name(ext_dir: Path) -> str:
+    pyproject = ext_dir / "pyproject.toml"
+    if pyproject.is_file():
+        try:
+            name = tomllib.loads(pyproject.read_text()).get("project", {}).get("name")
+        except tomllib.TOMLDecodeError as exc:
+            raise UserError(str(pyproject), f"not valid TOML ({exc})") from None
+        if name:
+            return name
+    setup_cfg = ext_dir / "setup.cfg"
+    if setup_cfg.is_file():
+        parser = configparser.ConfigParser()
+        parser.read(setup_cfg)
+        if parser.has_option("metadata", "name"):
+            return parser.get("metadata", "name")
+    setup_py = ext_dir / "setup.py"
+    if setup_py.is_file():
+        found = re.search(r"""\bname\s*=\s*["']([A-Za-z0-9][A-Za-z0-9._-]*)["']""",
+                          setup_py.read_text(errors="replace"))
+        if found:
+            return found[1]
+    raise UserError(str(ext_dir), "no distribution name found in pyproject.toml, setup.cfg or "
+                    "setup.py", "add [project] name to pyproject.toml")
+
+
+def _import_name(ext_dir: Path, dist: str) -> str:
+    candidates = []
+    for base in (ext_dir / "src", ext_dir):
+        if base.is_dir():
+            candidates += sorted(p.parent.name for p in base.glob("*/__init__.py")
+                                 if p.parent.name not in SKIP)
+    wanted = canonicalize_name(dist).replace("-", "_")
+    if wanted in candidates:
+        return wanted
+    if candidates:
+        return candidates[0]
+    raise UserError(str(ext_dir), "no Python package (a folder with __init__.py) found",
+                    "name it with 'import:' in the matrix by hand")
+
+
+def matrix_text(project: Project, path: str, compat: Compat, torch: str | None,
+                pythons: list[str] | None = None) -> str:
+    series = torch or max(compat.facts.torch, key=version_key)
+    facts = compat.facts.torch.get(series)
+    if facts is None:
+        known = ", ".join(sorted(compat.facts.torch, key=version_key))
+        raise UserError(None, f"torch {series} is not in the compatibility facts",
+                        f"choose one of {known}")
+    cuda13 = [v for v in facts.cuda if version_key(v)[:1] == (13,)]
+    flavors = ["cpu", *(f"cu{v.replace('.', '')}" for v in cuda13)]
+    lines = [
+        f"# Written by `extmatrix init` for {project.name}: torch {series}, its CPU flavor and the",
+        "# CUDA 13 flavors a builder without a GPU compiles with NVIDIA's PyPI toolkit. Add torch",
+        "# releases, CUDA 12 or ROCm flavors (built in containers: --backend container) as needed;",
+        "# `extmatrix plan --explain` shows what each change gives.",
+        "",
+        "extension:",
+        f"  path: {path}",
+        f"  name: {project.name}",
+        f"  import: {project.import_name}",
+        f"  tests: {project.tests}",
+        f"  abi3: {'true' if project.abi3 else 'false'}",
+        "",
+        "axes:",
+        f'  torch: ["{series}"]',
+        f"  flavor: [{', '.join(flavors)}]",
+        f"  python: [{', '.join(f'{p!r}' for p in pythons)}]".replace("'", '"') if pythons
+        else f'  python: ["{facts.python.min}", "{facts.python.max}"]',
+        "",
+        "defaults:",
+        "  cuda:",
+        "    runtime_deps: [triton]",
+        "",
+        "# GPU archs are named here, never detected: a builder has no GPU.",
+        "flavors:",
+        "  cpu: {}",
+    ]
+    for version in cuda13:
+        toolkit = compat.toolkit("cuda", version)
+        archs = [a for a in ARCHS if toolkit is None or a in toolkit.archs]
+        lines.append(f"  cu{version.replace('.', '')}: "
+                     f"{{archs: [{', '.join(map(repr, archs))}], ptx: [{archs[-1]!r}]}}"
+                     .replace("'", '"'))
+    return "\n".join(lines) + "\n"
+
+
+def workflow_text(engine_spec: str, matrix: str) -> str:
+    return f"""\
+# Written by `extmatrix init`. Builds and tests every cell of {matrix} on GitHub's
+# Linux runners (no GPU: GPU tests skip). The job matrix comes from `extmatrix plan`.
+name: extmatrix
+
+on:
+  pull_request:
+  push:
+    branches: [main]
+  workflow_dispatch:
+
+permissions:
+  contents: read
+
+jobs:
+  plan:
+    runs-on: ubuntu-24.04
+    outputs:
+      matrix: ${{{{ steps.plan.outputs.matrix }}}}
+    steps:
+      - uses: actions/checkout@11bd71901bbe5b1630ceea73d27597364c9af683 # v4.2.2
+        with:
+          persist-credentials: false
+      - uses: actions/setup-python@a26af69be951a213d495a4c3e4e4022e16d87065 # v5.6.0
+        with:
+          python-version: "3.11"
+      - run: python -m pip install "{engine_spec}"
+      - id: plan
+        run: |
+          {{
+            echo "matrix<<PLAN_EOF"
+            extmatrix plan --matrix {matrix} --json
+            echo "PLAN_EOF"
+          }} >> "$GITHUB_OUTPUT"
+
+  cell:
+    needs: plan
+    name: ${{{{ matrix.cell }}}}
+    runs-on: ${{{{ matrix.runner }}}}
+    timeout-minutes: 120
+    strategy:
+      fail-fast: false
+      matrix: ${{{{ fromJSON(needs.plan.outputs.matrix) }}}}
+    env:
+      CELL: ${{{{ matrix.cell }}}}
+    steps:
+      - uses: actions/checkout@11bd71901bbe5b1630ceea73d27597364c9af683 # v4.2.2
+        with:
+          persist-credentials: false
+      - uses: actions/setup-python@a26af69be951a213d495a4c3e4e4022e16d87065 # v5.6.0
+        with:
+          python-version: ${{{{ matrix.python }}}}
+      - run: python -m pip install "{engine_spec}"
+      - run: extmatrix build --matrix {matrix} --strict --cell "$CELL"
+      - run: extmatrix test-matrix --matrix {matrix} --strict --cell "$CELL"
+      - uses: actions/upload-artifact@ea165f8d65b6e75b540449e92b4886f43607fa02 # v4.6.2
+        if: always()
+        with:
+          name: ${{{{ matrix.cell }}}}
+          path: dist/${{{{ matrix.cell }}}}/
+          if-no-files-found: error
+"""
+
+
+def write(ext_dir: Path, output: Path, *, torch: str | None, pythons: list[str] | None,
+          engine_spec: str, with_workflow: bool, force: bool) -> list[Path]:
+    """Write the matrix (and the workflow, beside it under .github/); never over a file."""
+    project = describe(ext_dir)
+    rel = os.path.relpath(ext_dir.resolve(), output.resolve().parent)
+    targets = {output: matrix_text(project, rel, Compat.load(), torch, pythons)}
+    if with_workflow:
+        targets[output.parent / WORKFLOW] = workflow_text(engine_spec, output.name)
+    for target in targets:
+        if target.exists() and not force:
+            raise UserError(str(target), "already exists", "pass --force to replace it")
+    for target, text in targets.items():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text)
+    return list(targets)

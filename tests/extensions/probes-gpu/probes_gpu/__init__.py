@@ -1,0 +1,3 @@
+from ._C import add_one
+
+__all__ = ["add_one"]

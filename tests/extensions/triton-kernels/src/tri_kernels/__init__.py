@@ -1,0 +1,3 @@
+from ._relu import relu
+
+__all__ = ["relu"]

@@ -1,0 +1,185 @@
+"""Extensions written the way others write them build and test unmodified.
+
+Each extension under tests/extensions/ follows a style found in the wild and
+none follows ext/'s conventions: classic setuptools with FORCE_CUDA (classic-cuda),
+scikit-build-core + CMake + TORCH_LIBRARY (cmake-op), pure Python with Triton
+kernels (triton-kernels), and one that decides CUDA from torch.cuda.is_available()
+(probes-gpu), whose CUDA cell must fail with the one-line diagnosis.
+
+EXTMATRIX_BYO_CUDA=1 (`nox -s byo-cuda`) also builds classic-cuda and cmake-op for
+torch2.14-cu130 and reads their SASS: minutes of nvcc, so not in every run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from extmatrix.cli import main
+from extmatrix.report import CellReport
+
+ROOT = Path(__file__).resolve().parent.parent
+EXTENSIONS = ROOT / "tests" / "extensions"
+CPU, CUDA = "py3.11-torch2.13-cpu", "py3.11-torch2.14-cu130"
+CUDA_ARCHS = ["8.0", "9.0"]
+
+pytestmark = pytest.mark.cells
+
+
+def matrix(name: str, dist: str, import_name: str, tests: str) -> str:
+    return f"""\
+extension:
+  path: ext
+  name: {dist}
+  import: {import_name}
+  tests: {tests}
+  abi3: false
+axes:
+  torch: ["2.13", "2.14"]
+  flavor: [cpu, cu130]
+  python: ["3.11"]
+flavors:
+  cpu: {{}}
+  cu130: {{archs: {CUDA_ARCHS}, runtime_deps: [triton]}}
+exclude:
+  - {{torch: "2.13", flavor: cu130}}
+  - {{torch: "2.14", flavor: cpu}}
+"""
+
+
+STYLES = {
+    "classic-cuda": ("classic-ops", "classic_ops", "test"),
+    "cmake-op": ("cmake-op", "cmake_op", "tests"),
+    "triton-kernels": ("tri-kernels", "tri_kernels", "tests"),
+    "probes-gpu": ("probes-gpu", "probes_gpu", "tests"),
+}
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("work")
+
+
+def project(name: str, tmp_path: Path, work: Path, monkeypatch) -> Path:
+    """A copy of the extension, byte for byte, beside a matrix that points at it."""
+    shutil.copytree(EXTENSIONS / name, tmp_path / "ext")
+    (tmp_path / "matrix.yaml").write_text(matrix(name, *STYLES[name]))
+    monkeypatch.setenv("EXTMATRIX_WORK", str(work / name))
+    monkeypatch.delenv("CI", raising=False)
+    return tmp_path
+
+
+def run(command: str, where: Path, cell: str) -> int:
+    return main([command, "--matrix", str(where / "matrix.yaml"), "--dist", str(where / "dist"),
+                 "--cell", cell])
+
+
+def result(where: Path, cell: str) -> CellReport:
+    found = CellReport.read(where / "dist" / cell / "report.json")
+    assert found is not None
+    return found
+
+
+def unchanged(name: str, where: Path) -> None:
+    for path in (EXTENSIONS / name).rglob("*"):
+        if path.is_file():
+            assert (where / "ext" / path.relative_to(EXTENSIONS / name)).read_bytes() == \
+                path.read_bytes(), f"the build changed {path.name}"
+
+
+@pytest.mark.parametrize("name, wheel_start", [
+    ("classic-cuda", "classic_ops-1.2.0+pt213cpu-cp311-cp311-linux_x86_64"),
+    ("cmake-op", "cmake_op-0.3.0+pt213cpu-py3-none-linux_x86_64"),
+    ("triton-kernels", "tri_kernels-0.5.1+pt213cpu-py3-none-any"),
+])
+def test_unmodified_extension_builds_and_passes_its_cpu_cell(name, wheel_start, tmp_path, work,
+                                                              monkeypatch, capsys):
+    where = project(name, tmp_path, work, monkeypatch)
+    assert run("build", where, CPU) == 0, capsys.readouterr().err
+    built = result(where, CPU)
+    assert built.wheel.startswith(wheel_start), built.wheel
+    assert "torch==2.13.*" in built.requires
+    assert any("version" in change for change in built.stamped)  # the engine wrote the label
+    with zipfile.ZipFile(where / "dist" / CPU / built.wheel) as zf:
+        assert zf.testzip() is None
+    assert run("test-matrix", where, CPU) == 0, capsys.readouterr().err
+    tested = result(where, CPU)
+    assert tested.test == "passed" and tested.junit["passed"] >= 1
+    if name == "triton-kernels":
+        assert tested.junit["gpu_skipped"] == 1  # counted by the engine's plugin
+    unchanged(name, where)
+
+
+def test_a_build_that_probes_for_a_gpu_gets_a_one_line_diagnosis(tmp_path, work, monkeypatch,
+                                                                 capsys):
+    where = project("probes-gpu", tmp_path, work, monkeypatch)
+    assert run("build", where, CUDA) == 1
+    err = capsys.readouterr().err
+    built = result(where, CUDA)
+    assert built.build == "failed"
+    assert "holds no GPU code at all" in built.reason
+    assert "torch.cuda.is_available()" in built.reason and "FORCE_CUDA=1" in built.reason
+    assert built.reason.count("no SASS") == 0  # one line for the cell, not one per arch
+    assert "holds no GPU code at all" in " ".join(err.split())
+    assert "Traceback" not in err
+
+
+def test_missing_test_dependency_is_named(tmp_path, work, monkeypatch, capsys):
+    where = project("triton-kernels", tmp_path, work, monkeypatch)
+    test = where / "ext" / "tests" / "test_relu.py"
+    test.write_text("import hypothesis_not_installed\n" + test.read_text())
+    assert run("build", where, CPU) == 0, capsys.readouterr().err
+    assert run("test-matrix", where, CPU) == 1
+    reason = result(where, CPU).reason
+    assert "the tests need 'hypothesis_not_installed'" in reason
+    assert "extension.test_requires" in reason
+    log = Path(reason.rsplit("see ", 1)[1])
+    assert log.is_file()
+
+
+def test_require_gpu_works_for_a_suite_that_never_heard_of_it(tmp_path, work, monkeypatch,
+                                                               capsys):
+    where = project("triton-kernels", tmp_path, work, monkeypatch)
+    assert run("build", where, CPU) == 0, capsys.readouterr().err
+    status = main(["test-matrix", "--matrix", str(where / "matrix.yaml"), "--dist",
+                   str(where / "dist"), "--cell", CPU, "--require-gpu"])
+    assert status == 1
+    assert result(where, CPU).reason.startswith(
+        "--require-gpu, but torch sees no GPU on this machine")
+
+
+@pytest.mark.skipif(os.environ.get("EXTMATRIX_BYO_CUDA") != "1",
+                    reason="CUDA builds of the fixtures: EXTMATRIX_BYO_CUDA=1 (nox -s byo-cuda)")
+@pytest.mark.parametrize("name", ["classic-cuda", "cmake-op"])
+def test_unmodified_extension_builds_its_cuda_cell_with_every_arch(name, tmp_path, work,
+                                                                   monkeypatch, capsys):
+    where = project(name, tmp_path, work, monkeypatch)
+    assert run("build", where, CUDA) == 0, capsys.readouterr().err
+    built = result(where, CUDA)
+    assert built.sass == CUDA_ARCHS  # read from the binary with cuobjdump
+    assert {"torch==2.14.*", "triton"} <= set(built.requires)
+    unchanged(name, where)
+
+
+def test_init_writes_a_matrix_that_plans_and_builds(tmp_path, work, monkeypatch, capsys):
+    shutil.copytree(EXTENSIONS / "classic-cuda", tmp_path / "classic-cuda")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("EXTMATRIX_WORK", str(work / "init"))
+    monkeypatch.delenv("CI", raising=False)
+    assert main(["init", "classic-cuda", "--torch", "2.13", "--python", "3.11"]) == 0
+    text = (tmp_path / "matrix.yaml").read_text()
+    assert "name: classic-ops" in text and "import: classic_ops" in text and "tests: test" in text
+    workflow = (tmp_path / ".github" / "workflows" / "extmatrix.yml").read_text()
+    assert "extmatrix build --matrix matrix.yaml --strict" in workflow
+    assert main(["init", "classic-cuda"]) == 2  # never over an existing file
+    assert "matrix.yaml: already exists; pass --force" in capsys.readouterr().err
+    assert main(["plan", "--json"]) == 0
+    cells = [c["cell"] for c in json.loads(capsys.readouterr().out)["include"]]
+    assert CPU in cells and "py3.11-torch2.13-cu130" in cells
+    assert main(["build", "--cell", CPU]) == 0, capsys.readouterr().err
+    assert result(tmp_path, CPU).wheel.startswith("classic_ops-1.2.0+pt213cpu-")
