@@ -83,6 +83,14 @@ def tests(session: nox.Session) -> None:
     session.run("pytest", *session.posargs)
 
 
+@nox.session(name="byo-cuda", python=PYTHON)
+def byo_cuda(session: nox.Session) -> None:
+    """Third-party-style extensions built for torch2.14-cu130, SASS read from the binaries."""
+    engine(session, "test")
+    session.run("pytest", "tests/test_byo.py", "-k", "cuda_cell", *session.posargs,
+                env={"EXTMATRIX_BYO_CUDA": "1"})
+
+
 @nox.session(python=PYTHON)
 def bench(session: nox.Session) -> None:
     """Planning speed: a 1,000+ cell matrix next to a bare YAML parse."""

@@ -89,7 +89,8 @@ def _test_matrix(args: argparse.Namespace) -> int:
     console = run.console()
     ctx = run.context(plan, dist=args.dist, parallel=args.jobs, require_gpu=args.require_gpu,
                       console=console)
-    reports = run.test(cells, ctx, args.backend, args.jobs, not args.fail_fast, console)
+    reports = run.test(cells, ctx, args.backend, args.jobs, not args.fail_fast, console,
+                       known=plan.cells)
     return run.finish(reports, args.backend, console, _strict(args))
 
 
@@ -101,7 +102,7 @@ def _repro(args: argparse.Namespace) -> int:
                       echo=sys.stdout, rebuild=True, console=console)
     reports = run.build([cell], ctx, args.backend, 1, True, console)
     if reports[0].build == "built":
-        reports = run.test([cell], ctx, args.backend, 1, True, console)
+        reports = run.test([cell], ctx, args.backend, 1, True, console, known=plan.cells)
     status = run.finish(reports, args.backend, console, strict=True)
     if args.shell:
         return run.shell(cell, ctx, args.backend)

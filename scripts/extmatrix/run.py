@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import replace
@@ -142,7 +140,10 @@ def build(cells: list[Cell], ctx: Context, backend_name: str, jobs: int, keep_go
 
 
 def test(cells: list[Cell], ctx: Context, backend_name: str, jobs: int, keep_going: bool,
-         console: Console) -> list[CellReport]:
+         console: Console, known: list[Cell] | None = None) -> list[CellReport]:
+    """Test each cell's wheel; then import it beside another torch. The other torch is a
+    cell tested in this run, else (one cell, as in repro) any of `known` whose test
+    environment an earlier run left."""
     impl = local  # wheels are tested the way users install them: in a plain environment
 
     def one(cell: Cell) -> CellReport:
@@ -159,13 +160,19 @@ def test(cells: list[Cell], ctx: Context, backend_name: str, jobs: int, keep_goi
 
     reports = each_cell(cells, one, "test", jobs, keep_going, console)
     by_id = {c.id: c for c in cells}
-    tested = [r for r in reports if r.test == "passed"]
-    for report in tested:
+    tested = [by_id[r.cell] for r in reports if r.test == "passed"]
+    earlier = [c for c in known or [] if c.id not in by_id
+               and envs.python_of(ctx.work / c.id / "test-env").exists()]
+    for report in reports:
+        if report.test != "passed":
+            continue
         cell = by_id[report.cell]
-        other = next((by_id[o.cell] for o in tested
-                      if by_id[o.cell].torch_series != cell.torch_series), None)
+        other = next((o for o in [*tested, *earlier]
+                      if o.torch_series != cell.torch_series and o.platform == cell.platform),
+                     None)
         report.cross_check = (impl.cross_check(cell, other, ctx) if other else
-                              "skipped: no cell with another torch in this run")
+                              "skipped: no test environment of another torch; test two cells "
+                              "of different torch releases together")
     for report in reports:
         if report.build == "built" and report.backend != "?":
             with workspace.claim(report.cell, ctx.dist, ctx.work, ctx.say):
@@ -190,17 +197,9 @@ def finish(reports: list[CellReport], backend_name: str, console: Console,
 
 
 def shell(cell: Cell, ctx: Context, backend_name: str) -> int:
-    """Leave the user in the cell's build environment."""
+    """Leave the user in the cell: its image, or its environment on this machine."""
     if backend_name == "container":
         return backend(backend_name).shell(cell, ctx)
-    venv = ctx.work / cell.id / "build-env"
-    if not envs.python_of(venv).exists():
-        raise UserError(None, f"cell {cell.id} has no environment yet", "build it first")
-    tools = toolchain.provision(cell, ctx.cache)
-    env = local.compile_env(cell, tools, ctx, venv, ctx.work / cell.id / "src")
-    env["VIRTUAL_ENV"] = str(venv)
-    env["PS1"] = f"({cell.id}) \\w $ "
-    print(f"# entering {cell.id}'s environment in {ctx.work / cell.id / 'src'}; exit to leave",
-          file=sys.stderr)
-    return subprocess.call([os.environ.get("SHELL", "bash")], env={**os.environ, **env},
-                           cwd=ctx.work / cell.id / "src")
+    from . import shell as cell_shell
+
+    return cell_shell.enter(cell, ctx)

@@ -1,0 +1,74 @@
+"""`repro --shell` through a real pseudo-terminal, with a startup file that fights it.
+
+The user's ~/.bashrc puts a pyenv-like shim folder first on PATH, as many developers'
+do; inside the cell's shell `python` must still be the cell's, with its torch and the
+built extension importable.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+pexpect = pytest.importorskip("pexpect")
+
+ROOT = Path(__file__).resolve().parent.parent
+CELL = "py3.11-torch2.13-cpu"
+MATRIX = """\
+extension:
+  path: ext
+  name: plain-c
+  import: plain_c
+  abi3: false
+axes:
+  torch: ["2.13"]
+  flavor: [cpu]
+  python: ["3.11"]
+flavors:
+  cpu: {}
+"""
+
+pytestmark = pytest.mark.cells
+
+
+@pytest.mark.parametrize("shell", ["bash", "sh-fallback"])
+def test_the_cells_python_wins_over_the_users_startup_files(tmp_path, shell):
+    shutil.copytree(ROOT / "tests" / "extensions" / "plain-c", tmp_path / "ext")
+    (tmp_path / "matrix.yaml").write_text(MATRIX)
+    home = tmp_path / "home"
+    shims = home / "shims"
+    shims.mkdir(parents=True)
+    for name in ("python", "python3"):
+        (shims / name).write_text("#!/bin/sh\necho 'not the cell python'\nexit 1\n")
+        (shims / name).chmod(0o755)
+    (home / ".bashrc").write_text('export PATH="$HOME/shims:$PATH"\nalias ll="ls -l"\n')
+    env = {**os.environ, "HOME": str(home), "TERM": "dumb",
+           "SHELL": "/bin/bash" if shell == "bash" else "/bin/fish-not-installed",
+           "EXTMATRIX_WORK": str(tmp_path / "work")}
+    env.pop("CI", None)
+    child = pexpect.spawn(sys.executable, ["-m", "extmatrix.cli", "repro", CELL, "--matrix",
+                                           str(tmp_path / "matrix.yaml"), "--shell"],
+                          env=env, cwd=str(tmp_path), encoding="utf-8", timeout=600,
+                          dimensions=(40, 500))
+    try:
+        child.expect("entering its test environment")
+        child.expect(r"installed there: torch 2\.13\.0\S* and plain_c-1\.0\.0\+pt213cpu")
+        if shell != "bash":
+            child.expect("is neither bash nor zsh: opening")
+        child.expect(rf"\({CELL}\) ", timeout=60)
+        child.sendline("python -c 'import torch, plain_c; print(\"CELL\", torch.__version__, "
+                       "plain_c.twice(4))'")
+        child.expect(r"CELL (\S+) 8", timeout=120)
+        assert child.match.group(1).startswith("2.13.0")
+        if shell == "bash":
+            child.sendline("type ll")  # the user's own startup file did run
+            child.expect("aliased to")
+        child.sendline("exit")
+        child.expect(pexpect.EOF, timeout=60)
+    finally:
+        child.close()
+    assert child.exitstatus == 0
