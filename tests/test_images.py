@@ -95,8 +95,7 @@ def test_podman_builds_the_same_target_as_bake():
         "--build-arg", "CUDA_VERSION=13.0",
         "--label", "io.extmatrix.family=cuda", "--label", "io.extmatrix.toolkit=13.0",
         "--label", "io.extmatrix.base-image=localhost/extmatrix-base:bookworm",
-        "-v", "/ca.pem:/run/host-ca-bundle.crt:ro",
-        "--build-arg", "PIP_CERT=/run/host-ca-bundle.crt", "docker"]
+        "--secret", "id=ca_bundle,src=/ca.pem", "docker"]
 
 
 def test_podman_settings_come_from_the_project_and_live_in_the_cache(tmp_path, monkeypatch):

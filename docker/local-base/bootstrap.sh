@@ -12,9 +12,10 @@
 #   WORKDIR        scratch dir for the rootfs        (default: ${TMPDIR:-/tmp}/extmatrix-rootfs)
 #   ROOTFS_IMAGE   name for the imported rootfs      (default: localhost/extmatrix-rootfs:$SUITE)
 #   BASE_IMAGE     name of the final base image      (default: localhost/extmatrix-base:$SUITE)
-#   CA_BUNDLE      host CA bundle mounted for pip    (default: /etc/ssl/certs/ca-certificates.crt;
-#                  set empty to skip the mount)
-#   ENGINE         podman or docker executable       (default: $PODMAN, else podman)
+#   CA_BUNDLE      host CA bundle pip trusts, passed as the build secret ca_bundle (never
+#                  stored in a layer)  (default: /etc/ssl/certs/ca-certificates.crt; empty: none)
+#   ENGINE         podman or docker executable       (default: $PODMAN, else podman; docker
+#                  builds with buildx)
 # Podman's own config comes from CONTAINERS_CONF / CONTAINERS_STORAGE_CONF if set.
 set -euo pipefail
 
@@ -28,21 +29,27 @@ ENGINE=${ENGINE:-${PODMAN:-podman}}
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
 rootfs="${WORKDIR}/rootfs"
+tarball="${WORKDIR}/rootfs-${SUITE}.tar"  # kept: a second engine imports the same one
 if ! "${ENGINE}" image inspect "${ROOTFS_IMAGE}" >/dev/null 2>&1; then
-  rm -rf "${rootfs}"
-  mkdir -p "${WORKDIR}"
-  debootstrap --variant=minbase "${SUITE}" "${rootfs}" "${MIRROR}"
-  tar -C "${rootfs}" -c . | "${ENGINE}" import - "${ROOTFS_IMAGE}"
-  rm -rf "${rootfs}"
+  if [[ ! -s "${tarball}" ]]; then
+    rm -rf "${rootfs}"
+    mkdir -p "${WORKDIR}"
+    debootstrap --variant=minbase "${SUITE}" "${rootfs}" "${MIRROR}"
+    tar -C "${rootfs}" -cf "${tarball}.partial" .
+    mv "${tarball}.partial" "${tarball}"
+    rm -rf "${rootfs}"
+  fi
+  "${ENGINE}" import - "${ROOTFS_IMAGE}" <"${tarball}"
 fi
 
 build_args=(--build-arg "ROOTFS_IMAGE=${ROOTFS_IMAGE}")
-if [[ "$(basename "${ENGINE}")" == podman* ]]; then
-  # podman's default OCI format drops SHELL; docker build has no volume mounts.
-  build_args+=(--format docker)
-  if [[ -n "${CA_BUNDLE}" ]]; then
-    build_args+=(-v "${CA_BUNDLE}:/run/host-ca-bundle.crt:ro"
-                 --build-arg PIP_CERT=/run/host-ca-bundle.crt)
-  fi
+if [[ -n "${CA_BUNDLE}" ]]; then
+  build_args+=(--secret "id=ca_bundle,src=${CA_BUNDLE}")
 fi
-"${ENGINE}" build -f "${here}/Containerfile" -t "${BASE_IMAGE}" "${build_args[@]}" "${here}"
+if [[ "$(basename "${ENGINE}")" == podman* ]]; then
+  # podman's default OCI format drops SHELL.
+  build=("${ENGINE}" build --format docker)
+else
+  build=("${ENGINE}" buildx build --load)
+fi
+"${build[@]}" -f "${here}/Containerfile" -t "${BASE_IMAGE}" "${build_args[@]}" "${here}"

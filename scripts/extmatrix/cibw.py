@@ -115,6 +115,8 @@ def container_env(cell: Cell, host: Host, python: str) -> dict[str, str]:
         # toolkit lacks: torch's own nvidia wheels bring them into site-packages.
         site = f"/opt/python/{abi(python)}/lib/python{python}/site-packages"
         env["CPATH"] = f"{site}/nvidia/cu{major}/include"
+        # ... nor nvrtc, which CMake's find_package(Torch) links: torch's own copy.
+        env["CMAKE_ARGS"] = f"-DCUDA_nvrtc_LIBRARY={site}/nvidia/cu{major}/lib/libnvrtc.so.{major}"
     return env
 
 

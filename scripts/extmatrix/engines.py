@@ -19,8 +19,16 @@ from pathlib import Path
 from .errors import NotBuildable, UserError
 
 ENGINES = ("docker", "podman")
-# Mounted into builds so pip inside trusts what the host trusts (TLS-inspecting proxies).
-DEFAULT_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
+# Handed to builds so pip inside trusts what the host trusts (TLS-inspecting proxies):
+# the first that exists of the variables people set for it, then each distribution's place.
+CA_VARIABLES = ("EXTMATRIX_CA_BUNDLE", "PIP_CERT", "REQUESTS_CA_BUNDLE", "SSL_CERT_FILE")
+SYSTEM_CA_BUNDLES = (
+    "/etc/ssl/certs/ca-certificates.crt",  # Debian, Ubuntu, Alpine, Arch, Gentoo
+    "/etc/pki/tls/certs/ca-bundle.crt",  # Fedora, RHEL, CentOS, Amazon Linux
+    "/etc/pki/ca-trust/extracted/pem/tls-ca-bundle.pem",  # the same, newer layout
+    "/etc/ssl/ca-bundle.pem",  # openSUSE, SLES
+    "/etc/ssl/cert.pem",  # others (and macOS)
+)
 PODMAN_DIR = Path("docker") / "podman"  # relative to the project root
 
 
@@ -29,6 +37,7 @@ class Engine:
     name: str  # docker | podman
     exe: str
     env: dict[str, str] = field(default_factory=dict)  # added to every call
+    why: str = ""  # how it was chosen, for the user
 
     def cmd(self, *args: str) -> list[str]:
         return [self.exe, *args]
@@ -48,18 +57,24 @@ class Engine:
 
 
 def detect(choice: str | None, project: Path, cache: Path) -> Engine:
-    """The engine named by `choice` (or $EXTMATRIX_ENGINE), else the first usable one."""
+    """The engine named by `choice` (or $EXTMATRIX_ENGINE), else the first usable one;
+    `Engine.why` says how it was chosen, a NotBuildable what to install or start."""
     choice = choice or os.environ.get("EXTMATRIX_ENGINE") or "auto"
     if choice not in ("auto", *ENGINES):
         raise UserError(None, f"unknown container engine '{choice}'", "use docker or podman")
+    named = "" if choice == "auto" else " (asked for)"
     docker_why = _docker_problem() if choice in ("auto", "docker") else None
     if choice in ("auto", "docker") and docker_why is None:
-        return Engine("docker", shutil.which("docker") or "docker")
+        return Engine("docker", shutil.which("docker") or "docker",
+                      why=f"docker{named}: its daemon answers and buildx is installed")
     if choice == "docker":
         raise NotBuildable(f"docker: {docker_why}")
     podman_why = _podman_problem()
     if podman_why is None:
-        return podman(project, cache)
+        chosen = podman(project, cache)
+        because = f" (docker: {docker_why})" if docker_why else ""
+        return Engine(chosen.name, chosen.exe, chosen.env,
+                      why=f"podman{named}: installed with runc{because}")
     if choice == "podman":
         raise NotBuildable(f"podman: {podman_why}")
     raise NotBuildable(f"no container engine: docker: {docker_why}; podman: {podman_why}")
@@ -68,11 +83,11 @@ def detect(choice: str | None, project: Path, cache: Path) -> Engine:
 def _docker_problem() -> str | None:
     exe = shutil.which("docker")
     if exe is None:
-        return "not installed"
+        return "not installed (e.g. apt-get install docker.io)"
     if _fails([exe, "buildx", "version"]):
-        return "buildx is not installed"
+        return "buildx is not installed (e.g. the docker-buildx package)"
     if _fails([exe, "info", "--format", "{{.ServerVersion}}"]):
-        return "no daemon answers"
+        return "no daemon answers (start dockerd, or check DOCKER_HOST)"
     return None
 
 
@@ -119,15 +134,17 @@ def _write_if_changed(path: Path, text: str) -> None:
 
 
 def ca_bundle() -> Path | None:
-    """The host CA bundle to trust inside builds: $EXTMATRIX_CA_BUNDLE ('' turns it off)."""
-    value = os.environ.get("EXTMATRIX_CA_BUNDLE")
-    if value == "":
-        return None
-    path = Path(value or DEFAULT_CA_BUNDLE)
-    if path.is_file():
-        return path
-    if value:
-        raise UserError(None, f"EXTMATRIX_CA_BUNDLE={value} is not a file",
-                        "point it at a PEM bundle, or set it empty to mount none")
-    return None
-
+    """The host CA bundle to trust inside builds: $EXTMATRIX_CA_BUNDLE ('' turns it off),
+    else one named by PIP_CERT/REQUESTS_CA_BUNDLE/SSL_CERT_FILE, else the system's."""
+    for variable in CA_VARIABLES:
+        value = os.environ.get(variable)
+        if value is None:
+            continue
+        if value == "" and variable == "EXTMATRIX_CA_BUNDLE":
+            return None
+        if Path(value).is_file():
+            return Path(value)
+        if variable == "EXTMATRIX_CA_BUNDLE":
+            raise UserError(None, f"EXTMATRIX_CA_BUNDLE={value} is not a file",
+                            "point it at a PEM bundle, or set it empty to pass none")
+    return next((Path(p) for p in SYSTEM_CA_BUNDLES if Path(p).is_file()), None)

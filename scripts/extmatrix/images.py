@@ -34,7 +34,7 @@ OCI_PLATFORMS = {"x86_64": "linux/amd64", "aarch64": "linux/arm64"}
 LABEL = "io.extmatrix"
 # Where podman builds see the host CA bundle: a path no package owns, because
 # ca-certificates' postinst cannot replace a file mounted over its own.
-BUILD_CA = "/run/host-ca-bundle.crt"
+CA_SECRET = "ca_bundle"  # RUN --mount=type=secret,id=ca_bundle in docker/
 FIRST_PYPI_CUDA = 13  # PyPI's CUDA 12 wheels have no nvcc
 
 
@@ -182,8 +182,14 @@ def podman_build(engine: Engine, target: dict, ca: Path | None) -> list[str]:
     for key, value in target["labels"].items():
         cmd += ["--label", f"{key}={value}"]
     if ca is not None:
-        cmd += ["-v", f"{ca}:{BUILD_CA}:ro", "--build-arg", f"PIP_CERT={BUILD_CA}"]
+        cmd += ["--secret", ca_secret(ca)]
     return [*cmd, context]
+
+
+def ca_secret(ca: Path) -> str:
+    """The host CA bundle as the build secret the Dockerfiles' pip steps mount: it is
+    there while they run and in no layer of the image."""
+    return f"id={CA_SECRET},src={ca}"
 
 
 def bootstrap(engine: Engine, ctx: Context, ca: Path | None) -> tuple[list[str], dict[str, str]]:
@@ -205,6 +211,7 @@ def build(ctx: Context, cells: list[Cell], engine_choice: str | None, base_choic
     """Build the images of `cells`, printing every command; 0 when all that can be built were."""
     out = out or sys.stdout
     engine = engines.detect(engine_choice, ctx.root, ctx.cache)
+    print(f"# engine: {engine.why}", file=out, flush=True)
     base, note = choose_base(base_choice, cells)
     images = needed(cells, base, ctx.matrix.images.prefix)
     if note:
@@ -219,7 +226,12 @@ def build(ctx: Context, cells: list[Cell], engine_choice: str | None, base_choic
     if not todo:
         print("# no image to build here", file=out, flush=True)
         return 0
-    ca = engines.ca_bundle() if engine.name == "podman" else None
+    ca = engines.ca_bundle()
+    if ca is None and engine.name == "podman":
+        # buildah refuses a secret mount whose secret was not given: give an empty one.
+        ca = ctx.work / "no-ca-bundle.pem"
+        ca.parent.mkdir(parents=True, exist_ok=True)
+        ca.write_text("")
     try:
         if base == "local":
             _local_base(engine, ctx, ca, out)
@@ -227,7 +239,8 @@ def build(ctx: Context, cells: list[Cell], engine_choice: str | None, base_choic
             path = ctx.work / "docker-bake.json"
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(bake_json(todo))
-            cmd = engine.cmd("buildx", "bake", "-f", str(path), "--load",
+            secret = ["--set", f"*.secrets={ca_secret(ca)}"] if ca else []
+            cmd = engine.cmd("buildx", "bake", "-f", str(path), "--load", *secret,
                              *(i.target for i in todo))
             _run(cmd, engine.env, ctx.root, out, ", ".join(i.tag for i in todo))
         else:

@@ -37,6 +37,7 @@ CIBW_STEPS = {"Running before_build...": "before_build", "Building wheel...": "c
 def build(cell: Cell, ctx: Context) -> CellReport:
     with building(ctx, cell, "container") as (report, staging, steps):
         engine, python = _prepare(cell, ctx, report)
+        steps.note(f"engine: {engine.why}")
         host = _host(cell, ctx, engine)
         report.sources = list(host.sources.notes)
         env = {**engine.env, **cibw.environment(cell, ctx.matrix.extension, host, python,

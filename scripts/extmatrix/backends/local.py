@@ -179,6 +179,13 @@ def compile_env(cell: Cell, tools: toolchain.Toolchain, ctx: Context, venv: Path
         site = next(venv.glob("lib/python3*/site-packages"))
         includes = sorted({str(p) for p in site.glob("nvidia/*/include")})
         env["CPATH"] = os.pathsep.join(filter(None, [*includes, os.environ.get("CPATH")]))
+        # CMake's find_package(Torch) links nvrtc, which a compiler-only toolkit lacks:
+        # torch's own copy, through CMAKE_ARGS (read by scikit-build-core and most
+        # setup.py-driven CMake builds).
+        nvrtc = sorted(site.glob("nvidia/*/lib/libnvrtc.so.*"))
+        if tools.home and nvrtc and not list((tools.home / "lib64").glob("libnvrtc.so*")):
+            env["CMAKE_ARGS"] = " ".join(filter(None, [os.environ.get("CMAKE_ARGS"),
+                                                       f"-DCUDA_nvrtc_LIBRARY={nvrtc[0]}"]))
     env["MAX_JOBS"] = str(ctx.max_jobs)
     return env
 
