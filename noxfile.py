@@ -70,6 +70,13 @@ def repro(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHON)
+def index(session: nox.Session) -> None:
+    """The built wheels as an index per torch build: `nox -s index -- --base-url URL`."""
+    engine(session)
+    extmatrix(session, "index")
+
+
+@nox.session(python=PYTHON)
 def schema(session: nox.Session) -> None:
     """Regenerate matrix.schema.json for editors."""
     engine(session)

@@ -89,3 +89,34 @@ def test_jit_and_cmake_builds_match_the_wheel(dist):
          "-p", "no:cacheprovider", "-q", "-rs"], capture_output=True, text=True, cwd=venv)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     assert " passed" in result.stdout and "skipped" not in result.stdout.splitlines()[-1]
+
+
+def test_the_index_serves_each_torch_its_own_wheel(dist, tmp_path):
+    """Real pip, no network: each cell's torch gets that cell's wheel from the index."""
+    assert main(["index", "--matrix", MATRIX, "--dist", str(dist), "--output",
+                 str(tmp_path / "index"), "--cell", CPU, "--cell", CUDA]) == 0
+    plan = plan_file(MATRIX)
+    for cell_id, label in ((CPU, "pt213cpu"), (CUDA, "pt214cu130")):
+        cell = plan.cell(cell_id)
+        page = tmp_path / "index" / f"torch-{cell.torch}+{cell.flavor}.html"
+        assert page.is_file()
+        venv = tmp_path / f"env-{cell_id}"
+        subprocess.run([envs.uv(), "venv", "--quiet", "--seed", "--python",
+                        envs.find_python(cell), str(venv)], check=True)
+        sources = envs.sources_for(cell)
+        subprocess.run(envs.install_cmd(venv, [cell.torch_spec], sources), check=True)
+        # Only the index: no pip configuration of this machine, no other index.
+        offline = {**os.environ, "PIP_CONFIG_FILE": os.devnull}
+        for how in (["--no-index", "-f", str(page)],
+                    ["--index-url", (tmp_path / "index" / page.stem / "simple").as_uri()]):
+            subprocess.run([str(envs.python_of(venv)), "-m", "pip", "uninstall", "-y", "-q",
+                            "segment-ops"], capture_output=True)
+            done = subprocess.run([str(envs.python_of(venv)), "-m", "pip", "install", "-q",
+                                   *how, "segment-ops"], capture_output=True, text=True,
+                                  env=offline)
+            assert done.returncode == 0, done.stderr[-2000:]
+            version = subprocess.run([str(envs.python_of(venv)), "-c",
+                                      "import importlib.metadata as m; "
+                                      "print(m.version('segment-ops'))"],
+                                     capture_output=True, text=True).stdout.strip()
+            assert version == f"0.1.0+{label}", how

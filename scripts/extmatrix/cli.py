@@ -130,6 +130,19 @@ def _plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def _index(args: argparse.Namespace) -> int:
+    from . import index
+
+    plan, cells = selected(args)
+    root = Path(plan.source.file).resolve().parent
+    dist = Path(args.dist).resolve() if args.dist else root / "dist"
+    out = Path(args.output).resolve() if args.output else dist / "index"
+    pages = index.build(dist, cells, out, args.base_url)
+    for page in pages:
+        print(f"wrote {page}", file=sys.stderr)
+    return 0
+
+
 def _init(args: argparse.Namespace) -> int:
     from . import init
 
@@ -208,6 +221,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--print-bake", action="store_true",
                    help="print the docker buildx bake file (JSON) instead of building")
     _COMMANDS["images"] = _images
+
+    p = sub.add_parser("index", help="publish the good wheels as a find-links page and a "
+                       "PEP 503 simple index per torch build (torch-2.14.1+cu130.html)")
+    _selection_args(p)
+    p.add_argument("--dist", help="results folder (default: dist/ beside the matrix)")
+    p.add_argument("--output", help="index folder (default: DIST/index)")
+    p.add_argument("--base-url", help="where the index will be served; default: relative links")
+    _COMMANDS["index"] = _index
 
     p = sub.add_parser("init", help="write a first matrix.yaml (and a GitHub Actions workflow) "
                        "for an existing extension")

@@ -1,0 +1,106 @@
+"""`extmatrix index`: the built wheels as a package index per torch release × flavor.
+
+Wheels with a local version label (`+pt214cu130`) cannot go to PyPI, so users get
+them the way torch-scatter's and pyg-lib's users do: a find-links page per torch
+build, `pip install NAME -f BASE/torch-2.14.1+cu130.html`, or the same wheels as a
+PEP 503 simple index, `--extra-index-url BASE/torch-2.14.1+cu130/simple`. Only good
+wheels are published: each cell's last good build (the one `last-good.json` names).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import html
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from packaging.utils import canonicalize_name, parse_wheel_filename
+
+from .cells import Cell
+from .errors import UserError
+from .workspace import LAST_GOOD
+
+
+@dataclass(frozen=True)
+class Entry:
+    page: str  # torch-2.14.1+cu130
+    wheel: Path
+    project: str  # normalised distribution name
+    sha256: str
+
+
+def page_name(cell: Cell) -> str:
+    """torch's own version string for the cell's build: 2.14.1+cu130, 2.13.0+cpu."""
+    return f"torch-{cell.torch}+{cell.flavor}"
+
+
+def collect(dist: Path, cells: list[Cell]) -> list[Entry]:
+    entries = []
+    for cell in cells:
+        try:
+            good = json.loads((dist / cell.id / LAST_GOOD).read_text())
+        except (OSError, ValueError):
+            continue
+        wheel = dist / cell.id / str(good.get("wheel") or "")
+        if good.get("build") != "built" or not wheel.is_file():
+            continue
+        name = parse_wheel_filename(wheel.name)[0]
+        digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
+        entries.append(Entry(page_name(cell), wheel, canonicalize_name(name), digest))
+    return entries
+
+
+def build(dist: Path, cells: list[Cell], out: Path, base_url: str | None) -> list[Path]:
+    """Write OUT/wheels/*.whl, OUT/torch-*.html, OUT/torch-*/simple/…; returns the pages."""
+    entries = collect(dist, cells)
+    if not entries:
+        raise UserError(str(dist), "no good wheel to publish", "build the cells first")
+    wheels_dir = out / "wheels"
+    wheels_dir.mkdir(parents=True, exist_ok=True)
+    for entry in entries:
+        shutil.copy2(entry.wheel, wheels_dir / entry.wheel.name)
+    pages: dict[str, list[Entry]] = {}
+    for entry in entries:
+        pages.setdefault(entry.page, []).append(entry)
+    written = []
+    for page, members in sorted(pages.items()):
+        flat = out / f"{page}.html"
+        flat.write_text(_html(page, members, _href(base_url, "wheels")))
+        written.append(flat)
+        simple = out / page / "simple"
+        projects = sorted({e.project for e in members})
+        simple.mkdir(parents=True, exist_ok=True)
+        (simple / "index.html").write_text(_page(
+            f"Simple index: {page}",
+            [f'<a href="{p}/">{html.escape(p)}</a>' for p in projects]))
+        for project in projects:
+            (simple / project).mkdir(exist_ok=True)
+            prefix = _href(base_url, "wheels", depth=3)
+            (simple / project / "index.html").write_text(
+                _html(f"{project} for {page}", [e for e in members if e.project == project],
+                      prefix))
+    (out / "index.html").write_text(_page("Wheels by torch build", [
+        f'<a href="{p}.html">{html.escape(p)}</a>' for p in sorted(pages)]))
+    return written
+
+
+def _href(base_url: str | None, folder: str, depth: int = 0) -> str:
+    if base_url:
+        return f"{base_url.rstrip('/')}/{folder}/"
+    return "../" * depth + f"{folder}/"
+
+
+def _html(title: str, entries: list[Entry], prefix: str) -> str:
+    ordered = sorted(entries, key=lambda e: e.wheel.name)
+    links = [f'<a href="{prefix}{html.escape(e.wheel.name)}#sha256={e.sha256}">'
+             f"{html.escape(e.wheel.name)}</a>" for e in ordered]
+    return _page(title, links)
+
+
+def _page(title: str, links: list[str]) -> str:
+    body = "<br>\n".join(links)
+    return (f"<!DOCTYPE html>\n<html><head><meta name=\"pypi:repository-version\" "
+            f"content=\"1.0\"><title>{html.escape(title)}</title></head>\n<body>\n"
+            f"<h1>{html.escape(title)}</h1>\n{body}\n</body></html>\n")
