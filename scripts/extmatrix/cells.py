@@ -35,6 +35,7 @@ class Cell:
     test_pythons: tuple[str, ...]
     platform: str
     runner: str
+    gpu_runner: str | None  # where its GPU tests run; None: nowhere (CI says so)
     abi3: bool
     cxx: int
     torch_spec: str  # the requirement that installs this cell's torch
@@ -418,7 +419,9 @@ def _cell(matrix: Matrix, src: Source, compat: Compat, torch: str, flavor: _Flav
         python=pythons[0],
         test_pythons=tuple(pythons),
         platform=platform,
-        runner=matrix.platforms[platform].runner,
+        runner=(s.runner if s.runner and platform == DEFAULT_PLATFORM
+                else matrix.platforms[platform].runner),
+        gpu_runner=s.gpu_runner if flavor.family != "cpu" else None,
         abi3=abi3,
         cxx=compat.torch(torch).cxx,
         torch_spec=f"torch=={torch}" + ("+cpu" if flavor.family == "cpu" else ""),

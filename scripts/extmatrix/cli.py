@@ -122,9 +122,11 @@ def _images(args: argparse.Namespace) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
+    from . import workflow
+
     plan, cells = selected(args)
     if args.json:
-        sys.stdout.write(report.plan_json(cells))
+        sys.stdout.write(report.matrix_json(workflow.matrix(cells, args.job)))
     else:
         report.print_plan(cells, plan.dropped if args.explain else None, Console())
     return 0
@@ -181,6 +183,9 @@ def build_parser() -> argparse.ArgumentParser:
     _selection_args(p)
     p.add_argument("--json", action="store_true",
                    help='print the GitHub Actions form {"include": [...]} on stdout')
+    p.add_argument("--for", dest="job", choices=("cells", "gpu", "cross"), default="cells",
+                   help="with --json: the matrix of that workflow job (gpu: cells with a "
+                   "gpu_runner; cross: a pair of cells of different torch releases)")
     p.add_argument("--explain", action="store_true",
                    help="also list every dropped combination with its reason")
     _COMMANDS["plan"] = _plan

@@ -242,6 +242,12 @@ class FlavorSettings(_Model):
         None, description="Upstream image the build image starts from: "
         "[registry/]name[:tag][@sha256:digest]; placeholders as in `index`."
     )
+    runner: Name | None = Field(
+        None, description="GitHub Actions runner label that builds this flavor's x86_64 cells "
+        "(e.g. a larger one for CUDA); default: the platform's runner.")
+    gpu_runner: Name | None = Field(
+        None, description="Runner label with a GPU of this flavor: its cells' tests run there "
+        "with --require-gpu. Unset: GPU tests are not run, and CI says so.")
     runtime_deps: list[RequirementText] | None = Field(
         None, description="Requirements written into the wheel for this flavor (e.g. triton)."
     )

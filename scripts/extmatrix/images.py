@@ -122,6 +122,13 @@ def bake_json(images: list[Image]) -> str:
     return json.dumps(bake(images), indent=2) + "\n"
 
 
+def unpinned(images: list[Image]) -> list[str]:
+    """Upstream bases named by tag only: a rebuild may silently start from another image."""
+    return [f"base image {i.base} is pinned by tag only; pin it by digest "
+            "(NAME@sha256:…, e.g. from 'skopeo inspect') so every build starts from the same one"
+            for i in images if "@sha256:" not in i.base and not i.base.startswith("localhost/")]
+
+
 def skip_reason(image: Image, base: str, host: str) -> str | None:
     """Why this machine cannot build `image`, or None."""
     if image.platform != host:
@@ -216,6 +223,8 @@ def build(ctx: Context, cells: list[Cell], engine_choice: str | None, base_choic
     images = needed(cells, base, ctx.matrix.images.prefix)
     if note:
         print(f"# {note}", file=out, flush=True)
+    for warning in unpinned(images):
+        print(f"# warning: {warning}", file=out, flush=True)
     todo = []
     for image in images:
         why = skip_reason(image, base, host_platform())

@@ -152,13 +152,14 @@ permissions:
 jobs:
   plan:
     runs-on: ubuntu-24.04
+    timeout-minutes: 10
     outputs:
       matrix: ${{{{ steps.plan.outputs.matrix }}}}
     steps:
-      - uses: actions/checkout@11bd71901bbe5b1630ceea73d27597364c9af683 # v4.2.2
+      - uses: actions/checkout@08c6903cd8c0fde910a37f88322edcfb5dd907a8 # v5.0.0
         with:
           persist-credentials: false
-      - uses: actions/setup-python@a26af69be951a213d495a4c3e4e4022e16d87065 # v5.6.0
+      - uses: actions/setup-python@e797f83bcb11b83ae66e0230d6156d7c80228e7c # v6.0.0
         with:
           python-version: "3.11"
       - run: python -m pip install "{engine_spec}"
@@ -172,30 +173,31 @@ jobs:
 
   cell:
     needs: plan
+    timeout-minutes: 180
     name: ${{{{ matrix.cell }}}}
     runs-on: ${{{{ matrix.runner }}}}
-    timeout-minutes: 120
     strategy:
       fail-fast: false
       matrix: ${{{{ fromJSON(needs.plan.outputs.matrix) }}}}
     env:
       CELL: ${{{{ matrix.cell }}}}
     steps:
-      - uses: actions/checkout@11bd71901bbe5b1630ceea73d27597364c9af683 # v4.2.2
+      - uses: actions/checkout@08c6903cd8c0fde910a37f88322edcfb5dd907a8 # v5.0.0
         with:
           persist-credentials: false
-      - uses: actions/setup-python@a26af69be951a213d495a4c3e4e4022e16d87065 # v5.6.0
+      - uses: actions/setup-python@e797f83bcb11b83ae66e0230d6156d7c80228e7c # v6.0.0
         with:
           python-version: ${{{{ matrix.python }}}}
       - run: python -m pip install "{engine_spec}"
       - run: extmatrix build --matrix {matrix} --strict --cell "$CELL"
       - run: extmatrix test-matrix --matrix {matrix} --strict --cell "$CELL"
-      - uses: actions/upload-artifact@ea165f8d65b6e75b540449e92b4886f43607fa02 # v4.6.2
+      - uses: actions/upload-artifact@330a01c490aca151604b8cf639adc76d48f6c5d4 # v5.0.0
         if: always()
         with:
           name: ${{{{ matrix.cell }}}}
           path: dist/${{{{ matrix.cell }}}}/
           if-no-files-found: error
+          overwrite: true
 """
 
 

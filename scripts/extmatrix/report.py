@@ -19,7 +19,11 @@ from .steps import redact
 
 def plan_json(cells: Iterable[Cell]) -> str:
     """The GitHub Actions form: {"include": [{"cell": ..., ...}, ...]}."""
-    return json.dumps({"include": [c.to_json() for c in cells]}, indent=2) + "\n"
+    return matrix_json([c.to_json() for c in cells])
+
+
+def matrix_json(entries: list[dict]) -> str:
+    return json.dumps({"include": entries}, indent=2) + "\n"
 
 
 def plan_table(cells: list[Cell], title: str) -> Table:
@@ -89,6 +93,7 @@ class CellReport:
     reused: bool = False  # inputs unchanged: the last build's wheel, checked again
     repair: dict = field(default_factory=dict)  # container builds: wheel tag, libraries left out
     timings: dict[str, float] = field(default_factory=dict)
+    disk_free_gb: dict[str, float | None] = field(default_factory=dict)  # start, end
     junit: dict[str, int] = field(default_factory=dict)
     cross_check: str | None = None
     commands: list[str] = field(default_factory=list)

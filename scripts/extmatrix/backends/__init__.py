@@ -50,6 +50,7 @@ def building(ctx: Context, cell: Cell, backend: str) -> Iterator[tuple[CellRepor
     with workspace.claim(cell.id, ctx.dist, ctx.work, ctx.say):
         attempt = workspace.begin(cell.id, ctx.dist)
         report = CellReport(cell=cell.id, backend=backend, attempt=attempt.id)
+        report.disk_free_gb["start"] = _free_gb(ctx.work)
         log = attempt.final / "build.log"
         steps = Steps(attempt.staging / "build.log", echo=ctx.echo, shown_path=log)
         try:
@@ -63,12 +64,21 @@ def building(ctx: Context, cell: Cell, backend: str) -> Iterator[tuple[CellRepor
             report.timings.update(steps.timings)
             report.commands = steps.commands
             report.finished = workspace.now()
+            report.disk_free_gb["end"] = _free_gb(ctx.work)
             steps.close()
             good = report.build == "built"
             kept = None if good else workspace.last_good(attempt.final)
             if kept is not None:
                 report.kept = {k: kept.get(k) for k in ("wheel", "attempt", "finished")}
             workspace.publish(attempt, report.to_json(), good, kept)
+
+
+def _free_gb(folder: Path) -> float | None:
+    """Free space where cells build: CUDA/ROCm cells fill small CI disks."""
+    try:
+        return round(shutil.disk_usage(folder).free / 1e9, 1)
+    except OSError:
+        return None
 
 
 def _outcome(exc: BaseException, steps: Steps) -> tuple[str, str]:

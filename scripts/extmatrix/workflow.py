@@ -1,0 +1,31 @@
+"""The job matrices of the GitHub Actions workflow, from the plan.
+
+Each job that fans out takes its matrix from here (`extmatrix plan --json --for JOB`),
+so matrix.yaml stays the one place that says what runs where:
+
+- cells: every selected cell, built and tested on its `runner`;
+- gpu:   the cells whose flavor names a `gpu_runner`, tested there with --require-gpu;
+- cross: one pair of cells of different torch releases, whose wheels are each imported
+         beside the other's torch (CPU cells first: they are the cheapest to install).
+"""
+
+from __future__ import annotations
+
+from .cells import Cell
+
+JOBS = ("cells", "gpu", "cross")
+
+
+def matrix(cells: list[Cell], job: str) -> list[dict]:
+    if job == "gpu":
+        return [c.to_json() for c in cells if c.gpu_runner]
+    if job == "cross":
+        ordered = sorted(cells, key=lambda c: (c.family != "cpu", c.id))
+        for first in ordered:
+            other = next((c for c in ordered if c.torch_series != first.torch_series
+                          and c.platform == first.platform), None)
+            if other is not None:
+                return [{"cells": f"{first.id} {other.id}", "runner": first.runner,
+                         "first": first.id, "second": other.id}]
+        return []
+    return [c.to_json() for c in cells]
