@@ -77,7 +77,7 @@ def test_wheel_check_finds_missing_promises(tmp_path):
 def test_cuobjdump_listing_is_parsed():
     listing = ("ELF file    1: _C.abi3.1.sm_80.cubin\nELF file    2: _C.abi3.2.sm_90a.cubin\n"
                "ELF file    3: _C.abi3.3.sm_120.cubin\nPTX file    1: _C.abi3.1.sm_120.ptx\n")
-    assert wheels._parse(listing, "elf") == {"8.0", "9.0", "12.0"}
+    assert wheels._parse(listing, "elf") == {"8.0", "9.0a", "12.0"}  # the suffix is kept
     assert wheels._parse(listing, "ptx") == {"12.0"}
 
 

@@ -203,9 +203,9 @@ def expand(matrix: Matrix, src: Source, compat: Compat) -> Plan:
         for fi, fname in enumerate(matrix.axes.flavor):
             flavor = flavors[fname]
             for plat in matrix.axes.platform:
-                groups = [pythons] if matrix.extension.abi3 else [[p] for p in pythons]
-                for group in groups:
-                    label = _label(torch, fname, plat, group, matrix.extension.abi3)
+                for group in python_groups(pythons, matrix.extension.abi3):
+                    label = _label(torch, fname, plat, group,
+                                   matrix.extension.abi3 and not _free_threaded(group))
                     values = {"torch": torch, "flavor": fname, "platform": plat}
                     reason = _excluded(matrix.exclude, values, group, src, exclude_hits)
                     if reason:  # the user chose this: not a value that cannot yield cells
@@ -295,8 +295,14 @@ def _resolve_flavor(name: str, matrix: Matrix, src: Source, compat: Compat) -> _
         for bad in compat.unsupported_archs(family, toolkit, archs):
             index = archs.index(bad)
             path = where_set(key) + (index,)
-            raise src.error(path, f"{label} {implied} cannot target arch '{bad}'",
-                            f"it targets {', '.join(compat.toolkit(family, toolkit).archs)}")
+            facts = compat.toolkit(family, toolkit)
+            if bad[-1:] in ("a", "f") and bad[:-1] in facts.archs:
+                variants = facts.arch_specific if bad.endswith("a") else facts.family_specific
+                fix = (f"its '{bad[-1]}' targets are "
+                       f"{', '.join(v + bad[-1] for v in variants) or 'none'}")
+            else:
+                fix = f"it targets {', '.join(facts.archs)}"
+            raise src.error(path, f"{label} {implied} cannot target arch '{bad}'", fix)
     if merged.ptx:
         if family == "rocm":
             raise src.error(where_set("ptx"), "ROCm flavors take no 'ptx'", "remove it")
@@ -368,14 +374,27 @@ def _included(matrix: Matrix, src: Source, compat: Compat, flavors: dict[str, _F
             rng = compat.python_range(torch)
             raise src.error(at, f"torch {series(torch)} supports Python {rng.min}–{rng.max}, "
                                 f"not {', '.join(pythons)}", "pick a supported Python")
-        groups = [usable] if matrix.extension.abi3 else [[p] for p in usable]
-        cells += [_cell(matrix, src, compat, torch, flavor, plat, g) for g in groups]
+        cells += [_cell(matrix, src, compat, torch, flavor, plat, g)
+                  for g in python_groups(usable, matrix.extension.abi3)]
     return cells
+
+
+def python_groups(pythons: list[str], abi3: bool) -> list[list[str]]:
+    """The Pythons each cell serves: an abi3 wheel serves every regular CPython, but the
+    stable ABI does not cover free-threaded builds (3.13t): each of those is a cell."""
+    if not abi3:
+        return [[p] for p in pythons]
+    regular = [p for p in pythons if not p.endswith("t")]
+    return ([regular] if regular else []) + [[p] for p in pythons if p.endswith("t")]
+
+
+def _free_threaded(pythons: list[str]) -> bool:
+    return any(p.endswith("t") for p in pythons)
 
 
 def _cell(matrix: Matrix, src: Source, compat: Compat, torch: str, flavor: _Flavor,
           platform: str, pythons: list[str]) -> Cell:
-    abi3 = matrix.extension.abi3
+    abi3 = matrix.extension.abi3 and not _free_threaded(pythons)
     torch_series = series(torch)
     s = flavor.settings
     pythons = sorted(pythons, key=version_key)

@@ -25,6 +25,8 @@ class TorchFacts(_Model):
     latest: str = Field(description="Newest patch release of the series.")
     released: datetime.date | str | None = None
     python: PythonRange
+    # Free-threaded CPython builds with wheels (cp313t -> "3.13t"); not in the range above.
+    python_free_threaded: list[str] = Field(default_factory=list)
     cxx: int = Field(description="C++ standard extensions must be compiled with.")
     cuda: list[str] = Field(default_factory=list)
     pypi_cuda: str | None = None
@@ -34,6 +36,10 @@ class TorchFacts(_Model):
 
 class ToolkitFacts(_Model):
     archs: list[str]
+    # Archs that nvcc of this version also targets as `X.Ya` (arch-specific features, e.g.
+    # Hopper's wgmma) and as `X.Yf` (family-portable, from CUDA 12.9 on).
+    arch_specific: list[str] = Field(default_factory=list)
+    family_specific: list[str] = Field(default_factory=list)
     source: str
 
 
@@ -51,9 +57,10 @@ class CompatFile(_Model):
 
 @functools.cache
 def version_key(text: str) -> tuple[int, ...]:
-    """The release numbers, compared as numbers (7.14 > 7.2; 7.1 is no prefix of 7.14)."""
+    """The release numbers, compared as numbers (7.14 > 7.2; 7.1 is no prefix of 7.14).
+    A free-threaded Python (3.13t) sorts with its release."""
     try:
-        return Version(text).release
+        return Version(text[:-1] if text.endswith("t") else text).release
     except InvalidVersion:
         return ()  # unusable text sorts first instead of failing a plan
 
@@ -93,10 +100,11 @@ class Compat:
 
     def unsupported_archs(self, family: Family, toolkit: str, archs: list[str]) -> list[str]:
         facts = self.toolkit(family, toolkit)
-        known = set(facts.archs) if facts else set()
-        # "9.0a"/"10.0f" are arch-specific variants of 9.0/10.0; one suffix, not "9.0af".
-        return [a for a in archs
-                if a not in known and not (a[-1:] in ("a", "f") and a[:-1] in known)]
+        if facts is None:
+            return list(archs)
+        allowed = {*facts.archs, *(f"{a}a" for a in facts.arch_specific),
+                   *(f"{a}f" for a in facts.family_specific)}
+        return [a for a in archs if a not in allowed]
 
     def why_not(
         self, torch: str, family: Family, toolkit: str | None, platform: str
@@ -124,10 +132,13 @@ class Compat:
         return facts.python if facts else None
 
     def supports_python(self, torch: str, python: str) -> bool:
-        rng = self.python_range(torch)
-        return rng is not None and (
-            version_key(rng.min) <= version_key(python) <= version_key(rng.max)
-        )
+        facts = self.torch(torch)
+        if facts is None:
+            return False
+        if python.endswith("t"):
+            return python in facts.python_free_threaded
+        rng = facts.python
+        return version_key(rng.min) <= version_key(python) <= version_key(rng.max)
 
 
 def _published(toolkit: str, published: list[str]) -> bool:

@@ -22,7 +22,7 @@ Platform = Literal["x86_64", "aarch64"]
 # Every pattern is applied with fullmatch: `$` would also accept a trailing newline.
 _FLAVOR = re.compile(r"cpu|cu(\d{2})(\d)|rocm(\d+\.\d+(?:\.\d+)?)")
 _TORCH = re.compile(r"\d+\.\d+(\.\d+)?")
-_PYTHON = re.compile(r"3\.\d+")
+_PYTHON = re.compile(r"3\.\d+t?")  # 3.13t: a free-threaded build
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _TOOLKIT = re.compile(r"\d+(\.\d+){1,2}")
 _PLACEHOLDER = re.compile(r"\{(\w*)\}")
@@ -75,7 +75,7 @@ def _check_torch(value: str) -> str:
 
 def _check_python(value: str) -> str:
     if not _PYTHON.fullmatch(value):
-        raise ValueError(f"'{value}' is not a Python version; write 3.X, e.g. \"3.12\"")
+        raise ValueError(f"'{value}' is not a Python version; write 3.X or 3.Xt, e.g. \"3.12\"")
     return value
 
 

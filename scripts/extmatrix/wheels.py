@@ -229,12 +229,13 @@ def list_archs(cuobjdump: Path, library: Path) -> tuple[set[str], set[str]]:
 
 
 def _parse(listing: str, kind: str) -> set[str]:
+    """Archs as the matrix writes them: sm_90 -> 9.0, sm_90a -> 9.0a, sm_120f -> 12.0f."""
     # ELF file    1: segment_ops._C.1.sm_90.cubin / PTX file    1: segment_ops._C.1.sm_120.ptx
     label = "ELF" if kind == "elf" else "PTX"
-    found = re.findall(rf"^{label} file\s+\d+:.*\.sm_(\d+)[a-z]?\.", listing, re.MULTILINE)
-    return {f"{int(n) // 10}.{int(n) % 10}" for n in found}
+    found = re.findall(rf"^{label} file\s+\d+:.*\.sm_(\d+)([af]?)\.", listing, re.MULTILINE)
+    return {f"{int(n) // 10}.{int(n) % 10}{suffix}" for n, suffix in found}
 
 
-def _arch_key(arch: str) -> tuple[int, int]:
-    major, minor = arch.split(".")
-    return int(major), int(minor)
+def _arch_key(arch: str) -> tuple[int, int, str]:
+    major, minor = arch.rstrip("af").split(".")
+    return int(major), int(minor), arch[-1] if arch[-1] in "af" else ""

@@ -1,0 +1,86 @@
+"""Facts that used to be wrong, each pinned: published flavors, arch variants per CUDA
+version (and read back from binaries), free-threaded Pythons."""
+
+from __future__ import annotations
+
+import textwrap
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from extmatrix import wheels
+from extmatrix.cells import plan_file
+from extmatrix.cli import main
+
+
+def matrix(tmp_path: Path, torch: str, flavor: str, settings: str, python: str = '"3.12"',
+           abi3: str = "true") -> Path:
+    (tmp_path / "ext" / "tests").mkdir(parents=True, exist_ok=True)
+    (tmp_path / "ext" / "pyproject.toml").write_text("[project]\nname = 'demo'\n")
+    path = tmp_path / "matrix.yaml"
+    path.write_text(textwrap.dedent(f"""\
+        extension: {{name: demo, import: demo, abi3: {abi3}}}
+        axes:
+          torch: ["{torch}"]
+          flavor: [{flavor}]
+          python: [{python}]
+        flavors:
+          {flavor}: {settings}
+        """))
+    return path
+
+
+def test_torch_2_10_has_a_cu129_cell(tmp_path):
+    plan = plan_file(matrix(tmp_path, "2.10", "cu129", "{archs: ['9.0']}"))
+    assert [c.id for c in plan.cells] == ["torch2.10-cu129"]
+
+
+@pytest.mark.parametrize("torch, flavor, arch, message", [
+    ("2.6", "cu118", "9.0a",
+     "CUDA 11.8 cannot target arch '9.0a'; its 'a' targets are none"),
+    ("2.8", "cu128", "12.0f",
+     "CUDA 12.8 cannot target arch '12.0f'; its 'f' targets are none"),
+    ("2.14", "cu130", "8.6a",
+     "CUDA 13.0 cannot target arch '8.6a'; its 'a' targets are 9.0a, 10.0a, 10.3a, 11.0a, "
+     "12.0a, 12.1a"),
+])
+def test_arch_variants_nvcc_refuses_are_refused_in_one_line(tmp_path, capsys, torch, flavor,
+                                                            arch, message):
+    path = matrix(tmp_path, torch, flavor, f"{{archs: ['{arch}']}}")
+    assert main(["plan", "--matrix", str(path)]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line == f"{path}:7:19: {message}"  # at the arch itself
+
+
+def test_arch_variants_the_toolkit_has_plan(tmp_path):
+    plan = plan_file(matrix(tmp_path, "2.14", "cu130", "{archs: ['9.0a', '10.0f', '12.0']}"))
+    assert plan.cells[0].arch_list == "9.0a;10.0f;12.0"
+
+
+def test_a_9_0a_cell_passes_when_the_binary_holds_sm_90a(tmp_path):
+    cell = plan_file(matrix(tmp_path, "2.14", "cu130", "{archs: ['9.0a'], ptx: ['9.0a']}")
+                     ).cells[0]
+    wheel = tmp_path / "demo-1.0+pt214cu130-cp310-abi3-linux_x86_64.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        zf.writestr("demo-1.0+pt214cu130.dist-info/METADATA",
+                    "Metadata-Version: 2.1\nName: demo\nVersion: 1.0+pt214cu130\n"
+                    "Requires-Dist: torch==2.14.*\n")
+        zf.writestr("demo/_C.abi3.so", b"\x7fELF")
+    cuobjdump = tmp_path / "cuobjdump"  # lists what a real one prints for such a binary
+    cuobjdump.write_text("#!/bin/sh\necho 'ELF file    1: _C.abi3.1.sm_90a.cubin'\n"
+                         "echo 'PTX file    1: _C.abi3.1.sm_90a.ptx'\n")
+    cuobjdump.chmod(0o755)
+    facts = wheels.inspect(wheel, cell, cuobjdump)
+    assert (facts.sass, facts.ptx, facts.problems) == (["9.0a"], ["9.0a"], [])
+
+
+def test_free_threaded_pythons_are_cells_of_their_own(tmp_path):
+    plan = plan_file(matrix(tmp_path, "2.11", "cpu", "{}", python='"3.12", "3.13", "3.13t"'))
+    assert [(c.id, c.abi3, c.test_pythons) for c in plan.cells] == [
+        ("torch2.11-cpu", True, ("3.12", "3.13")),
+        ("py3.13t-torch2.11-cpu", False, ("3.13t",)),
+    ]
+    dropped = plan_file(matrix(tmp_path, "2.14", "cpu", "{}", python='"3.12", "3.13t"'))
+    assert [c.id for c in dropped.cells] == ["torch2.14-cpu"]  # 2.14 ships cp314t only
+    assert any("3.13t" in d.combo for d in dropped.dropped)
