@@ -84,3 +84,46 @@ def test_free_threaded_pythons_are_cells_of_their_own(tmp_path):
     dropped = plan_file(matrix(tmp_path, "2.14", "cpu", "{}", python='"3.12", "3.13t"'))
     assert [c.id for c in dropped.cells] == ["torch2.14-cpu"]  # 2.14 ships cp314t only
     assert any("3.13t" in d.combo for d in dropped.dropped)
+
+
+def test_outdated_proposes_the_new_torch_with_its_flavors_and_pythons(tmp_path, capsys):
+    import datetime
+
+    from extmatrix import outdated
+
+    (tmp_path / "ext" / "tests").mkdir(parents=True)
+    (tmp_path / "ext" / "pyproject.toml").write_text("[project]\nname = 'demo'\n")
+    path = tmp_path / "matrix.yaml"
+    path.write_text(textwrap.dedent("""\
+        extension: {name: demo, import: demo}
+        axes:
+          torch: ["2.13", "2.14"]   # the two newest we support
+          flavor: [cpu, cu126, cu130]
+          python: ["3.10", "3.12"]
+        flavors:
+          cpu: {}
+          cu126: {archs: ["8.0"]}
+          cu130: {archs: ["8.0"]}
+        exclude:
+          - {torch: "2.1[3-4]", flavor: cu126}
+        """))
+    plan = plan_file(path)
+    found = [str(c) for c in outdated.changes(plan, datetime.date(2026, 11, 22))]
+    assert found == [
+        "add torch 2.15: torch 2.15.0 was released 2026-10-28, with cpu, cu130, cu132, "
+        "rocm7.2, rocm7.14 and Python 3.11–3.15",
+        "add flavor cu132: torch 2.15 publishes it",
+        "add flavor rocm7.2: torch 2.15 publishes it",
+        "add flavor rocm7.14: torch 2.15 publishes it",
+        "add python 3.11: a torch of the matrix supports it",
+        "add python 3.13: a torch of the matrix supports it",
+        "add python 3.14: a torch of the matrix supports it",
+        "add python 3.15: a torch of the matrix supports it",
+        "drop python 3.10: past its end of life (2026-10-31)",
+    ]
+    diff = outdated.patch(plan, outdated.changes(plan, datetime.date(2026, 11, 22)))
+    assert '+  torch: ["2.13", "2.14", "2.15"]   # the two newest we support' in diff
+    assert "+  flavor: [cpu, cu126, cu130, cu132, rocm7.2, rocm7.14]" in diff
+    assert '+  python: ["3.11", "3.12", "3.13", "3.14", "3.15"]' in diff
+    assert main(["plan", "--matrix", str(path), "--outdated", "--check"]) == 1
+    assert "# add torch 2.15" in capsys.readouterr().out

@@ -125,6 +125,8 @@ def _plan(args: argparse.Namespace) -> int:
     from . import workflow
 
     plan, cells = selected(args)
+    if args.outdated:
+        return _outdated(plan, args.check)
     if args.json:
         sys.stdout.write(report.matrix_json(workflow.matrix(cells, args.job)))
     else:
@@ -159,6 +161,23 @@ def _init(args: argparse.Namespace) -> int:
     return 0
 
 
+def _outdated(plan: Plan, check: bool) -> int:
+    import datetime
+
+    from . import outdated
+
+    found = outdated.changes(plan, datetime.date.today())
+    if not found:
+        print(f"{plan.source.file}: up to date with the compatibility facts", file=sys.stderr)
+        return 0
+    for change in found:
+        print(f"# {change}")
+    if any(c.action == "add" and c.axis == "flavor" for c in found):
+        print("# a new GPU flavor also needs its archs under 'flavors:' (they are never guessed)")
+    sys.stdout.write(outdated.patch(plan, found))
+    return 1 if check else 0
+
+
 def _schema(args: argparse.Namespace) -> int:
     text = schema.render()
     target = Path(args.output)
@@ -186,6 +205,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--for", dest="job", choices=("cells", "gpu", "cross"), default="cells",
                    help="with --json: the matrix of that workflow job (gpu: cells with a "
                    "gpu_runner; cross: a pair of cells of different torch releases)")
+    p.add_argument("--outdated", action="store_true",
+                   help="what the matrix should add (new torch, flavors, Pythons) or drop, as a "
+                   "patch to the matrix file")
+    p.add_argument("--check", action="store_true", help="with --outdated: exit 1 if outdated")
     p.add_argument("--explain", action="store_true",
                    help="also list every dropped combination with its reason")
     _COMMANDS["plan"] = _plan
