@@ -127,3 +127,14 @@ def test_outdated_proposes_the_new_torch_with_its_flavors_and_pythons(tmp_path, 
     assert '+  python: ["3.11", "3.12", "3.13", "3.14", "3.15"]' in diff
     assert main(["plan", "--matrix", str(path), "--outdated", "--check"]) == 1
     assert "# add torch 2.15" in capsys.readouterr().out
+
+
+def test_facts_that_hold_for_one_patch_or_one_rocm_index_only(tmp_path, capsys):
+    exact = matrix(tmp_path, "2.12.0", "cu129", "{archs: ['9.0']}")
+    assert main(["plan", "--matrix", str(exact)]) == 2
+    assert "torch 2.12.0 has no CUDA 12.9 build (only 2.12.1)" in capsys.readouterr().err
+    newest = plan_file(matrix(tmp_path, "2.12", "cu129", "{archs: ['9.0']}"))
+    assert [c.torch for c in newest.cells] == ["2.12.1"]  # X.Y pins the patch that has it
+    rocm = matrix(tmp_path, "2.5", "rocm6.2.4", "{archs: [gfx90a]}")
+    assert main(["plan", "--matrix", str(rocm)]) == 2
+    assert "torch 2.5 has no ROCm 6.2.4 build (it ships ROCm 6.1, 6.2)" in capsys.readouterr().err

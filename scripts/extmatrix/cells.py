@@ -210,8 +210,10 @@ def expand(matrix: Matrix, src: Source, compat: Compat) -> Plan:
                     reason = _excluded(matrix.exclude, values, group, src, exclude_hits)
                     if reason:  # the user chose this: not a value that cannot yield cells
                         yielded.update({("torch", ti), ("flavor", fi)})
+                    # Published indexes are named by the flavor (rocm6.2.4, cu129); a
+                    # toolkit patch the flavor pins (7.2.1) is still its flavor's.
                     reason = reason or compat.why_not(torch, flavor.family,
-                                                      flavor.settings.toolkit, plat)
+                                                      flavor_toolkit(fname), plat)
                     usable = [p for p in group if compat.supports_python(torch, p)]
                     if reason is None and not usable:
                         rng = compat.python_range(torch)
@@ -366,7 +368,7 @@ def _included(matrix: Matrix, src: Source, compat: Compat, flavors: dict[str, _F
         if plat not in matrix.platforms:
             raise src.error(at + ("platform",), f"platform '{plat}' has no runner",
                             f"add 'platforms: {{{plat}: {{runner: ...}}}}'")
-        reason = compat.why_not(torch, flavor.family, flavor.settings.toolkit, plat)
+        reason = compat.why_not(torch, flavor.family, flavor_toolkit(flavor.name), plat)
         if reason:
             raise src.error(at, f"included combination does not exist: {reason}")
         usable = [p for p in pythons if compat.supports_python(torch, p)]

@@ -30,6 +30,8 @@ class TorchFacts(_Model):
     cxx: int = Field(description="C++ standard extensions must be compiled with.")
     cuda: list[str] = Field(default_factory=list)
     pypi_cuda: str | None = None
+    # Toolkits that only some patch releases of the series ship: {"12.9": ["2.12.1"]}.
+    only_in: dict[str, list[str]] = Field(default_factory=dict)
     rocm: list[str] = Field(default_factory=list)
     source: str
 
@@ -119,12 +121,16 @@ class Compat:
         if family == "cpu":
             return None
         published = facts.cuda if family == "cuda" else facts.rocm
-        if toolkit is not None and not _published(toolkit, published):
-            label = "CUDA" if family == "cuda" else "ROCm"
+        label = "CUDA" if family == "cuda" else "ROCm"
+        if toolkit is not None and not _published(toolkit, published, family):
+            shown = series(toolkit) if family == "cuda" else toolkit
             return (
-                f"torch {series(torch)} has no {label} {series(toolkit)} build "
+                f"torch {series(torch)} has no {label} {shown} build "
                 f"(it ships {label} {span(published)})"
             )
+        patches = facts.only_in.get(toolkit or "") or facts.only_in.get(series(toolkit or ""))
+        if patches and torch not in patches:
+            return f"torch {torch} has no {label} {toolkit} build (only {', '.join(patches)})"
         return None
 
     def python_range(self, torch: str) -> PythonRange | None:
@@ -141,6 +147,9 @@ class Compat:
         return version_key(rng.min) <= version_key(python) <= version_key(rng.max)
 
 
-def _published(toolkit: str, published: list[str]) -> bool:
-    """rocm6.2.4 is published as "6.2.4"; a flavor may name 12.8 or 12.8.1 for "12.8"."""
+def _published(toolkit: str, published: list[str], family: str) -> bool:
+    """A CUDA flavor may name 12.8 or 12.8.1 for the published "12.8"; a ROCm flavor names
+    its index exactly: rocm6.2.4 is another index than rocm6.2."""
+    if family == "rocm":
+        return toolkit in published
     return toolkit in published or series(toolkit) in published
