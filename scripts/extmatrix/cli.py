@@ -161,6 +161,39 @@ def _init(args: argparse.Namespace) -> int:
     return 0
 
 
+def _facts(args: argparse.Namespace) -> int:
+    from . import compat, facts
+
+    path = Path(args.compat) if args.compat else compat.BUILTIN
+    new_text, diff, notes = facts.refresh(path)
+    for note in notes:
+        print(f"# {note}", file=sys.stderr)
+    if not diff:
+        print(f"{path}: agrees with the indexes that answered", file=sys.stderr)
+        return 0
+    sys.stdout.write(diff)
+    if args.write:
+        checked = _checked(path, new_text)
+        try:
+            compat.Compat.load(checked)
+        finally:
+            checked.unlink()
+        path.write_text(new_text)
+        print(f"wrote {path}", file=sys.stderr)
+    else:
+        print("# review the diff, then run again with --write", file=sys.stderr)
+    return 0
+
+
+def _checked(path: Path, text: str) -> Path:
+    """The refreshed facts must load before they replace the old ones."""
+    import tempfile
+
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as fh:
+        fh.write(text)
+    return Path(fh.name)
+
+
 def _outdated(plan: Plan, check: bool) -> int:
     import datetime
 
@@ -257,6 +290,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", help="index folder (default: DIST/index)")
     p.add_argument("--base-url", help="where the index will be served; default: relative links")
     _COMMANDS["index"] = _index
+
+    p = sub.add_parser("facts", help="the compatibility facts: 'refresh' reads PyPI and "
+                       "PyTorch's indexes and prints how the facts file should change")
+    p.add_argument("action", choices=("refresh",))
+    p.add_argument("--compat", help="facts file (default: the built-in one)")
+    p.add_argument("--write", action="store_true", help="write the refreshed file")
+    _COMMANDS["facts"] = _facts
 
     p = sub.add_parser("init", help="write a first matrix.yaml (and a GitHub Actions workflow) "
                        "for an existing extension")

@@ -32,6 +32,9 @@ class TorchFacts(_Model):
     pypi_cuda: str | None = None
     # Toolkits that only some patch releases of the series ship: {"12.9": ["2.12.1"]}.
     only_in: dict[str, list[str]] = Field(default_factory=dict)
+    # The flavor of the plain `pip install torch` wheel per platform: {x86_64: cu130,
+    # aarch64: cpu}. Read from PyPI by `extmatrix facts refresh`.
+    platforms: dict[Platform, str] = Field(default_factory=dict)
     rocm: list[str] = Field(default_factory=list)
     source: str
 
