@@ -138,3 +138,17 @@ def test_facts_that_hold_for_one_patch_or_one_rocm_index_only(tmp_path, capsys):
     rocm = matrix(tmp_path, "2.5", "rocm6.2.4", "{archs: [gfx90a]}")
     assert main(["plan", "--matrix", str(rocm)]) == 2
     assert "torch 2.5 has no ROCm 6.2.4 build (it ships ROCm 6.1, 6.2)" in capsys.readouterr().err
+
+
+def test_aarch64_cuda_flavors_are_those_published_for_aarch64(tmp_path, capsys):
+    def arm(torch: str, flavor: str) -> Path:
+        path = matrix(tmp_path, torch, flavor, "{archs: ['9.0']}")
+        path.write_text(path.read_text().replace("python:", "platform: [aarch64]\n  python:")
+                        + "platforms: {aarch64: {runner: ubuntu-24.04-arm}}\n")
+        return path
+
+    assert [c.id for c in plan_file(arm("2.7", "cu128")).cells] == ["torch2.7-cu128-aarch64"]
+    assert [c.id for c in plan_file(arm("2.8", "cu129")).cells] == ["torch2.8-cu129-aarch64"]
+    assert main(["plan", "--matrix", str(arm("2.7", "cu126"))]) == 2
+    assert ("torch 2.7 has no CUDA 12.6 build for aarch64 (it ships CUDA 12.8 there)"
+            in capsys.readouterr().err)

@@ -35,6 +35,8 @@ class TorchFacts(_Model):
     # The flavor of the plain `pip install torch` wheel per platform: {x86_64: cu130,
     # aarch64: cpu}. Read from PyPI by `extmatrix facts refresh`.
     platforms: dict[Platform, str] = Field(default_factory=dict)
+    # CUDA toolkits with aarch64 (sbsa) wheels, where known; unknown: as on x86_64.
+    aarch64_cuda: list[str] | None = None
     rocm: list[str] = Field(default_factory=list)
     source: str
 
@@ -125,6 +127,10 @@ class Compat:
             return None
         published = facts.cuda if family == "cuda" else facts.rocm
         label = "CUDA" if family == "cuda" else "ROCm"
+        if family == "cuda" and platform == "aarch64" and facts.aarch64_cuda is not None:
+            if toolkit is not None and not _published(toolkit, facts.aarch64_cuda, family):
+                return (f"torch {series(torch)} has no CUDA {series(toolkit)} build for aarch64 "
+                        f"(it ships CUDA {span(facts.aarch64_cuda)} there)")
         if toolkit is not None and not _published(toolkit, published, family):
             shown = series(toolkit) if family == "cuda" else toolkit
             return (
