@@ -127,10 +127,10 @@ class Compat:
             return None
         published = facts.cuda if family == "cuda" else facts.rocm
         label = "CUDA" if family == "cuda" else "ROCm"
-        if family == "cuda" and platform == "aarch64" and facts.aarch64_cuda is not None:
-            if toolkit is not None and not _published(toolkit, facts.aarch64_cuda, family):
-                return (f"torch {series(torch)} has no CUDA {series(toolkit)} build for aarch64 "
-                        f"(it ships CUDA {span(facts.aarch64_cuda)} there)")
+        arm = facts.aarch64_cuda if family == "cuda" and platform == "aarch64" else None
+        if arm is not None and toolkit is not None and not _published(toolkit, arm, family):
+            return (f"torch {series(torch)} has no CUDA {series(toolkit)} build for aarch64 "
+                    f"(it ships CUDA {span(arm)} there)")
         if toolkit is not None and not _published(toolkit, published, family):
             shown = series(toolkit) if family == "cuda" else toolkit
             return (
