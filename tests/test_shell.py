@@ -72,3 +72,43 @@ def test_the_cells_python_wins_over_the_users_startup_files(tmp_path, shell):
     finally:
         child.close()
     assert child.exitstatus == 0
+
+
+@pytest.mark.container
+def test_the_container_shell_has_the_cells_torch_and_wheel(tmp_path):
+    from extmatrix import engines, toolchain
+    from extmatrix.errors import NotBuildable
+
+    required = os.environ.get("EXTMATRIX_CONTAINER_ENGINES", "").split()
+    try:
+        engine = engines.detect(required[0] if required else None, ROOT, toolchain.cache_root())
+    except NotBuildable as exc:
+        if required:
+            pytest.fail(f"container tests are required here: {exc}")
+        pytest.skip(str(exc))
+    env = {**os.environ, "TERM": "dumb", "EXTMATRIX_ENGINE": engine.name}
+    env.pop("CI", None)
+    cell = "torch2.13-cpu"
+    matrix = str(ROOT / "matrix.yaml")
+    # The cell's image, as CI makes it first (cached when an earlier test built it).
+    images = pexpect.run(f"{sys.executable} -m extmatrix.cli images --matrix {matrix} "
+                         f"--cell {cell} --engine {engine.name}", env=env, timeout=1200,
+                         withexitstatus=True, encoding="utf-8")
+    assert images[1] == 0, images[0][-2000:]
+    child = pexpect.spawn(sys.executable, ["-m", "extmatrix.cli", "repro", cell, "--matrix",
+                                           matrix, "--backend", "container", "--dist",
+                                           str(tmp_path / "dist"), "--shell"],
+                          env=env, cwd=str(tmp_path), encoding="utf-8", timeout=1200,
+                          dimensions=(40, 500))
+    try:
+        child.expect(r"installing torch==2\.13\.0\+cpu and segment_ops-0\.1\.0\+pt213cpu-\S+ "
+                     r"into Python")
+        child.expect(rf"\({cell}\) ", timeout=600)
+        child.sendline("python -c 'import torch, segment_ops; print(\"CELL\", torch.__version__)'")
+        child.expect(r"CELL (\S+)", timeout=120)
+        assert child.match.group(1) == "2.13.0+cpu"
+        child.sendline("exit")
+        child.expect(pexpect.EOF, timeout=60)
+    finally:
+        child.close()
+    assert child.exitstatus == 0

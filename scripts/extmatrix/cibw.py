@@ -84,13 +84,16 @@ def inside(location: str) -> str:
 
 
 def host_paths(host: Host) -> list[str]:
-    """The host files the container's environment refers to under /host."""
+    """The host folders the container's environment refers to under /host. A local simple
+    index links to files beside it (…/simple/x/ -> ../../files/x.whl): its parent goes."""
     src = host.sources
     paths = []
     for location in [src.index_url, *src.extra_index_urls, *src.find_links, host.ca_bundle]:
         if not location or ("://" in location and not location.startswith("file://")):
             continue
-        paths.append(location[len("file://"):] if location.startswith("file://") else location)
+        path = Path(location[len("file://"):] if location.startswith("file://") else location)
+        is_index = location in (src.index_url, *src.extra_index_urls)
+        paths.append(str(path.parent if is_index else path))
     return list(dict.fromkeys(paths))
 
 

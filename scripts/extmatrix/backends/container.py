@@ -138,13 +138,22 @@ def shell(cell: Cell, ctx: Context) -> int:
     config = cibw.environment(cell, ctx.matrix.extension, host, python,
                               build_requirements(ctx.ext_dir))
     # The image's PATH (gcc-toolset, CUDA, ccache) stays; the build Python goes first.
-    # PS1 is set here: a non-interactive bash drops the one it inherits.
+    # PS1 is set here: a non-interactive bash drops the one it inherits. The cell's torch
+    # and its built wheel are installed first, as for the in-image tests, so that both
+    # import in the shell; the image has no startup files of the user's to undo that.
+    wheels = sorted((ctx.dist / cell.id).glob("*.whl"))
+    mounts = [f"--volume={wheels[0]}:/dist/{wheels[0].name}:ro"] if wheels else []
+    install = shlex.join(["python", "-m", "pip", "install", "-q", "--disable-pip-version-check",
+                          cell.torch_spec, *(f"/dist/{w.name}" for w in wheels[:1])])
+    what = f"{cell.torch_spec}{' and ' + wheels[0].name if wheels else ''}"
     prompt = shlex.quote(f"({cell.id}) \\w # ")
     enter = (f'export PATH=/opt/python/{cibw.abi(python)}/bin:"$PATH" PS1={prompt}; '
+             f"echo {shlex.quote(f'# installing {what} into Python {python} of the image')} >&2; "
+             f"{install} || echo '# that install failed: see above' >&2; "
              "exec bash --norc -i")
     tty = ["-it"] if sys.stdin.isatty() else ["-i"]
     cmd = engine.cmd("run", "--rm", *tty, f"--volume={ctx.ext_dir}:{PROJECT}",
-                     f"--workdir={PROJECT}", *shell_mounts(host),
+                     f"--workdir={PROJECT}", *shell_mounts(host), *mounts,
                      *(f"--env={k}={v}" for k, v in inner.items()), cell.image,
                      "bash", "-c", enter)
     repair = config["CIBW_REPAIR_WHEEL_COMMAND"].format(dest_dir="/tmp/repaired",
