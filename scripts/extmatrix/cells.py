@@ -12,7 +12,7 @@ import fnmatch
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .compat import Compat, series, span, version_key
+from .compat import Compat, same_series, series, span, version_key
 from .config import Family, FlavorSettings, Matrix, Rule, flavor_family, flavor_toolkit, load_matrix
 from .errors import UserError
 from .source import Source, printable
@@ -283,8 +283,7 @@ def _resolve_flavor(name: str, matrix: Matrix, src: Source, compat: Compat) -> _
     label = "CUDA" if family == "cuda" else "ROCm"
     toolkit = merged.toolkit or implied
     # By release numbers, not text: flavor rocm7.1 must not take toolkit 7.14.
-    wanted = version_key(implied)
-    if version_key(toolkit)[: len(wanted)] != wanted:
+    if not same_series(toolkit, implied):
         raise src.error(where_set("toolkit"), f"toolkit {toolkit} does not match flavor {name}",
                         f"use a {label} {implied}.x version")
     if compat.toolkit(family, toolkit) is None:

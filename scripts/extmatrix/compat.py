@@ -156,6 +156,13 @@ class Compat:
         return version_key(rng.min) <= version_key(python) <= version_key(rng.max)
 
 
+def same_series(found: str, wanted: str | None) -> bool:
+    """Does toolkit `found` (13.0.88, 7.1.25424) belong to `wanted` (13.0, 7.1)? By release
+    numbers, never by text: ROCm 7.14 is not 7.1."""
+    want = version_key(wanted or "")
+    return bool(want) and version_key(found)[: len(want)] == want
+
+
 def _published(toolkit: str, published: list[str], family: str) -> bool:
     """A CUDA flavor may name 12.8 or 12.8.1 for the published "12.8"; a ROCm flavor names
     its index exactly: rocm6.2.4 is another index than rocm6.2."""

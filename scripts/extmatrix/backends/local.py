@@ -22,6 +22,7 @@ from packaging.utils import canonicalize_name
 
 from .. import envs, project, toolchain, wheels, workspace
 from ..cells import Cell
+from ..compat import same_series
 from ..errors import Interrupted, NotBuildable, StepFailed, UserError, describe_os_error
 from ..project import build_requirements
 from ..report import CellReport
@@ -154,7 +155,7 @@ def check_torch_build(cell: Cell, venv: Path, sources: envs.Sources) -> None:
         probe.write_text(out.stdout.strip().splitlines()[-1])
     built = json.loads(probe.read_text())
     found = (built["cuda"] if cell.family == "cuda" else built["hip"]) or ""
-    if cell.family != "cpu" and not toolchain.same_series(found, cell.toolkit):
+    if cell.family != "cpu" and not same_series(found, cell.toolkit):
         where = "; ".join(sources.notes) or "the host's pip sources"
         label = "CUDA" if cell.family == "cuda" else "ROCm"
         what = f"a {label} {found} build" if found else f"a build without {label}"
