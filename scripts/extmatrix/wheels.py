@@ -16,7 +16,7 @@ import tempfile
 import zipfile
 from dataclasses import dataclass, field
 from email import message_from_bytes
-from email.parser import Parser
+from email.message import Message
 from pathlib import Path
 
 from packaging.requirements import InvalidRequirement, Requirement
@@ -39,19 +39,24 @@ class WheelFacts:
     problems: list[str] = field(default_factory=list)
 
 
-def metadata(wheel: Path) -> tuple[str, list[str]]:
+def read_metadata(wheel: Path) -> tuple[str, Message]:
+    """The wheel's .dist-info/METADATA: its member name and its headers."""
     with zipfile.ZipFile(wheel) as zf:
-        name = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
-        msg = Parser().parsestr(zf.read(name).decode())
+        member = next((n for n in zf.namelist() if n.count("/") == 1
+                       and n.endswith(".dist-info/METADATA")), None)
+        if member is None:
+            raise StepFailed("stamp", f"{wheel.name} has no .dist-info/METADATA")
+        return member, message_from_bytes(zf.read(member), policy=email.policy.compat32)
+
+
+def metadata(wheel: Path) -> tuple[str, list[str]]:
+    msg = read_metadata(wheel)[1]
     return msg["Version"], msg.get_all("Requires-Dist") or []
 
 
 def extras(wheel: Path) -> list[str]:
     """The extras a wheel declares (Provides-Extra)."""
-    with zipfile.ZipFile(wheel) as zf:
-        name = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
-        msg = Parser().parsestr(zf.read(name).decode())
-    return msg.get_all("Provides-Extra") or []
+    return read_metadata(wheel)[1].get_all("Provides-Extra") or []
 
 
 def _requirements(requires: list[str]) -> list[Requirement | None]:
@@ -95,12 +100,7 @@ def stamp(wheel: Path, cell: Cell) -> tuple[Path, list[str]]:
     except (InvalidWheelFilename, InvalidVersion) as exc:
         raise StepFailed("stamp", f"the build made {wheel.name}, not a valid wheel name "
                                   f"({exc})") from None
-    with zipfile.ZipFile(wheel) as zf:
-        meta_name = next((n for n in zf.namelist() if n.count("/") == 1
-                          and n.endswith(".dist-info/METADATA")), None)
-        if meta_name is None:
-            raise StepFailed("stamp", f"{wheel.name} has no .dist-info/METADATA")
-        msg = message_from_bytes(zf.read(meta_name), policy=email.policy.compat32)
+    meta_name, msg = read_metadata(wheel)
     changes: list[str] = []
     new_version = _stamped_version(Version(msg["Version"] or str(version)), cell, changes)
     requires = msg.get_all("Requires-Dist") or []
