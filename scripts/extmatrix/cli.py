@@ -163,6 +163,8 @@ def _init(args: argparse.Namespace) -> int:
 
 def _facts(args: argparse.Namespace) -> int:
     from . import compat, facts
+    from . import source as yaml_source
+    from .config import validate
 
     path = Path(args.compat) if args.compat else compat.BUILTIN
     new_text, diff, notes = facts.refresh(path)
@@ -173,25 +175,13 @@ def _facts(args: argparse.Namespace) -> int:
         return 0
     sys.stdout.write(diff)
     if args.write:
-        checked = _checked(path, new_text)
-        try:
-            compat.Compat.load(checked)
-        finally:
-            checked.unlink()
+        # The refreshed facts must load before they replace the old ones.
+        validate(yaml_source.parse(new_text, str(path)), compat.CompatFile)
         path.write_text(new_text)
         print(f"wrote {path}", file=sys.stderr)
     else:
         print("# review the diff, then run again with --write", file=sys.stderr)
     return 0
-
-
-def _checked(path: Path, text: str) -> Path:
-    """The refreshed facts must load before they replace the old ones."""
-    import tempfile
-
-    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as fh:
-        fh.write(text)
-    return Path(fh.name)
 
 
 def _outdated(plan: Plan, check: bool) -> int:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import html
-import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +19,7 @@ from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from .cells import Cell
 from .errors import UserError
-from .workspace import LAST_GOOD
+from .workspace import last_good
 
 
 @dataclass(frozen=True)
@@ -39,13 +38,10 @@ def page_name(cell: Cell) -> str:
 def collect(dist: Path, cells: list[Cell]) -> list[Entry]:
     entries = []
     for cell in cells:
-        try:
-            good = json.loads((dist / cell.id / LAST_GOOD).read_text())
-        except (OSError, ValueError):
+        good = last_good(dist / cell.id)
+        if good is None:
             continue
-        wheel = dist / cell.id / str(good.get("wheel") or "")
-        if good.get("build") != "built" or not wheel.is_file():
-            continue
+        wheel = dist / cell.id / str(good["wheel"])
         name = parse_wheel_filename(wheel.name)[0]
         digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
         entries.append(Entry(page_name(cell), wheel, canonicalize_name(name), digest))
