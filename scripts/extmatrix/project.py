@@ -63,10 +63,8 @@ def dynamic_build_requirements(ext_dir: Path, python: Path, env: dict[str, str])
         return []
     caller = BuildBackendHookCaller(str(ext_dir), system["build-backend"],
                                     backend_path=system["backend-path"],
-                                    runner=quiet_subprocess_runner,
-                                    python_executable=str(python))
-    with caller.subprocess_runner(_runner_with(env)):
-        asked = caller.get_requires_for_build_wheel()
+                                    runner=_runner_with(env), python_executable=str(python))
+    asked = caller.get_requires_for_build_wheel()
     return [r for r in asked if canonicalize_name(Requirement(r).name) not in CELL_PINNED]
 
 
