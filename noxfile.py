@@ -78,6 +78,13 @@ def index(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHON)
+def facts(session: nox.Session) -> None:
+    """Compare the compatibility facts with PyPI: `nox -s facts -- refresh [--write]`."""
+    engine(session)
+    extmatrix(session, "facts")
+
+
+@nox.session(python=PYTHON)
 def schema(session: nox.Session) -> None:
     """Regenerate matrix.schema.json for editors."""
     engine(session)

@@ -171,12 +171,19 @@ def test_init_writes_a_matrix_that_plans_and_builds(tmp_path, work, monkeypatch,
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("EXTMATRIX_WORK", str(work / "init"))
     monkeypatch.delenv("CI", raising=False)
-    assert main(["init", "classic-cuda", "--torch", "2.13", "--python", "3.11"]) == 0
+    # Installed from this checkout, the engine cannot tell CI where to get it.
+    assert main(["init", "classic-cuda", "--torch", "2.13", "--python", "3.11"]) == 2
+    assert "pass --engine-spec" in capsys.readouterr().err
+    assert not (tmp_path / "matrix.yaml").exists()
+    spec = "extmatrix @ git+https://example.org/extmatrix@v1"
+    assert main(["init", "classic-cuda", "--torch", "2.13", "--python", "3.11",
+                 "--engine-spec", spec]) == 0
     text = (tmp_path / "matrix.yaml").read_text()
     assert "name: classic-ops" in text and "import: classic_ops" in text and "tests: test" in text
     workflow = (tmp_path / ".github" / "workflows" / "extmatrix.yml").read_text()
     assert "extmatrix build --matrix matrix.yaml --strict" in workflow
-    assert main(["init", "classic-cuda"]) == 2  # never over an existing file
+    assert f'pip install "{spec}"' in workflow
+    assert main(["init", "classic-cuda", "--engine-spec", spec]) == 2  # never over a file
     assert "matrix.yaml: already exists; pass --force" in capsys.readouterr().err
     assert main(["plan", "--json"]) == 0
     cells = [c["cell"] for c in json.loads(capsys.readouterr().out)["include"]]

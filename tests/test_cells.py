@@ -220,3 +220,27 @@ def test_a_rocm_patch_release_is_a_release_of_its_flavor(tmp_path):
     text = SMALL.replace("ABI3", "true").replace("rocm7.2: {", 'rocm7.2: {toolkit: "7.2.1", ')
     (rocm,) = [c for c in plan_file(write(tmp_path, text)).cells if c.id == "torch2.14-rocm7.2"]
     assert rocm.toolkit == "7.2.1"
+
+
+def test_init_names_the_git_commit_this_engine_came_from(monkeypatch):
+    import json as json_module
+
+    from extmatrix import init
+
+    class Installed:
+        def __init__(self, record):
+            self.record = record
+
+        def read_text(self, name):
+            assert name == "direct_url.json"
+            return json_module.dumps(self.record) if self.record else None
+
+    def installed(record):
+        monkeypatch.setattr(init.metadata, "distribution", lambda name: Installed(record))
+        return init.installed_engine_spec()
+
+    assert installed({"url": "https://github.com/o/extmatrix.git",
+                      "vcs_info": {"vcs": "git", "commit_id": "abc123"}}) == \
+        "extmatrix @ git+https://github.com/o/extmatrix.git@abc123"
+    assert installed({"url": "file:///home/me/extmatrix", "dir_info": {"editable": True}}) is None
+    assert installed(None) is None

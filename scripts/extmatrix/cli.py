@@ -295,9 +295,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--torch", help="torch release (X.Y) to start with; default: the newest")
     p.add_argument("--python", action="append", metavar="3.X",
                    help="a Python to build for; repeat; default: the torch's oldest and newest")
-    p.add_argument("--engine-spec", default="extmatrix",
+    p.add_argument("--engine-spec",
                    help="what the workflow pip-installs to get the engine, e.g. "
-                   "'extmatrix @ git+https://github.com/OWNER/extmatrix@TAG'")
+                   "'extmatrix @ git+https://github.com/OWNER/extmatrix@TAG'; default: the "
+                   "git URL and commit this engine was installed from")
     p.add_argument("--no-workflow", action="store_true", help="write only the matrix")
     p.add_argument("--force", action="store_true", help="replace files that exist")
     _COMMANDS["init"] = _init

@@ -10,10 +10,12 @@ container — and its oldest and newest Python.
 from __future__ import annotations
 
 import configparser
+import json
 import os
 import re
 import tomllib
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 
 from packaging.utils import canonicalize_name
@@ -201,9 +203,29 @@ jobs:
 """
 
 
+def installed_engine_spec() -> str | None:
+    """How CI can install this very engine: the git URL and commit it was installed from
+    (PEP 610's direct_url.json). None when installed from a folder or an archive here."""
+    try:
+        record = json.loads(metadata.distribution("extmatrix").read_text("direct_url.json")
+                            or "null")
+    except (metadata.PackageNotFoundError, ValueError):
+        return None
+    vcs = (record or {}).get("vcs_info") or {}
+    if vcs.get("vcs") != "git" or not record.get("url", "").startswith("https://"):
+        return None
+    revision = vcs.get("commit_id") or vcs.get("requested_revision")
+    return f"extmatrix @ git+{record['url']}@{revision}"
+
+
 def write(ext_dir: Path, output: Path, *, torch: str | None, pythons: list[str] | None,
-          engine_spec: str, with_workflow: bool, force: bool) -> list[Path]:
+          engine_spec: str | None, with_workflow: bool, force: bool) -> list[Path]:
     """Write the matrix (and the workflow, beside it under .github/); never over a file."""
+    engine_spec = engine_spec or installed_engine_spec()
+    if with_workflow and engine_spec is None:
+        raise UserError(None, "the workflow must install this engine, and it was not installed "
+                        "from a git URL", "pass --engine-spec 'extmatrix @ "
+                        "git+https://…/extmatrix@TAG', or --no-workflow")
     project = describe(ext_dir)
     rel = os.path.relpath(ext_dir.resolve(), output.resolve().parent)
     targets = {output: matrix_text(project, rel, Compat.load(), torch, pythons)}
