@@ -48,7 +48,7 @@ def test_missing_matrix_file(capsys, tmp_path, monkeypatch):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--subset", "nightly"], "unknown subset 'nightly'; subsets: pr, local"),
+        (["--subset", "nightly"], "unknown subset 'nightly'; subsets: pr, local, stable"),
         (["--subset", "loca"], "unknown subset 'loca'; did you mean 'local'?"),
         (["--cell", "torch2.11-cu13"],
          "unknown cell 'torch2.11-cu13'; did you mean 'torch2.11-cu130'?"),

@@ -13,7 +13,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .compat import Compat, same_series, series, span, version_key
-from .config import Family, FlavorSettings, Matrix, Rule, flavor_family, flavor_toolkit, load_matrix
+from .config import (
+    Family,
+    FlavorSettings,
+    Matrix,
+    Rule,
+    StableGroup,
+    flavor_family,
+    flavor_toolkit,
+    load_matrix,
+)
 from .errors import UserError
 from .source import Source, printable
 
@@ -45,6 +54,18 @@ class Cell:
     local_version: str  # the wheel's local version label, e.g. pt211cu130
     requires_torch: str  # written into the wheel: which torch it runs with
     runtime_deps: tuple[str, ...]
+    # Stable-ABI cells: the torch series compiled against (TORCH_TARGET_VERSION), and every
+    # torch release of the matrix the one wheel must load in and pass its tests beside.
+    stable: str | None = None
+    serves: tuple[str, ...] = ()
+
+    @property
+    def target_version(self) -> str | None:
+        """TORCH_TARGET_VERSION as torch's headers spell it: 2.11 -> 0x020b000000000000."""
+        if self.stable is None:
+            return None
+        major, minor = (int(p) for p in self.stable.split(".")[:2])
+        return f"0x{major:02x}{minor:02x}000000000000"
 
     def to_json(self) -> dict:
         data = asdict(self)
@@ -194,6 +215,16 @@ def expand(matrix: Matrix, src: Source, compat: Compat) -> Plan:
         seen[cell.id] = at
         plan.cells.append(cell)
 
+    # Built before the per-torch cells are expanded, added after them: the ones they
+    # replace are dropped with a pointer to them.
+    stable_cells: list[tuple[Cell, tuple[str | int, ...]]] = []
+    replaced: dict[tuple[str, str, str], str] = {}
+    for i, group in enumerate(matrix.stable):
+        for cell, served_by in _stable_cells(matrix, src, compat, flavors, torches, group,
+                                             ("stable", i)):
+            stable_cells.append((cell, ("stable", i)))
+            replaced.update(served_by)
+
     pythons = matrix.axes.python
     # Axis values that produced a cell (or were excluded on purpose), and why the
     # others were dropped, so a value that can never yield a cell is reported.
@@ -207,6 +238,12 @@ def expand(matrix: Matrix, src: Source, compat: Compat) -> Plan:
                     label = _label(torch, fname, plat, group,
                                    matrix.extension.abi3 and not _free_threaded(group))
                     values = {"torch": torch, "flavor": fname, "platform": plat}
+                    stable = replaced.get((fname, plat, series(torch)))
+                    if stable:
+                        plan.dropped.append(Dropped(label, f"served by the stable-ABI wheel "
+                                                           f"of {stable}"))
+                        yielded.update({("torch", ti), ("flavor", fi)})
+                        continue
                     reason = _excluded(matrix.exclude, values, group, src, exclude_hits)
                     if reason:  # the user chose this: not a value that cannot yield cells
                         yielded.update({("torch", ti), ("flavor", fi)})
@@ -231,6 +268,8 @@ def expand(matrix: Matrix, src: Source, compat: Compat) -> Plan:
     for i, rule in enumerate(matrix.include):
         for cell in _included(matrix, src, compat, flavors, rule, ("include", i)):
             add(cell, ("include", i))
+    for cell, at in stable_cells:
+        add(cell, at)
 
     for i, hits in enumerate(exclude_hits):
         if not hits:
@@ -380,6 +419,69 @@ def _included(matrix: Matrix, src: Source, compat: Compat, flavors: dict[str, _F
     return cells
 
 
+def _stable_cells(matrix: Matrix, src: Source, compat: Compat, flavors: dict[str, _Flavor],
+                  torches: list[str], group: StableGroup, at: tuple[str | int, ...]
+                  ) -> list[tuple[Cell, dict[tuple[str, str, str], str]]]:
+    """One group's cells, each with the per-torch cells it stands in for."""
+    torch = _pin_torch(group.from_, at + ("from",), src, compat)
+    if not compat.torch(torch).stable_abi:
+        known = [s for s, f in compat.facts.torch.items() if f.stable_abi]
+        raise src.error(at + ("from",), f"torch {series(torch)} has no versioned stable ABI "
+                        "(TORCH_TARGET_VERSION)",
+                        f"start from {min(known, key=version_key)} or later")
+    if group.below and version_key(group.below) <= version_key(series(torch)):
+        raise src.error(at + ("below",), f"'below: {group.below}' leaves no torch release "
+                        f"from {series(torch)} on", f"give a release after {series(torch)}")
+    results = []
+    for j, name in enumerate(group.flavors):
+        if name not in flavors:
+            raise src.error(at + ("flavors", j), f"flavor '{name}' has no settings",
+                            f"add 'flavors: {{{name}: {{...}}}}'")
+        flavor = flavors[name]
+        for plat in group.platforms or matrix.axes.platform:
+            if plat not in matrix.platforms:
+                raise src.error(at + ("platforms",), f"platform '{plat}' has no runner",
+                                f"add 'platforms: {{{plat}: {{runner: ...}}}}'")
+            reason = compat.why_not(torch, flavor.family, flavor_toolkit(name), plat)
+            if reason:
+                raise src.error(at + ("flavors", j), f"stable {name} wheels are compiled "
+                                f"against torch {torch}, but {reason}",
+                                "start the group at a release that has this flavor")
+            serves = [t for t in dict.fromkeys([torch, *torches])
+                      if _in_range(t, torch, group.below)
+                      and _same_toolkit_major(compat, t, flavor, plat)]
+            usable = [p for p in matrix.axes.python
+                      if all(compat.supports_python(t, p) for t in serves)]
+            if not usable:
+                raise src.error(at + ("from",), "no Python of axes.python is supported by "
+                                f"every torch from {series(torch)} on", "widen axes.python")
+            for pythons in python_groups(usable, matrix.extension.abi3):
+                cell = _cell(matrix, src, compat, torch, flavor, plat, pythons,
+                             stable=group, serves=tuple(sorted(serves, key=version_key)))
+                served = {(name, plat, series(t)): cell.id for t in serves} if group.replace \
+                    else {}
+                results.append((cell, served))
+    return results
+
+
+def _in_range(torch: str, start: str, below: str | None) -> bool:
+    key = version_key(series(torch))
+    return key >= version_key(series(start)) and (below is None or key < version_key(below))
+
+
+def _same_toolkit_major(compat: Compat, torch: str, flavor: _Flavor, platform: str) -> bool:
+    """Can a wheel of this flavor run beside some build of `torch`? A CPU wheel beside any;
+    a GPU wheel beside a build of the same toolkit major (CUDA 13.0 code runs on 13.2)."""
+    if compat.why_not(torch, flavor.family, None, platform):
+        return False
+    facts = compat.torch(torch)
+    if flavor.family == "cpu":
+        return True
+    major = version_key(flavor.settings.toolkit or "")[:1]
+    published = facts.cuda if flavor.family == "cuda" else facts.rocm
+    return any(version_key(t)[:1] == major for t in published)
+
+
 def python_groups(pythons: list[str], abi3: bool) -> list[list[str]]:
     """The Pythons each cell serves: an abi3 wheel serves every regular CPython, but the
     stable ABI does not cover free-threaded builds (3.13t): each of those is a cell."""
@@ -394,12 +496,13 @@ def _free_threaded(pythons: list[str]) -> bool:
 
 
 def _cell(matrix: Matrix, src: Source, compat: Compat, torch: str, flavor: _Flavor,
-          platform: str, pythons: list[str]) -> Cell:
+          platform: str, pythons: list[str], stable: StableGroup | None = None,
+          serves: tuple[str, ...] = ()) -> Cell:
     abi3 = matrix.extension.abi3 and not _free_threaded(pythons)
     torch_series = series(torch)
     s = flavor.settings
     pythons = sorted(pythons, key=version_key)
-    cell_id = f"torch{torch_series}-{flavor.name}"
+    cell_id = f"{'stable' if stable else 'torch'}{torch_series}-{flavor.name}"
     if not abi3:
         cell_id = f"py{pythons[0]}-{cell_id}"
     if platform != DEFAULT_PLATFORM:
@@ -444,13 +547,18 @@ def _cell(matrix: Matrix, src: Source, compat: Compat, torch: str, flavor: _Flav
         gpu_runner=s.gpu_runner if flavor.family != "cpu" else None,
         abi3=abi3,
         cxx=compat.torch(torch).cxx,
-        torch_spec=f"torch=={torch}" + ("+cpu" if flavor.family == "cpu" else ""),
+        # A stable CPU build needs only the headers and C shims every build of the release
+        # has: the cpu index still wins where reachable (2.11.0+cpu sorts above 2.11.0).
+        torch_spec=f"torch=={torch}" + ("+cpu" if flavor.family == "cpu" and not stable else ""),
         index=expand_text("index", s.index) if s.index else None,
         base_image=expand_text("base_image", s.base_image) if s.base_image else None,
         image=f"{matrix.images.prefix}-{flavor.family}:{tag}",
-        local_version=f"pt{major}{minor}{flavor.name}",
-        requires_torch=f"torch=={torch_series}.*",
+        local_version=flavor.name if stable else f"pt{major}{minor}{flavor.name}",
+        requires_torch=(f"torch>={torch_series}" + (f",<{stable.below}" if stable.below else "")
+                        if stable else f"torch=={torch_series}.*"),
         runtime_deps=tuple(expand_text("runtime_deps", d) for d in (s.runtime_deps or ())),
+        stable=torch_series if stable else None,
+        serves=serves,
     )
 
 

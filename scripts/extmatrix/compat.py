@@ -28,6 +28,9 @@ class TorchFacts(_Model):
     # Free-threaded CPython builds with wheels (cp313t -> "3.13t"); not in the range above.
     python_free_threaded: list[str] = Field(default_factory=list)
     cxx: int = Field(description="C++ standard extensions must be compiled with.")
+    # Headers take TORCH_TARGET_VERSION, so an op compiled against this release keeps to
+    # the LibTorch stable ABI of this release and loads in later ones.
+    stable_abi: bool = False
     cuda: list[str] = Field(default_factory=list)
     pypi_cuda: str | None = None
     # Toolkits that only some patch releases of the series ship: {"12.9": ["2.12.1"]}.

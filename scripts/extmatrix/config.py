@@ -270,6 +270,25 @@ class Rule(_Model):
     reason: str | None = None
 
 
+class StableGroup(_Model):
+    """Wheels built once against the LibTorch stable ABI of torch `from`, loaded by every
+    later torch in the range: one cell per flavor instead of one per torch release."""
+
+    from_: TorchVersion = Field(
+        alias="from", description="Oldest torch the wheels serve: they are compiled against "
+        "it with TORCH_TARGET_VERSION set to it, and require torch>=X.Y.")
+    below: TorchVersion | None = Field(
+        None, description="First torch release the wheels do not claim: written into them as "
+        "torch<X.Y. Unset: no upper bound.")
+    flavors: list[FlavorName] = Field(
+        min_length=1, description="Flavors built this way (each needs its `flavors` entry).")
+    platforms: list[Platform] | None = Field(
+        None, description="Platforms built this way; default: axes.platform.")
+    replace: bool = Field(
+        True, description="Drop the per-torch cells these wheels serve (same flavor and "
+        "platform, torch in the range); false keeps both.")
+
+
 class PlatformSettings(_Model):
     runner: str = Field(description="GitHub Actions runner label that builds this platform.")
 
@@ -292,6 +311,9 @@ class Matrix(_Model):
         default_factory=lambda: {"x86_64": PlatformSettings(runner="ubuntu-24.04")}
     )
     include: list[Rule] = Field(default_factory=list)
+    stable: list[StableGroup] = Field(
+        default_factory=list, description="Stable-ABI cells: named stableX.Y-FLAVOR, built "
+        "once, tested beside every torch of the matrix they serve.")
     exclude: list[Rule] = Field(default_factory=list)
     subsets: dict[Name, list[str]] = Field(default_factory=dict)
     images: Images = Field(default_factory=Images)

@@ -30,9 +30,10 @@ class Entry:
     sha256: str
 
 
-def page_name(cell: Cell) -> str:
-    """torch's own version string for the cell's build: 2.14.1+cu130, 2.13.0+cpu."""
-    return f"torch-{cell.torch}+{cell.flavor}"
+def page_names(cell: Cell) -> list[str]:
+    """torch's own version string for each build the wheel serves: torch-2.14.1+cu130; a
+    stable-ABI wheel is on the page of every release it was built to serve."""
+    return [f"torch-{release}+{cell.flavor}" for release in (cell.serves or (cell.torch,))]
 
 
 def collect(dist: Path, cells: list[Cell]) -> list[Entry]:
@@ -44,7 +45,8 @@ def collect(dist: Path, cells: list[Cell]) -> list[Entry]:
         wheel = dist / cell.id / str(good["wheel"])
         name = parse_wheel_filename(wheel.name)[0]
         digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
-        entries.append(Entry(page_name(cell), wheel, canonicalize_name(name), digest))
+        entries += [Entry(page, wheel, canonicalize_name(name), digest)
+                    for page in page_names(cell)]
     return entries
 
 
@@ -55,8 +57,8 @@ def build(dist: Path, cells: list[Cell], out: Path, base_url: str | None) -> lis
         raise UserError(str(dist), "no good wheel to publish", "build the cells first")
     wheels_dir = out / "wheels"
     wheels_dir.mkdir(parents=True, exist_ok=True)
-    for entry in entries:
-        shutil.copy2(entry.wheel, wheels_dir / entry.wheel.name)
+    for wheel in {entry.wheel for entry in entries}:
+        shutil.copy2(wheel, wheels_dir / wheel.name)
     pages: dict[str, list[Entry]] = {}
     for entry in entries:
         pages.setdefault(entry.page, []).append(entry)

@@ -36,7 +36,8 @@ def plan_table(cells: list[Cell], title: str) -> Table:
         pythons = _span(c.test_pythons)
         requires = ", ".join((c.requires_torch, *c.runtime_deps))
         wheel = f"+{c.local_version} {'abi3' if c.abi3 else 'cp' + c.python.replace('.', '')}"
-        table.add_row(c.id, c.torch, toolkit, archs, pythons, wheel, requires)
+        torch = f"{c.torch} → {c.serves[-1]}" if c.stable and c.serves else c.torch
+        table.add_row(c.id, torch, toolkit, archs, pythons, wheel, requires)
     return table
 
 
@@ -49,9 +50,40 @@ def dropped_table(dropped: list[Dropped]) -> Table:
     return table
 
 
+def stable_table(cells: list[Cell]) -> Table:
+    table = Table(title="stable-ABI wheels: built once, tested beside every torch they serve",
+                  title_justify="left")
+    for column in ("cell", "built against", "serves", "requires"):
+        table.add_column(column, overflow="fold")
+    for c in cells:
+        table.add_row(c.id, f"torch {c.torch} (TORCH_TARGET_VERSION={c.target_version})",
+                      " ".join(c.serves), c.requires_torch)
+    return table
+
+
+def compile_counts(cells: list[Cell], dropped: list[Dropped]) -> str:
+    """How many wheels the plan compiles, with and without its stable-ABI cells."""
+    stable = [c for c in cells if c.stable]
+    served = [d for d in dropped if d.reason.startswith("served by the stable-ABI wheel")]
+    kept = [c for c in cells if not c.stable and any(
+        s.flavor == c.flavor and s.platform == c.platform and c.torch in s.serves
+        for s in stable)]
+    if kept:
+        return (f"{len(cells)} compiles; {len(kept)} of them are per-torch wheels the stable-ABI "
+                f"wheels also serve (replace: false): {len(cells) - len(kept)} with replace: true, "
+                f"{len(cells) - len(stable)} without stable cells")
+    return (f"{len(cells)} compiles; {len(cells) - len(stable) + len(served)} without the "
+            f"stable-ABI cells ({len(stable)} stable wheels stand in for {len(served)} "
+            "per-torch wheels)")
+
+
 def print_plan(cells: list[Cell], dropped: list[Dropped] | None, console: Console) -> None:
     console.print(plan_table(cells, f"{len(cells)} cells"))
     if dropped is not None:
+        stable = [c for c in cells if c.stable]
+        if stable:
+            console.print(stable_table(stable))
+            console.print(compile_counts(cells, dropped), highlight=False)
         console.print(dropped_table(dropped))
 
 
@@ -61,6 +93,19 @@ def _span(pythons: tuple[str, ...]) -> str:
     if len(minors) > 2 and minors == list(range(minors[0], minors[-1] + 1)):
         return f"{pythons[0]}–{pythons[-1]}"
     return " ".join(pythons)
+
+
+@dataclass
+class ServedTorch:
+    """A stable-ABI wheel's tests beside one torch release it promises to serve."""
+
+    __pydantic_config__ = ConfigDict(strict=True, extra="ignore")
+
+    torch: str  # the release, e.g. 2.12.1
+    test: str = "not-tested"  # passed | failed | not-tested
+    build: str | None = None  # what got installed: 2.12.1+cu130
+    reason: str | None = None
+    junit: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -95,6 +140,7 @@ class CellReport:
     timings: dict[str, float] = field(default_factory=dict)
     disk_free_gb: dict[str, float | None] = field(default_factory=dict)  # start, end
     junit: dict[str, int] = field(default_factory=dict)
+    serves: list[ServedTorch] = field(default_factory=list)  # stable-ABI cells: one per torch
     cross_check: str | None = None
     commands: list[str] = field(default_factory=list)
 
@@ -172,7 +218,9 @@ def first_line(text: str | None) -> str:
     return (text or "").strip().splitlines()[0] if (text or "").strip() else ""
 
 
-def summary_rows(reports: list[CellReport]) -> list[list[str]]:
+def summary_rows(reports: list[CellReport], strict: bool = False) -> list[tuple[list[str], bool]]:
+    """One row per cell, then one per torch a stable-ABI cell was tested beside; each row
+    with whether it failed."""
     rows = []
     for r in reports:
         cache = f"{r.ccache.get('hits', 0)}/{r.ccache.get('hits', 0) + r.ccache.get('misses', 0)}" \
@@ -181,8 +229,28 @@ def summary_rows(reports: list[CellReport]) -> list[list[str]]:
             "FAILED" if r.cross_check.startswith("FAILED") else
             "refused" if r.cross_check.startswith("ok") else
             "loads" if r.cross_check.startswith("loads") else "skipped")
-        rows.append([r.cell, _status(r), _tests(r), foreign, _wheel(r), cache, _times(r)])
+        rows.append(([r.cell, _status(r), _tests(r), foreign, _wheel(r), cache, _times(r)],
+                     failure(r, strict)))
+        for served in r.serves:
+            rows.append(([f"  beside torch {served.torch}", _served_status(served),
+                          _served_tests(served), "", served.build or "-", "", ""],
+                         served.test == "failed"))
     return rows
+
+
+def _served_status(served: ServedTorch) -> str:
+    if served.test == "passed":
+        return "ok"
+    status = "FAILED" if served.test == "failed" else "not tested"
+    return f"{status}: {first_line(served.reason)}" if served.reason else status
+
+
+def _served_tests(served: ServedTorch) -> str:
+    j = served.junit
+    if not j:
+        return served.test
+    return f"{served.test}: {j.get('passed', 0)} passed, {j.get('skipped', 0)} skipped" + (
+        f", {j['failures'] + j['errors']} failed" if j.get("failures") or j.get("errors") else "")
 
 
 # "foreign torch": the wheel imported beside another cell's torch: refused cleanly, or loads.
@@ -193,8 +261,8 @@ def summary_table(reports: list[CellReport], strict: bool = False) -> Table:
     table = Table(title=f"{len(reports)} cells", title_justify="left")
     for column in SUMMARY_COLUMNS:
         table.add_column(column, overflow="fold")
-    for row, r in zip(summary_rows(reports), reports, strict=True):
-        table.add_row(*row, style="red" if failure(r, strict) else None)
+    for row, failed in summary_rows(reports, strict):
+        table.add_row(*row, style="red" if failed else None)
     return table
 
 
@@ -208,7 +276,7 @@ def repro_lines(reports: list[CellReport], backend: str, strict: bool = False) -
 def summary_markdown(reports: list[CellReport], backend: str, strict: bool = False) -> str:
     lines = ["| " + " | ".join(SUMMARY_COLUMNS) + " |",
              "|" + " --- |" * len(SUMMARY_COLUMNS)]
-    for row in summary_rows(reports):
+    for row, _ in summary_rows(reports, strict):
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in row) + " |")
     failed = [r for r in reports if failure(r, strict)]
     if failed:

@@ -9,6 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 
+from packaging.requirements import Requirement
 from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
@@ -168,16 +169,24 @@ def test(cells: list[Cell], ctx: Context, backend_name: str, jobs: int, keep_goi
             continue
         cell = by_id[report.cell]
         other = next((o for o in [*tested, *earlier]
-                      if o.torch_series != cell.torch_series and o.platform == cell.platform),
-                     None)
+                      if foreign(cell, o) and o.platform == cell.platform), None)
         report.cross_check = (impl.cross_check(cell, other, ctx) if other else
-                              "skipped: no test environment of another torch; test two cells "
-                              "of different torch releases together")
+                              "skipped: no test environment of a torch it does not serve; "
+                              "test it together with a cell of such a torch")
     for report in reports:
         if report.build == "built" and report.backend != "?":
             with workspace.claim(report.cell, ctx.dist, ctx.work, ctx.say):
                 report.write(ctx.dist / report.cell / "report.json")
     return reports
+
+
+def foreign(cell: Cell, other: Cell) -> bool:
+    """Is `other`'s torch one that `cell`'s wheel must refuse to load beside?"""
+    if other.stable:  # its test environments are per release: none to borrow
+        return False
+    if cell.stable:
+        return not Requirement(cell.requires_torch).specifier.contains(other.torch, True)
+    return other.torch_series != cell.torch_series
 
 
 def finish(reports: list[CellReport], backend_name: str, console: Console,

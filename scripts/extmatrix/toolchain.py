@@ -66,11 +66,26 @@ def honoured_env(cell: Cell) -> dict[str, str]:
     build CPU kernels only: FORCE_CUDA=1 is the long-standing way to say "build
     them anyway", and the arch lists stop torch from asking a GPU for its arch."""
     if cell.family == "cpu":
-        return {"FORCE_ONLY_CPU": "1"}
-    if cell.family == "cuda":
-        return {"FORCE_CUDA": "1", "TORCH_CUDA_ARCH_LIST": cell.arch_list}
-    # ROCm builds go through torch's CUDA extension path (hipified), hence FORCE_CUDA too.
-    return {"FORCE_CUDA": "1", "FORCE_ROCM": "1", "PYTORCH_ROCM_ARCH": cell.arch_list}
+        env = {"FORCE_ONLY_CPU": "1"}
+    elif cell.family == "cuda":
+        env = {"FORCE_CUDA": "1", "TORCH_CUDA_ARCH_LIST": cell.arch_list}
+    else:  # ROCm builds go through torch's CUDA extension path (hipified): FORCE_CUDA too
+        env = {"FORCE_CUDA": "1", "FORCE_ROCM": "1", "PYTORCH_ROCM_ARCH": cell.arch_list}
+    return {**env, **stable_abi_env(cell)}
+
+
+def stable_abi_env(cell: Cell) -> dict[str, str]:
+    """A stable cell compiles with TORCH_TARGET_VERSION defined, whatever the build system:
+    the variable itself for setup.py files that choose their sources by it, and the -D
+    flag for setuptools (CPPFLAGS), CMake (CXXFLAGS, CUDAFLAGS) and any nvcc call."""
+    if cell.target_version is None:
+        return {}
+    define = f"-DTORCH_TARGET_VERSION={cell.target_version}"
+    return {"TORCH_TARGET_VERSION": cell.target_version,
+            **{name: define for name in FLAG_VARIABLES}}
+
+
+FLAG_VARIABLES = ("CPPFLAGS", "CXXFLAGS", "CUDAFLAGS", "NVCC_APPEND_FLAGS")
 
 
 def host_platform() -> str:

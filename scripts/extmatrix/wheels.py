@@ -24,6 +24,7 @@ from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel
 from packaging.version import InvalidVersion, Version
 from wheel.wheelfile import WheelFile
 
+from . import symbols
 from .cells import Cell
 from .errors import StepFailed
 
@@ -37,6 +38,7 @@ class WheelFacts:
     sass: list[str] = field(default_factory=list)  # e.g. ["8.0", "9.0"]
     ptx: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    shims: list[str] = field(default_factory=list)  # stable C shims a stable wheel calls
 
 
 def read_metadata(wheel: Path) -> tuple[str, Message]:
@@ -85,7 +87,27 @@ def inspect(wheel: Path, cell: Cell, cuobjdump: Path | None) -> WheelFacts:
             facts.problems.append(f"Requires-Dist lacks the runtime dependency {dep}")
     if cell.family == "cuda":
         _cuda_archs(wheel, cell, cuobjdump, facts)
+    if cell.stable:
+        _stable_abi(wheel, facts)
     return facts
+
+
+def _libraries(zf: zipfile.ZipFile) -> list[str]:
+    return [n for n in zf.namelist() if n.endswith(".so") or ".so." in n.rsplit("/", 1)[-1]]
+
+
+def _stable_abi(wheel: Path, facts: WheelFacts) -> None:
+    """Every library of a stable cell's wheel keeps to the stable C shims (symbols.py)."""
+    with zipfile.ZipFile(wheel) as zf, tempfile.TemporaryDirectory() as tmp:
+        for name in _libraries(zf):
+            try:
+                result = symbols.audit(Path(zf.extract(name, tmp)), name)
+            except ValueError as exc:
+                facts.problems.append(str(exc))
+                continue
+            facts.shims += [s for s in result.shims if s not in facts.shims]
+            if not result.ok:
+                facts.problems.append(symbols.problem(result))
 
 
 def stamp(wheel: Path, cell: Cell) -> tuple[Path, list[str]]:
@@ -194,7 +216,7 @@ def _stamped_requires(requires: list[str], cell: Cell, changes: list[str]) -> li
 
 def _cuda_archs(wheel: Path, cell: Cell, cuobjdump: Path | None, facts: WheelFacts) -> None:
     with zipfile.ZipFile(wheel) as zf:
-        libs = [n for n in zf.namelist() if n.endswith(".so") or ".so." in n.rsplit("/", 1)[-1]]
+        libs = _libraries(zf)
         if not libs:
             return  # pure Python (Triton kernels, say): no device code to look for
         if cuobjdump is None:

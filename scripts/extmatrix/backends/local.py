@@ -25,7 +25,7 @@ from ..cells import Cell
 from ..compat import same_series
 from ..errors import Interrupted, NotBuildable, StepFailed, UserError, describe_os_error
 from ..project import build_requirements
-from ..report import CellReport
+from ..report import CellReport, ServedTorch
 from ..steps import Steps, first_cause
 from ..workspace import single_wheel, sync_tree
 from . import Context, building, check_wheel, stamp_wheel
@@ -145,14 +145,7 @@ def check_torch_build(cell: Cell, venv: Path, sources: envs.Sources) -> None:
     quietly yields PyPI's build of the same version, whose CUDA may be another one."""
     probe = venv / "torch-build.json"
     if not probe.is_file():
-        code = ("import json, torch; print(json.dumps({'version': torch.__version__, "
-                "'cuda': torch.version.cuda, 'hip': torch.version.hip}))")
-        out = subprocess.run([str(envs.python_of(venv)), "-c", code], capture_output=True,
-                             text=True)
-        if out.returncode != 0:
-            raise StepFailed("env", f"torch does not import in {venv}: "
-                                    f"{(out.stderr.strip().splitlines() or ['?'])[-1]}")
-        probe.write_text(out.stdout.strip().splitlines()[-1])
+        probe.write_text(json.dumps(torch_build(venv)))
     built = json.loads(probe.read_text())
     found = (built["cuda"] if cell.family == "cuda" else built["hip"]) or ""
     if cell.family != "cpu" and not same_series(found, cell.toolkit):
@@ -187,6 +180,9 @@ def compile_env(cell: Cell, tools: toolchain.Toolchain, ctx: Context, venv: Path
         if tools.home and nvrtc and not list((tools.home / "lib64").glob("libnvrtc.so*")):
             env["CMAKE_ARGS"] = " ".join(filter(None, [os.environ.get("CMAKE_ARGS"),
                                                        f"-DCUDA_nvrtc_LIBRARY={nvrtc[0]}"]))
+    for name in toolchain.FLAG_VARIABLES:  # the user's own flags stay in front of ours
+        if name in env and os.environ.get(name):
+            env[name] = f"{os.environ[name]} {env[name]}"
     env["MAX_JOBS"] = str(ctx.max_jobs)
     return env
 
@@ -202,31 +198,26 @@ _MISSING_MODULE = re.compile(r"(?:ModuleNotFoundError|ImportError): No module na
 
 
 def test(cell: Cell, ctx: Context, report: CellReport) -> CellReport:
-    """Install the built wheel beside the cell's torch in a fresh env and run the tests."""
+    """Install the built wheel beside the cell's torch in a fresh env and run the tests;
+    a stable-ABI wheel beside every torch release it serves, each in its own env."""
     cell_dist = ctx.dist / cell.id
-    for stale in ("test.log", "junit.xml", CELL_FACTS):
+    for stale in ("test.log", "junit.xml", CELL_FACTS, *(p.name for p in
+                                                       cell_dist.glob("junit-*.xml"))):
         (cell_dist / stale).unlink(missing_ok=True)
     steps = Steps(cell_dist / "test.log", echo=ctx.echo)
     try:
         wheel = single_wheel(cell_dist)
-        venv = ctx.work / cell.id / "test-env"
         sources = envs.sources_for(cell)
-        with steps.timed("test-env"):
-            steps.run("test-env", envs.create_cmd(venv, envs.find_python(cell)))
-            steps.run("test-env", envs.install_cmd(
-                venv, test_requirements(ctx, wheel, cell), sources))
-        cmd, env = test_cmd(ctx, venv, cell_dist)
-        with steps.timed("tests"):
-            start = (cell_dist / "test.log").stat().st_size
-            result = steps.run("tests", cmd, env=env, cwd=ctx.work / cell.id, check=False)
-        report.junit = read_junit(cell_dist / "junit.xml")
-        facts = _read_facts(cell_dist / CELL_FACTS)
-        if facts:
-            report.junit["gpu_skipped"] = int(facts.get("gpu_skipped", 0))
-        report.test = "passed" if result.returncode == 0 else "failed"
-        if result.returncode != 0:
-            output = steps.output_since(start)
-            report.reason = f"{test_failure(result.returncode, output, facts)}; see {steps.shown}"
+        if cell.stable:
+            _test_stable(cell, ctx, wheel, sources, steps, report)
+        else:
+            venv = ctx.work / cell.id / "test-env"
+            with steps.timed("test-env"):
+                steps.run("test-env", envs.create_cmd(venv, envs.find_python(cell)))
+                steps.run("test-env", envs.install_cmd(
+                    venv, test_requirements(ctx, wheel, cell), sources))
+            report.test, report.junit, reason = run_suite(ctx, venv, cell_dist, "", steps)
+            report.reason = reason if report.test == "failed" else None
     except Interrupted:
         report.test, report.reason = "failed", "tests interrupted (Ctrl-C or SIGTERM)"
     except (NotBuildable, StepFailed, UserError) as exc:
@@ -238,6 +229,98 @@ def test(cell: Cell, ctx: Context, report: CellReport) -> CellReport:
         report.commands += steps.commands
         steps.close()
     return report
+
+
+def run_suite(ctx: Context, venv: Path, cell_dist: Path, suffix: str,
+              steps: Steps) -> tuple[str, dict[str, int], str | None]:
+    """The extension's tests in `venv`: (passed | failed, JUnit totals, why it failed)."""
+    junit_path = cell_dist / f"junit{suffix}.xml"
+    facts_path = cell_dist / CELL_FACTS
+    facts_path.unlink(missing_ok=True)
+    cmd, env = test_cmd(ctx, venv, cell_dist, junit_path)
+    with steps.timed("tests"):
+        start = (cell_dist / "test.log").stat().st_size
+        result = steps.run("tests", cmd, env=env, cwd=venv.parent, check=False)
+    junit = read_junit(junit_path)
+    facts = _read_facts(facts_path)
+    if facts:
+        junit["gpu_skipped"] = int(facts.get("gpu_skipped", 0))
+    if result.returncode == 0:
+        return "passed", junit, None
+    output = steps.output_since(start)
+    return "failed", junit, f"{test_failure(result.returncode, output, facts)}; see {steps.shown}"
+
+
+def _test_stable(cell: Cell, ctx: Context, wheel: Path, sources: envs.Sources, steps: Steps,
+                 report: CellReport) -> None:
+    report.serves = [_test_beside(cell, ctx, wheel, release, sources, steps)
+                     for release in cell.serves]
+    totals: dict[str, int] = {}
+    for served in report.serves:
+        for key, value in served.junit.items():
+            totals[key] = totals.get(key, 0) + value
+    report.junit = totals
+    failed = [s for s in report.serves if s.test == "failed"]
+    tested = [s for s in report.serves if s.test == "passed"]
+    report.test = "passed" if tested and not failed else "failed"
+    if failed:
+        report.reason = f"beside torch {failed[0].torch}: {failed[0].reason}"
+    elif not tested:
+        report.reason = ("tested beside none of the torch releases it serves: "
+                         f"{report.serves[0].reason if report.serves else 'none listed'}")
+    else:
+        report.reason = None
+
+
+def _test_beside(cell: Cell, ctx: Context, wheel: Path, release: str, sources: envs.Sources,
+                 steps: Steps) -> ServedTorch:
+    """The wheel's tests beside one torch release, in a fresh environment of its own."""
+    served = ServedTorch(torch=release)
+    venv = ctx.work / cell.id / f"test-env-{release}"
+    spec = f"torch=={release}"
+    with steps.timed("test-env"):
+        steps.run("test-env", envs.create_cmd(venv, envs.find_python(cell)))
+        try:
+            steps.run("test-env", envs.install_cmd(venv, [spec], sources))
+        except StepFailed as exc:
+            served.reason = f"torch {release} could not be installed here: {exc.detail}"
+            return served
+        built = torch_build(venv)
+        served.build = built.get("version")
+        mismatch = _foreign_build(cell, built)
+        if mismatch:
+            served.reason = f"torch {served.build} installed here {mismatch}"
+            return served
+        steps.run("test-env", envs.install_cmd(
+            venv, [spec, *test_requirements(ctx, wheel, cell)[1:]], sources))
+    served.test, served.junit, served.reason = run_suite(
+        ctx, venv, ctx.dist / cell.id, f"-{release}", steps)
+    return served
+
+
+def torch_build(venv: Path) -> dict:
+    """torch's version and the CUDA / ROCm it was built with, as the environment reports."""
+    code = ("import json, torch; print(json.dumps({'version': torch.__version__, "
+            "'cuda': torch.version.cuda, 'hip': torch.version.hip}))")
+    out = subprocess.run([str(envs.python_of(venv)), "-c", code], capture_output=True, text=True)
+    if out.returncode != 0:
+        raise StepFailed("env", f"torch does not import in {venv}: "
+                                f"{(out.stderr.strip().splitlines() or ['?'])[-1]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _foreign_build(cell: Cell, built: dict) -> str | None:
+    """Why a stable GPU wheel cannot be tested beside this build; a CPU wheel runs beside any."""
+    if cell.family == "cpu":
+        return None
+    label = "CUDA" if cell.family == "cuda" else "ROCm"
+    found = (built["cuda"] if cell.family == "cuda" else built["hip"]) or ""
+    major = (cell.toolkit or "").split(".")[0]
+    if not found:
+        return f"has no {label}"
+    if found.split(".")[0] != major:
+        return f"is a {label} {found} build, not {label} {major}.x"
+    return None
 
 
 def test_requirements(ctx: Context, wheel: Path, cell: Cell) -> list[str]:
@@ -252,10 +335,11 @@ def test_requirements(ctx: Context, wheel: Path, cell: Cell) -> list[str]:
     return wanted
 
 
-def test_cmd(ctx: Context, venv: Path, cell_dist: Path) -> tuple[list[str], dict[str, str]]:
+def test_cmd(ctx: Context, venv: Path, cell_dist: Path,
+             junit: Path | None = None) -> tuple[list[str], dict[str, str]]:
     ext = ctx.matrix.extension
     tests = ctx.ext_dir / ext.tests
-    junit = cell_dist / "junit.xml"
+    junit = junit or cell_dist / "junit.xml"
     env = {"EXTMATRIX_CELL_REPORT": str(cell_dist / CELL_FACTS),
            "PYTHONPATH": os.pathsep.join(filter(None, [str(PLUGIN_DIR),
                                                        os.environ.get("PYTHONPATH")]))}
