@@ -1,7 +1,10 @@
-"""Build script for segment-ops: one abi3 wheel per (torch minor, CPU/CUDA/ROCm).
+"""Build script for segment-ops: one abi3 wheel per (torch minor, CPU/CUDA/ROCm), or, with
+TORCH_TARGET_VERSION set, one stable-ABI wheel per CPU/CUDA/ROCm for every torch from that
+release on.
 
 Build with the target torch already installed:
     pip wheel --no-build-isolation --no-deps . -w dist/
+    TORCH_TARGET_VERSION=0x020b000000000000 pip wheel ...   # stable ABI, torch >= 2.11
 The environment variables it reads are the ones most extensions honour; README.md lists them.
 """
 
@@ -23,6 +26,28 @@ TORCH_MAJOR, TORCH_MINOR = (int(p) for p in re.match(r"(\d+)\.(\d+)", torch.__ve
 # GPU archs come only from these variables; the build never probes a GPU.
 ARCH_VARIABLE = {"cuda": "TORCH_CUDA_ARCH_LIST", "rocm": "PYTORCH_ROCM_ARCH"}
 ARCH_EXAMPLE = {"cuda": "8.0;9.0+PTX", "rocm": "gfx90a;gfx942"}
+
+
+def stable_target():
+    """(major, minor) from TORCH_TARGET_VERSION (torch's encoding, 0x020b000000000000 for
+    2.11), or None for the classic build. The stable build compiles csrc/stable/ against
+    the oldest torch it serves; it loads in every later one."""
+    raw = os.environ.get("TORCH_TARGET_VERSION", "").strip()
+    if not raw:
+        return None
+    try:
+        value = int(raw, 0)
+    except ValueError:
+        sys.exit(f"segment-ops: TORCH_TARGET_VERSION={raw!r} is not a number; "
+                 "write it as torch does, e.g. 0x020b000000000000 for torch 2.11")
+    target = (value >> 56, (value >> 48) & 0xFF)
+    if target > (TORCH_MAJOR, TORCH_MINOR) or target < (2, 10):
+        sys.exit(f"segment-ops: TORCH_TARGET_VERSION={raw} means torch {target[0]}.{target[1]}; "
+                 f"it must lie between 2.10 and the torch building it ({torch.__version__})")
+    return target
+
+
+STABLE = stable_target()
 
 
 def env_flag(name):
@@ -60,8 +85,9 @@ def choose_variant():
 
 def local_label(variant):
     """What this build is, as a PEP 440 local label (recorded in the build facts; CI
-    tools that publish one wheel per torch x flavor add it to the version)."""
-    torch_tag = f"pt{TORCH_MAJOR}{TORCH_MINOR}"
+    tools that publish one wheel per torch x flavor add it to the version). A stable
+    build serves many torch releases: the flavor alone."""
+    torch_tag = "" if STABLE else f"pt{TORCH_MAJOR}{TORCH_MINOR}"
     if variant == "cuda":
         return torch_tag + "cu" + "".join(torch.version.cuda.split(".")[:2])
     if variant == "rocm":
@@ -100,6 +126,7 @@ def build_facts(variant):
         "compiler": first_line(cxx, "--version") or cxx,
         "nvcc": first_line(nvcc, "--version", containing="release") if variant == "cuda" else None,
         "python_abi": f"{LIMITED_API_TAG}-abi3",
+        "stable_abi": f"{STABLE[0]}.{STABLE[1]}" if STABLE else None,
     }
 
 
@@ -124,8 +151,15 @@ class BuildExt(cpp_extension.BuildExtension):
 
 
 def extension(variant):
-    sources = ["csrc/segment_sum.cpp", "csrc/python_module.cpp"]
-    cxx_flags = ["-O3"]
+    if STABLE:
+        sources = ["csrc/stable/segment_ops.cpp", "csrc/python_module.cpp"]
+        gpu_sources = ["csrc/stable/segment_ops_cuda.cu"]
+        target = f"-DTORCH_TARGET_VERSION=0x{STABLE[0]:02x}{STABLE[1]:02x}000000000000"
+        cxx_flags, nvcc_flags = ["-O3", target], ["-O3", target]
+    else:
+        sources = ["csrc/segment_sum.cpp", "csrc/python_module.cpp"]
+        gpu_sources = ["csrc/cuda/segment_sum.cu"]
+        cxx_flags, nvcc_flags = ["-O3"], ["-O3"]
     # torch >= 2.7 defines Py_LIMITED_API itself for py_limited_api=True
     # (pytorch/pytorch#145764); older ones need it here or abi3 is a false claim.
     if (TORCH_MAJOR, TORCH_MINOR) < (2, 7):
@@ -137,8 +171,8 @@ def extension(variant):
     # On ROCm torch hipifies the .cu and compiles it with hipcc.
     return cpp_extension.CUDAExtension(
         "segment_ops._C",
-        sources + ["csrc/cuda/segment_sum.cu"],
-        extra_compile_args={"cxx": cxx_flags, "nvcc": ["-O3"]},
+        sources + gpu_sources,
+        extra_compile_args={"cxx": cxx_flags, "nvcc": nvcc_flags},
         py_limited_api=True,
     )
 
@@ -147,7 +181,8 @@ VARIANT = choose_variant()
 
 setup(
     version=VERSION,
-    install_requires=[f"torch=={TORCH_MAJOR}.{TORCH_MINOR}.*", *runtime_deps(VARIANT)],
+    install_requires=[f"torch>={STABLE[0]}.{STABLE[1]}" if STABLE
+                      else f"torch=={TORCH_MAJOR}.{TORCH_MINOR}.*", *runtime_deps(VARIANT)],
     ext_modules=[extension(VARIANT)],
     cmdclass={"build_ext": BuildExt},
     options={"bdist_wheel": {"py_limited_api": LIMITED_API_TAG}},

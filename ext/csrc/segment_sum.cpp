@@ -4,32 +4,23 @@
 #include "segment_ops.h"
 
 #include <ATen/Dispatch.h>
-#include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
 
-#include <algorithm>
-#include <cstring>
-#include <vector>
+#include "cpu/segment_kernels.h"
 
 namespace segment_ops {
 namespace {
 
-// CPU indptr is read in place, so the checks are a plain loop.
+// at::parallel_for, as the shared kernels call it.
+constexpr auto aten_parallel_for = [](int64_t begin, int64_t end, int64_t grain,
+                                      const auto& body) {
+  at::parallel_for(begin, end, grain, body);
+};
+
 void check_indptr_cpu(const char* op, const at::Tensor& indptr, int64_t rows,
                       const char* rows_name) {
-  const int64_t* p = indptr.const_data_ptr<int64_t>();
-  const int64_t n = indptr.numel();
-  bool decreasing = false;
-  for (int64_t i = 1; i < n; ++i) decreasing |= p[i] < p[i - 1];
-  check_indptr_values(op, p[0], p[n - 1], decreasing, rows, rows_name);
-}
-
-// Segments differ in length, so hand parallel_for chunks of about as many
-// elements as ATen's own kernels do (32768) rather than a fixed segment count.
-int64_t grain(int64_t segments, int64_t elements) {
-  constexpr int64_t kGrainElements = 32768;
-  const int64_t per_segment = std::max<int64_t>(1, elements / std::max<int64_t>(1, segments));
-  return std::max<int64_t>(1, kGrainElements / per_segment);
+  const auto facts = cpu::indptr_facts(indptr.const_data_ptr<int64_t>(), indptr.numel());
+  check_indptr_values(op, facts.first, facts.last, facts.decreasing, rows, rows_name);
 }
 
 at::Tensor segment_sum_cpu(const at::Tensor& src, const at::Tensor& indptr_arg) {
@@ -38,34 +29,14 @@ at::Tensor segment_sum_cpu(const at::Tensor& src, const at::Tensor& indptr_arg) 
   check_indptr_cpu("segment_sum", indptr, src.size(0), "src.size(0)");
 
   const int64_t segments = indptr.numel() - 1;
-  const int64_t inner = inner_size(src);
   at::Tensor out = new_rows_like(src, segments);
   if (out.numel() == 0) return out;
 
   const at::Tensor x = src.contiguous();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "segment_sum_cpu", [&] {
-    // float16/bfloat16 accumulate in float32 (opmath), float64 in float64.
-    using acc_t = at::opmath_type<scalar_t>;
-    const scalar_t* in = x.const_data_ptr<scalar_t>();
-    scalar_t* o = out.mutable_data_ptr<scalar_t>();
-    const int64_t* ptr = indptr.const_data_ptr<int64_t>();
-    at::parallel_for(0, segments, grain(segments, x.numel()), [&](int64_t begin, int64_t end) {
-      std::vector<acc_t> acc(inner);
-      for (int64_t s = begin; s < end; ++s) {
-        if (inner == 1) {  // 1-D src: keep the sum in a register
-          acc_t sum = 0;
-          for (int64_t r = ptr[s]; r < ptr[s + 1]; ++r) sum += static_cast<acc_t>(in[r]);
-          o[s] = static_cast<scalar_t>(sum);
-          continue;
-        }
-        std::fill(acc.begin(), acc.end(), acc_t(0));
-        for (int64_t r = ptr[s]; r < ptr[s + 1]; ++r) {
-          const scalar_t* row = in + r * inner;
-          for (int64_t k = 0; k < inner; ++k) acc[k] += static_cast<acc_t>(row[k]);
-        }
-        for (int64_t k = 0; k < inner; ++k) o[s * inner + k] = static_cast<scalar_t>(acc[k]);
-      }
-    });
+    cpu::segment_sum(x.const_data_ptr<scalar_t>(), indptr.const_data_ptr<int64_t>(),
+                     out.mutable_data_ptr<scalar_t>(), segments, inner_size(x),
+                     aten_parallel_for);
   });
   return out;
 }
@@ -82,19 +53,10 @@ at::Tensor segment_gather_cpu(const at::Tensor& src, const at::Tensor& indptr_ar
   at::Tensor out = new_rows_like(src, rows);
   if (out.numel() == 0) return out;
 
-  // A row copy needs no arithmetic, so copy bytes instead of dispatching on dtype.
   const at::Tensor x = src.contiguous();
-  const int64_t row_bytes = inner_size(x) * x.element_size();
-  const char* in = static_cast<const char*>(x.const_data_ptr());
-  char* o = static_cast<char*>(out.mutable_data_ptr());
-  const int64_t* ptr = indptr.const_data_ptr<int64_t>();
-  at::parallel_for(0, segments, grain(segments, out.numel()), [&](int64_t begin, int64_t end) {
-    for (int64_t s = begin; s < end; ++s) {
-      for (int64_t r = ptr[s]; r < ptr[s + 1]; ++r) {
-        std::memcpy(o + r * row_bytes, in + s * row_bytes, row_bytes);
-      }
-    }
-  });
+  cpu::segment_gather(static_cast<const char*>(x.const_data_ptr()),
+                      indptr.const_data_ptr<int64_t>(), static_cast<char*>(out.mutable_data_ptr()),
+                      segments, inner_size(x) * x.element_size(), aten_parallel_for);
   return out;
 }
 

@@ -1,7 +1,7 @@
 """The same sources built the two other ways: JIT (torch.utils.cpp_extension.load)
 and CMake (find_package(Torch) + torch.ops.load_library), each under its own op
 namespace so they coexist with the installed wheel in this process, and each
-checked against the wheel's results.
+checked against the wheel's results. The stable-ABI sources are JIT-built too.
 
 These need the source tree (SEGMENT_OPS_SRC, default: the folder above this
 file) and a C++ compiler; the CMake test also needs cmake and a CPU build of
@@ -25,6 +25,7 @@ pytestmark = pytest.mark.build
 
 SOURCE_DIR = Path(os.environ.get("SEGMENT_OPS_SRC", Path(__file__).resolve().parents[1]))
 CPU_SOURCES = [SOURCE_DIR / "csrc" / "segment_sum.cpp"]
+STABLE_CPU_SOURCES = [SOURCE_DIR / "csrc" / "stable" / "segment_ops.cpp"]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -60,6 +61,26 @@ def test_jit_load(tmp_path):
         is_python_module=False,  # loads the library with torch.ops.load_library
     )
     same_results_as_wheel("segment_ops_jit")
+
+
+def test_jit_load_stable_abi(tmp_path):
+    from torch.utils.cpp_extension import load
+
+    major, minor = (int(p) for p in torch.__version__.split(".")[:2])
+    if (major, minor) < (2, 10):
+        pytest.skip(f"torch {torch.__version__} has no TORCH_TARGET_VERSION (2.10 and later)")
+    load(
+        name="segment_ops_stable_jit",
+        sources=[str(s) for s in STABLE_CPU_SOURCES],
+        extra_cflags=[
+            "-O2",
+            "-DSEGMENT_OPS_NAMESPACE=segment_ops_stable_jit",
+            f"-DTORCH_TARGET_VERSION=0x{major:02x}{minor:02x}000000000000",
+        ],
+        build_directory=str(tmp_path),
+        is_python_module=False,
+    )
+    same_results_as_wheel("segment_ops_stable_jit")
 
 
 def find_cmake():

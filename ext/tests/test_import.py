@@ -3,6 +3,7 @@
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -23,6 +24,7 @@ BUILT_214_CU130 = {
     "cxx11_abi": True,
 }
 RUNNING_213_CPU = {"torch": "2.13.0+cpu", "cuda": None, "hip": None, "cxx11_abi": True}
+STABLE_211_CU130 = {**BUILT_214_CU130, "torch": "2.11.0+cu130", "stable_abi": "2.11"}
 
 
 def run_python(code, env_extra=None):
@@ -32,16 +34,27 @@ def run_python(code, env_extra=None):
     )
 
 
+def release(version):
+    return tuple(int(p) for p in version.split("+")[0].split(".")[:2])
+
+
 def test_build_info_matches_running_torch():
     info = segment_ops.build_info()
     assert info["variant"] in {"cpu", "cuda", "rocm"}
-    assert info["torch"].split(".")[:2] == torch.__version__.split(".")[:2]
-    assert info["cxx11_abi"] == bool(torch._C._GLIBCXX_USE_CXX11_ABI)
-    assert info["torch_git"] == torch.version.git_version
     for key in ("cuda", "hip", "arch_list", "compiler", "nvcc", "version", "python_abi"):
         assert key in info
+    if info.get("stable_abi"):
+        # Built against the oldest torch it serves; this one may be any later release.
+        assert release(info["torch"]) == release(info["stable_abi"])
+        assert release(info["torch"]) <= release(torch.__version__)
+        assert info["label"] == info["label"].lstrip("pt0123456789")  # the flavor alone
+    else:
+        assert release(info["torch"]) == release(torch.__version__)
+        assert info["cxx11_abi"] == bool(torch._C._GLIBCXX_USE_CXX11_ABI)
+        assert info["torch_git"] == torch.version.git_version
     if info["variant"] == "cuda":
-        assert info["cuda"] == torch.version.cuda and info["arch_list"] and info["nvcc"]
+        assert info["cuda"].split(".")[0] == torch.version.cuda.split(".")[0]
+        assert info["arch_list"] and info["nvcc"]
     assert hasattr(torch.ops.segment_ops, "segment_sum")
 
 
@@ -122,19 +135,39 @@ def test_mismatch_message_is_one_line_naming_both_sides():
             True,
         ),
         ({}, RUNNING_213_CPU, False),  # never built: nothing to compare
+        # Stable ABI: any torch from its target on, whatever the C++ ABI; GPU runtime as before.
+        (STABLE_211_CU130, {**RUNNING_213_CPU, "torch": "2.15.0", "cuda": "13.2"}, False),
+        (STABLE_211_CU130, {**RUNNING_213_CPU, "torch": "2.11.0", "cuda": "13.0",
+                            "cxx11_abi": False}, False),
+        (STABLE_211_CU130, {**RUNNING_213_CPU, "torch": "2.10.0", "cuda": "13.0"}, True),
+        (STABLE_211_CU130, {**RUNNING_213_CPU, "torch": "2.14.1", "cuda": "12.8"}, True),
+        (STABLE_211_CU130, {**RUNNING_213_CPU, "torch": "2.14.1+cpu"}, True),
+        ({**STABLE_211_CU130, "variant": "cpu", "cuda": None}, RUNNING_213_CPU, False),
     ],
 )
 def test_incompatible(built, running, bad):
     assert _compat.incompatible(built, running) is bad
 
 
+def test_stable_mismatch_names_the_range():
+    with pytest.raises(ImportError) as caught:
+        _compat.check_torch_compat(STABLE_211_CU130, {**RUNNING_213_CPU, "torch": "2.10.0"})
+    assert str(caught.value) == (
+        "segment_ops: built for torch>=2.11 (CUDA 13.0, stable ABI); running torch 2.10.0"
+        " — install the wheel built for your torch"
+    )
+
+
 def test_check_uses_recorded_build_facts(monkeypatch):
     real = segment_ops.build_info()
     major, minor = (int(p) for p in torch.__version__.split(".")[:2])
-    monkeypatch.setattr(_compat, "build_info", lambda: {**real, "torch": f"{major}.{minor + 1}.0"})
-    with pytest.raises(
-        ImportError, match=rf"built for torch {major}\.{minor + 1}\.0 .*; running torch "
-    ):
+    newer = f"{major}.{minor + 1}"
+    if real.get("stable_abi"):  # a stable build names the oldest torch it serves
+        fake, shown = {**real, "stable_abi": newer}, f">={newer}"
+    else:
+        fake, shown = {**real, "torch": f"{newer}.0"}, f" {newer}.0"
+    monkeypatch.setattr(_compat, "build_info", lambda: fake)
+    with pytest.raises(ImportError, match=rf"built for torch{re.escape(shown)} .*; running torch "):
         _compat.check_torch_compat()
     monkeypatch.setattr(_compat, "build_info", lambda: real)
     _compat.check_torch_compat()
@@ -163,7 +196,7 @@ def test_wrong_build_fails_at_import(tmp_path):
     copy = tmp_path / "segment_ops"
     shutil.copytree(package, copy, ignore=shutil.ignore_patterns("__pycache__"))
     facts = json.loads((copy / "_build_info.json").read_text())
-    facts.update(torch="1.99.0+cu999", variant="cuda", cuda="99.0")
+    facts.update(torch="1.99.0+cu999", variant="cuda", cuda="99.0", stable_abi=None)
     (copy / "_build_info.json").write_text(json.dumps(facts))
     path = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
     result = run_python("import segment_ops", {"PYTHONPATH": path})

@@ -100,6 +100,52 @@ def test_matches_torch_segment_reduce(device, dtype):
     torch.testing.assert_close(segment_ops.segment_sum(src, indptr), expected)
 
 
+def power_law(rows, alpha=1.1, seed=0):
+    """Pareto segment lengths (>= 1) summing to `rows`: a few huge, most length 1."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = (1 - torch.rand(rows, generator=g, dtype=torch.float64)).pow(-1 / alpha).floor()
+    lengths = lengths.long().clamp(max=rows)
+    ends = lengths.cumsum(0)
+    keep = lengths[ends <= rows].tolist()
+    return keep + ([rows - sum(keep)] if sum(keep) < rows else [])
+
+
+# Lengths that stress how the GPU kernels split work: many short, long, a power law, and
+# one segment longer than any block's share, each with empty segments inside.
+LAWS = {
+    "short": [1 + (i * 7) % 16 for i in range(3000)] + [0, 0],
+    "long": [0, *(512 + (i * 331) % 1025 for i in range(40)), 0],
+    "power": power_law(1 << 16),
+    "giant": [0, 1 << 18, 0],
+}
+
+
+@pytest.mark.parametrize("law", LAWS)
+@pytest.mark.parametrize("inner", [1, 3, 4, 32, 64, 256])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_laws_and_widths(device, law, inner, dtype):
+    if device.type == "cpu" and (inner > 32 or law == "giant"):
+        pytest.skip("the CPU kernel has a single strategy: small cases cover it")
+    indptr = make_indptr(LAWS[law], device)
+    rows = int(indptr[-1])
+    src = random_src(rows, (inner,), dtype, device)
+    assert_matches(segment_ops.segment_sum(src, indptr), src, indptr)
+    grad = random_src(indptr.numel() - 1, (inner,), dtype, device)
+    expected = grad.repeat_interleave(indptr.diff(), dim=0, output_size=rows)
+    assert torch.equal(segment_ops.segment_gather(grad, indptr, rows), expected)
+
+
+@pytest.mark.gpu
+def test_misaligned_views():
+    """Vector loads need aligned rows: an offset view must take the scalar path."""
+    indptr = make_indptr([3, 0, 5, 9], "cuda")
+    base = random_src(18, (65,), torch.float32, "cuda")
+    src = base[1:, 1:].contiguous()[:17]  # contiguous, so only the pointer offset matters
+    shifted = base.view(-1)[1:].view(17 * 65 + 64)[: 17 * 64].view(17, 64)
+    for x in (src, shifted):
+        assert_matches(segment_ops.segment_sum(x, indptr), x, indptr)
+
+
 def test_gather_is_the_backward_layout(device):
     indptr = make_indptr([2, 0, 3], device)
     grad = torch.arange(6.0, device=device).reshape(3, 2)
@@ -151,10 +197,65 @@ def test_gather_is_the_backward_layout(device):
         ),
     ],
 )
-def test_bad_input(device, make_args, message):
+def test_bad_input(device, make_args, message, monkeypatch):
+    # On GPUs indptr's values are checked only on request (a device-to-host copy).
+    monkeypatch.setattr(segment_ops.ops, "CHECK_INDPTR", True)
     src, indptr = make_args(device)
     with pytest.raises(RuntimeError, match=message):
         segment_ops.segment_sum(src, indptr)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "offsets", [[0, 5, 3, 8], [-7, 2, 8], [0, 4, 1 << 40], [3, 3, 3], [0, -(1 << 40), 8]]
+)
+@pytest.mark.parametrize("inner", [1, 4, 64])
+def test_unchecked_bad_indptr_stays_in_bounds(offsets, inner):
+    """Without the checks a bad indptr gives wrong sums, never an illegal memory access
+    (which would poison the CUDA context: the synchronize below would raise)."""
+    src = torch.ones(8, inner, device="cuda")
+    indptr = torch.tensor(offsets, device="cuda")
+    segment_ops.segment_sum(src, indptr)
+    segment_ops.segment_gather(src[: indptr.numel() - 1], indptr, 8)
+    torch.cuda.synchronize()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", segment_ops.ops.BACKENDS)
+def test_no_host_sync_and_cuda_graph_capture(backend):
+    if backend == "triton":
+        pytest.importorskip("triton")
+    indptr = make_indptr([3, 0, 1, 700, 2, 0, 5000, 4], "cuda")
+    src = random_src(int(indptr[-1]), (32,), torch.float32, "cuda")
+    grad = random_src(indptr.numel() - 1, (32,), torch.float32, "cuda")
+    segment_ops.segment_sum(src, indptr, backend=backend)  # compile / autotune outside capture
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")  # any device-to-host sync raises
+    try:
+        segment_ops.segment_sum(src, indptr, backend=backend)
+        segment_ops.segment_gather(grad, indptr, src.shape[0])
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        summed = segment_ops.segment_sum(src, indptr, backend=backend)
+        gathered = segment_ops.segment_gather(grad, indptr, src.shape[0])
+    src.copy_(random_src(src.shape[0], (32,), torch.float32, "cuda"))
+    graph.replay()
+    assert_matches(summed, src, indptr)
+    torch.testing.assert_close(gathered, grad.repeat_interleave(indptr.diff(), dim=0))
+
+
+@pytest.mark.gpu
+def test_compile_reduce_overhead():
+    def pooled(x, indptr):
+        return segment_ops.segment_sum(x * 2, indptr).sum(dim=-1)
+
+    compiled = torch.compile(pooled, mode="reduce-overhead", fullgraph=True)
+    indptr = make_indptr([5, 0, 300, 7], "cuda")
+    for _ in range(3):  # warm-up runs, then replays of the recorded graph
+        x = torch.randn(int(indptr[-1]), 16, device="cuda")
+        torch.testing.assert_close(compiled(x, indptr), pooled(x, indptr))
 
 
 @pytest.mark.gpu
@@ -226,8 +327,9 @@ def test_triton_backend_autograd_and_compile():
 
 
 @pytest.mark.gpu
-def test_triton_backend_bad_input():
+def test_triton_backend_bad_input(monkeypatch):
     pytest.importorskip("triton")
+    monkeypatch.setattr(segment_ops.ops, "CHECK_INDPTR", True)
     with pytest.raises(RuntimeError, match="indptr must be non-decreasing"):
         segment_ops.segment_sum(
             torch.ones(3, device="cuda"),

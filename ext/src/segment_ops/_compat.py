@@ -5,6 +5,8 @@ into another one it fails with an undefined symbol that names neither side, or
 loads and misbehaves later. setup.py records the facts of the build in
 ``_build_info.json``; ``check_torch_compat`` compares them with the running
 torch *before* the library is loaded and says, in one line, what was expected.
+A stable-ABI build (``stable_abi``: the oldest torch it serves) loads in that
+torch and every later one.
 """
 
 from __future__ import annotations
@@ -57,6 +59,8 @@ def _describe_built(info: dict[str, Any]) -> str:
         kernels = f"HIP {info.get('hip')}"
     else:
         kernels = "CPU"
+    if info.get("stable_abi"):
+        return f"torch>={info['stable_abi']} ({kernels}, stable ABI)"
     return f"torch {info.get('torch')} ({kernels})"
 
 
@@ -77,9 +81,13 @@ def incompatible(built: dict[str, Any], running: dict[str, Any]) -> bool:
     """
     if not built:
         return False  # a source checkout or a foreign build: nothing to compare
-    if _release(built.get("torch"), 2) != _release(running["torch"], 2):
+    if built.get("stable_abi"):
+        # Only torch's C shims are called: any later torch serves, whatever its C++ ABI.
+        if (_release(running["torch"], 2) or ()) < (_release(built["stable_abi"], 2) or ()):
+            return True
+    elif _release(built.get("torch"), 2) != _release(running["torch"], 2):
         return True
-    if built.get("cxx11_abi") is not None and built["cxx11_abi"] != running["cxx11_abi"]:
+    elif built.get("cxx11_abi") is not None and built["cxx11_abi"] != running["cxx11_abi"]:
         return True
     variant = built.get("variant")
     if variant == "cuda":

@@ -8,12 +8,18 @@ registered under another namespace can reuse it (see tests/test_build_paths.py).
 
 from __future__ import annotations
 
+import os
+
 import torch
 from torch import Tensor
 
 NAMESPACE = "segment_ops"
 BACKENDS = ("native", "triton")
 _FLOAT_TYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+# On GPUs the ops never read indptr's values on the host: that would wait for the
+# device, block CUDA graph capture and cost more than small kernels. Set to check
+# them anyway (a debugging aid); CPU kernels always check.
+CHECK_INDPTR = os.environ.get("SEGMENT_OPS_CHECK_INDPTR", "").strip() not in ("", "0")
 
 
 def segment_sum(src: Tensor, indptr: Tensor, *, backend: str = "native") -> Tensor:
@@ -30,6 +36,11 @@ def segment_sum(src: Tensor, indptr: Tensor, *, backend: str = "native") -> Tens
     Returns:
         ``[B, *]``; an empty segment sums to zeros. Differentiable in ``src``.
     """
+    if backend not in BACKENDS:
+        raise ValueError(f"segment_sum: backend must be one of {BACKENDS}, got {backend!r}")
+    if CHECK_INDPTR and src.device.type != "cpu":
+        check_metadata("segment_sum", "src", src, indptr)
+        check_indptr_values("segment_sum", indptr, src.shape[0], "src.size(0)")
     if backend == "native":
         return getattr(torch.ops, NAMESPACE).segment_sum(src, indptr)
     if backend == "triton":
@@ -37,7 +48,6 @@ def segment_sum(src: Tensor, indptr: Tensor, *, backend: str = "native") -> Tens
         from ._triton import segment_sum_triton
 
         return segment_sum_triton(src, indptr)
-    raise ValueError(f"segment_sum: backend must be one of {BACKENDS}, got {backend!r}")
 
 
 def segment_gather(src: Tensor, indptr: Tensor, rows: int) -> Tensor:
@@ -45,7 +55,23 @@ def segment_gather(src: Tensor, indptr: Tensor, rows: int) -> Tensor:
 
     ``src`` is ``[B, *]``, the result ``[rows, *]`` with ``rows == indptr[-1]``.
     """
+    if CHECK_INDPTR and src.device.type != "cpu":
+        check_metadata("segment_gather", "src", src, indptr)
+        check_indptr_values("segment_gather", indptr, rows, "rows")
     return getattr(torch.ops, NAMESPACE).segment_gather(src, indptr, rows)
+
+
+def check_indptr_values(op: str, indptr: Tensor, rows: int, rows_name: str) -> None:
+    """The CPU kernels' value checks for a tensor on any device: one device-to-host copy."""
+    first, last, decreasing = torch.stack(
+        [indptr[0], indptr[-1], (indptr.diff() < 0).any().long()]
+    ).tolist()
+    if first != 0:
+        raise RuntimeError(f"{op}: indptr[0] must be 0, got {first}")
+    if last != rows:
+        raise RuntimeError(f"{op}: indptr[-1] must equal {rows_name} ({rows}), got {last}")
+    if decreasing:
+        raise RuntimeError(f"{op}: indptr must be non-decreasing")
 
 
 def check_metadata(op: str, data_name: str, data: Tensor, indptr: Tensor) -> None:

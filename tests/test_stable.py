@@ -1,0 +1,124 @@
+"""Stable-ABI cells: how a `stable` group expands, and the audit of the built library."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from extmatrix import symbols
+from extmatrix.cells import plan_file
+from extmatrix.toolchain import honoured_env
+
+MATRIX = """\
+extension: {{name: demo, import: demo, path: ext}}
+axes:
+  torch: ["2.10", "2.11", "2.12", "2.13", "2.14", "2.15"]
+  flavor: [cpu, cu128, cu130]
+  python: ["3.11", "3.12"]
+flavors:
+  cpu: {{}}
+  cu128: {{archs: ["9.0"]}}
+  cu130: {{archs: ["9.0"]}}
+stable:
+{stable}
+"""
+
+
+def plan(tmp_path: Path, stable: str):
+    (tmp_path / "ext" / "tests").mkdir(parents=True, exist_ok=True)
+    (tmp_path / "ext" / "setup.py").write_text("")
+    (tmp_path / "matrix.yaml").write_text(MATRIX.format(stable=stable))
+    return plan_file(tmp_path / "matrix.yaml")
+
+
+def test_stable_group_replaces_the_per_torch_cells_it_serves(tmp_path):
+    p = plan(tmp_path, '  - {from: "2.11", flavors: [cpu, cu130]}')
+    ids = [c.id for c in p.cells]
+    assert "stable2.11-cpu" in ids and "stable2.11-cu130" in ids
+    # 2.10 is below the range; cu128 is not in the group: both keep per-torch cells.
+    assert {"torch2.10-cpu", "torch2.10-cu130", "torch2.11-cu128"} <= set(ids)
+    assert not any(i.startswith(("torch2.11-cpu", "torch2.13-cu130", "torch2.15-cpu"))
+                   for i in ids)
+    dropped = {d.combo: d.reason for d in p.dropped}
+    assert dropped["torch 2.13.0 × cu130 × x86_64"] == (
+        "served by the stable-ABI wheel of stable2.11-cu130")
+
+    cell = p.cell("stable2.11-cu130")
+    assert cell.torch == "2.11.0" and cell.stable == "2.11"
+    assert cell.serves == ("2.11.0", "2.12.1", "2.13.0", "2.14.1", "2.15.0")
+    assert cell.local_version == "cu130" and cell.requires_torch == "torch>=2.11"
+    assert cell.torch_spec == "torch==2.11.0"
+    assert cell.target_version == "0x020b000000000000"
+    env = honoured_env(cell)
+    assert env["TORCH_TARGET_VERSION"] == "0x020b000000000000"
+    assert env["NVCC_APPEND_FLAGS"] == env["CPPFLAGS"] == "-DTORCH_TARGET_VERSION=0x020b000000000000"
+    # A CPU build needs only headers and C shims: any build of the release will do.
+    assert p.cell("stable2.11-cpu").torch_spec == "torch==2.11.0"
+    assert "TORCH_TARGET_VERSION" not in honoured_env(p.cell("torch2.10-cpu"))
+
+
+def test_upper_bound_and_toolkit_major(tmp_path):
+    p = plan(tmp_path, '  - {from: "2.10", below: "2.14", flavors: [cu128], replace: false}')
+    cell = p.cell("stable2.10-cu128")
+    assert cell.requires_torch == "torch>=2.10,<2.14"
+    # A CUDA 12.8 wheel serves the releases that still ship a CUDA 12 build.
+    assert cell.serves == ("2.10.0", "2.11.0", "2.12.1", "2.13.0")
+    assert "torch2.12-cu128" not in [c.id for c in p.cells]  # 2.12 has no cu128 at all
+    assert "torch2.11-cu128" in [c.id for c in p.cells]  # replace: false keeps it
+
+
+MANGLED = {
+    "_ZN3c106detail14torchCheckFailEPKcS2_jRKNSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEEE":
+        "c10",
+    "_ZNK2at10TensorBase4sizeEl": "at",
+    "_ZTVN5torch8autograd4NodeE": "torch",
+    "_ZN6caffe28TypeMeta5_typeEv": "caffe2",
+    "_ZNSt6vectorIlSaIlEE17_M_realloc_insertIJRKlEEEvN9__gnu_cxx17__normal_iteratorIPlS1_EEDpOT_":
+        None,
+    "_ZN8cutlass4gemmEv": None,
+    "aoti_torch_get_dtype": None,
+    "PyModule_Create2": None,
+}
+
+
+@pytest.mark.parametrize(("symbol", "namespace"), MANGLED.items())
+def test_torch_namespace(symbol, namespace):
+    assert symbols.torch_namespace(symbol) == namespace
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
+def test_audit_names_libtorch_cxx_symbols(tmp_path):
+    """A library importing c10/at C++ symbols fails; shims and std:: are fine."""
+    imports = ["aoti_torch_get_dtype", "torch_parallel_for",
+               "_ZN3c106detail14torchCheckFailEPKcS2_jS2_", "_ZNK2at10TensorBase4sizeEl",
+               "_ZNSt6chrono3_V212steady_clock3nowEv"]
+    source = tmp_path / "lib.c"
+    source.write_text("".join(f"extern void {s}(void);\n" for s in imports)
+                      + "void use(void) {" + "".join(f" {s}();" for s in imports) + " }\n")
+    library = tmp_path / "libdemo.so"
+    subprocess.run(["cc", "-shared", "-fPIC", str(source), "-o", str(library)], check=True)
+    result = symbols.audit(library)
+    assert not result.ok
+    assert result.torch_cxx == ("_ZN3c106detail14torchCheckFailEPKcS2_jS2_",
+                                "_ZNK2at10TensorBase4sizeEl")
+    assert result.shims == ("aoti_torch_get_dtype", "torch_parallel_for")
+    message = symbols.problem(result)
+    assert message.startswith("breaks the stable ABI: libdemo.so uses 2 libtorch C++ symbols "
+                              "outside the stable C shims (")
+    assert "at::TensorBase::size(long) const" in message or "_ZNK2at10TensorBase4sizeEl" in message
+
+    clean = tmp_path / "libclean.so"
+    source.write_text("extern void aoti_torch_get_dtype(void);\nvoid use(void) "
+                      "{ aoti_torch_get_dtype(); }\n")
+    subprocess.run(["cc", "-shared", "-fPIC", str(source), "-o", str(clean)], check=True)
+    assert symbols.audit(clean).ok
+
+
+def test_audit_refuses_what_is_not_elf(tmp_path):
+    bogus = tmp_path / "libnot.so"
+    bogus.write_text("not a library")
+    with pytest.raises(ValueError, match="libnot.so is not an ELF shared library"):
+        symbols.audit(bogus)
