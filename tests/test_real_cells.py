@@ -120,3 +120,33 @@ def test_the_index_serves_each_torch_its_own_wheel(dist, tmp_path):
                                       "print(m.version('segment-ops'))"],
                                      capture_output=True, text=True).stdout.strip()
             assert version == f"0.1.0+{label}", how
+
+
+def test_stable_abi_audit_on_real_builds(dist, tmp_path):
+    """The audit passes the stable sources compiled against the cell's torch and fails
+    the classic wheel, naming the libtorch C++ symbols it imports."""
+    import zipfile
+
+    from extmatrix import symbols
+
+    classic = report(dist, CPU)
+    with zipfile.ZipFile(dist / CPU / classic.wheel) as zf:
+        member = next(n for n in zf.namelist() if n.endswith(".so"))
+        result = symbols.audit(Path(zf.extract(member, tmp_path)))
+    assert not result.ok and len(result.torch_cxx) > 10
+    assert "uses" in symbols.problem(result) and "at::" in symbols.problem(result)
+
+    venv = Path(os.environ.get("EXTMATRIX_WORK") or ROOT / ".extmatrix") / CPU / "build-env"
+    python = envs.python_of(venv)
+    include = subprocess.run(
+        [str(python), "-c", "import torch.utils.cpp_extension as c; "
+                            "print(c.include_paths()[0])"],
+        capture_output=True, text=True, check=True).stdout.strip()
+    library = tmp_path / "libstable.so"
+    subprocess.run(["c++", "-std=c++20", "-O1", "-shared", "-fPIC", f"-I{include}",
+                    "-DTORCH_TARGET_VERSION=0x020b000000000000",
+                    str(ROOT / "ext" / "csrc" / "stable" / "segment_ops.cpp"), "-o", str(library)],
+                   check=True)
+    stable = symbols.audit(library)
+    assert stable.ok, symbols.problem(stable)
+    assert "torch_parallel_for" in stable.shims

@@ -7,6 +7,8 @@ so matrix.yaml stays the one place that says what runs where:
 - gpu:   the cells whose flavor names a `gpu_runner`, tested there with --require-gpu;
 - cross: one pair of cells of different torch releases, whose wheels are each imported
          beside the other's torch (CPU cells first: they are the cheapest to install).
+         Stable-ABI cells are left out: their own job tests them beside every torch
+         they serve.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ def matrix(cells: list[Cell], job: str) -> list[dict]:
     if job == "gpu":
         return [c.to_json() for c in cells if c.gpu_runner]
     if job == "cross":
-        ordered = sorted(cells, key=lambda c: (c.family != "cpu", c.id))
+        ordered = sorted((c for c in cells if not c.stable),
+                         key=lambda c: (c.family != "cpu", c.id))
         for first in ordered:
             other = next((c for c in ordered if c.torch_series != first.torch_series
                           and c.platform == first.platform), None)
