@@ -54,7 +54,8 @@ def test_stable_group_replaces_the_per_torch_cells_it_serves(tmp_path):
     assert cell.target_version == "0x020b000000000000"
     env = honoured_env(cell)
     assert env["TORCH_TARGET_VERSION"] == "0x020b000000000000"
-    assert env["NVCC_APPEND_FLAGS"] == env["CPPFLAGS"] == "-DTORCH_TARGET_VERSION=0x020b000000000000"
+    define = "-DTORCH_TARGET_VERSION=0x020b000000000000"
+    assert env["NVCC_APPEND_FLAGS"] == env["CPPFLAGS"] == env["CXXFLAGS"] == define
     # A CPU build needs only headers and C shims: any build of the release will do.
     assert p.cell("stable2.11-cpu").torch_spec == "torch==2.11.0"
     assert "TORCH_TARGET_VERSION" not in honoured_env(p.cell("torch2.10-cpu"))
