@@ -47,6 +47,7 @@ constexpr int kMaxBlocksPerSm = 2048 / kThreads;  // no GPU keeps more than 2048
 constexpr int kThreadBytes = 64;            // src bytes per thread and tile: 16 KB tiles
 constexpr int kMaxRunRows = 16;             // rows per thread and tile, at most
 constexpr int kFixupCols = 16;              // columns per fix-up block
+constexpr int64_t kFixupBlocks = 16384;     // fix-up grid size to aim at (most blocks exit at once)
 constexpr int64_t kMaxGridY = 65535;
 constexpr int kMaxDevices = 64;
 
@@ -896,7 +897,7 @@ cudaError_t launch_sum(const T* src, const int64_t* indptr, T* out, int64_t rows
   err = cudaGetLastError();
   if (err != cudaSuccess || split.blocks == 1) return err;
   const int64_t fixup_y =
-      imin(imin(ceil_div(inner, kFixupCols), kMaxGridY), imax(1, 16384 / split.blocks));
+      imin(imin(ceil_div(inner, kFixupCols), kMaxGridY), imax(1, kFixupBlocks / split.blocks));
   const dim3 fixup_grid(static_cast<unsigned>(split.blocks), static_cast<unsigned>(fixup_y));
   segment_sum_fixup_kernel<T><<<fixup_grid, kThreads, 0, stream>>>(
       indptr, out, rows, segments, inner, split.rows_per_block, split.blocks, head_key, tail_key,
