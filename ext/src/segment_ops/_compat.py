@@ -85,9 +85,9 @@ def incompatible(built: dict[str, Any], running: dict[str, Any]) -> bool:
         # Only torch's C shims are called: any later torch serves, whatever its C++ ABI.
         if (_release(running["torch"], 2) or ()) < (_release(built["stable_abi"], 2) or ()):
             return True
-    elif _release(built.get("torch"), 2) != _release(running["torch"], 2):
-        return True
-    elif built.get("cxx11_abi") is not None and built["cxx11_abi"] != running["cxx11_abi"]:
+    elif _release(built.get("torch"), 2) != _release(running["torch"], 2) or (
+        built.get("cxx11_abi") is not None and built["cxx11_abi"] != running["cxx11_abi"]
+    ):
         return True
     variant = built.get("variant")
     if variant == "cuda":
