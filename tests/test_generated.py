@@ -45,3 +45,16 @@ def test_schema_check_command_detects_staleness(tmp_path, capsys):
     assert "the JSON Schema is stale" in capsys.readouterr().err
     assert main(["schema", "--output", str(stale)]) == 0
     assert main(["schema", "--check", "--output", str(stale)]) == 0
+
+
+def test_ext_benchmark_page_is_rendered_from_its_json(tmp_path):
+    """ext/docs/benchmarks.md is what ext/benchmarks/render.py makes of the checked-in JSON."""
+    import subprocess
+    import sys
+
+    docs = ROOT / "ext" / "docs"
+    out = tmp_path / "benchmarks.md"
+    subprocess.run([sys.executable, str(ROOT / "ext" / "benchmarks" / "render.py"),
+                    str(docs / "benchmarks.json"), "--out", str(out)], check=True)
+    assert out.read_text() == (docs / "benchmarks.md").read_text(), (
+        "ext/docs/benchmarks.md is stale: rerun render.py on ext/docs/benchmarks.json")

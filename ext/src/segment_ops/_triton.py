@@ -115,8 +115,11 @@ def _segmented_add(head_a, sum_a, head_b, sum_b):
 # A program first finds the segments that start inside its chunk ([lo, hi),
 # two FANOUT-ary searches), writes zeros for the empty ones among them (they
 # own no row, so nobody else would), then walks its rows one tile at a time:
-#   * each row's segment: a binary search over [lo - 1, hi), once per row,
-#     shared by all columns of the tile;
+#   * each row's segment, once per row and shared by all the tile's columns:
+#     one FANOUT-ary search finds the window of segments the tile touches,
+#     then every row bisects that window only (log2 of the segments in the
+#     tile, not in the input: 0-1 steps for long segments) and keeps the
+#     bracketing indptr values as its segment's start and end;
 #   * a segmented inclusive scan down the tile (heads: rows where a segment
 #     starts), plus the running sum carried from the previous tile for the
 #     segment that continues into this one;
