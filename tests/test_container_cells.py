@@ -151,10 +151,13 @@ def test_hipify_turns_the_cuda_kernels_into_hip(dist, tmp_path):
     result = subprocess.run([str(envs.python_of(venv)), "-c", script, str(tmp_path / "hip"),
                              str(ROOT / "ext" / "csrc")], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-2000:]
-    produced = [Path(p) for p in result.stdout.split() if p.endswith(".hip")]
-    assert produced, result.stdout
+    # The binding (.cu -> .hip) and the kernels header it includes, both hipified.
+    produced = [Path(p) for p in result.stdout.split() if "/hip/" in p]
+    assert any(p.suffix == ".hip" for p in produced), result.stdout
     text = "".join(p.read_text() for p in produced)
-    assert '#include "hip/hip_runtime.h"' in text
+    assert "hip/hip_runtime.h" in text and "hipcub/hipcub.hpp" in text
+    assert '#include "../hip/segment_kernels.cuh"' in text
     assert "hipLaunchKernelGGL" in text and "<<<" not in text
     assert "hipStream_t" in text and "cudaStream_t" not in text
+    assert "__hip_bfloat16" in text and "__nv_bfloat16" not in text
     assert "c10/hip/HIPGuard.h" in text and "c10/cuda/" not in text
