@@ -264,3 +264,41 @@ def test_refresh_of_the_real_facts_file(tmp_path):
     CompatFile.model_validate(data)
     (tmp_path / "compat.yaml").write_text(new_text)
     assert facts.refresh(tmp_path / "compat.yaml", Offline(), today=DAY)[1] == ""
+
+
+def test_refresh_keeps_rocm_archs_and_drops_those_of_a_flavor_gone():
+    """rocm_archs is a person's key: a refresh leaves it as written, except the list of a
+    ROCm flavor the index shows the release does not ship (it would no longer validate)."""
+    from extmatrix import source as yaml_source
+    from extmatrix.config import validate
+
+    rocm72 = "https://download.pytorch.org/whl/rocm7.2/torch/"
+    page = json.dumps({"meta": {"api-version": "1.0"}, "name": "torch", "files": [
+        {"filename": f"torch-{v}+rocm7.2-cp312-cp312-manylinux_2_28_x86_64.whl"}
+        for v in ("2.13.0", "2.14.1")]}).encode()
+    offline = Offline()
+    new_text, diff, _ = facts.refresh(
+        BUILTIN, lambda url, accept: page if url == rocm72 else offline(url, accept), today=DAY)
+    before, after = yaml.safe_load(BUILTIN.read_text())["torch"], yaml.safe_load(new_text)["torch"]
+    assert after["2.12"]["rocm"] == ["7.1"]
+    assert after["2.12"]["rocm_archs"] == {"7.1": before["2.12"]["rocm_archs"]["7.1"]}
+    assert "rocm_archs -7.2 (flavor gone)" in diff.replace("\n+      ", " ")
+    for name in ("2.5", "2.6", "2.10", "2.14", "2.15"):
+        assert after[name].get("rocm_archs") == before[name].get("rocm_archs")
+    validate(yaml_source.parse(new_text, "compat.yaml"), CompatFile)
+
+
+def test_index_changes_drop_only_the_arch_list_of_the_flavor_gone():
+    index = facts.FlavorIndex("rocm7.1", "https://example.org/whl/rocm7.1/torch/",
+                              {"2.12.1": {"x86_64": ("3.12",)}})
+    entry = {"rocm": ["7.1", "7.2"], "rocm_archs": {"7.1": ["gfx90a"], "7.2": ["gfx942"]}}
+    changed: dict = {}
+    evidence = facts._index_changes("2.13", entry, facts._Indexes({}, {"7.1": index}),
+                                    ["2.13.0"], changed)
+    assert changed == {"rocm": ["7.2"], "rocm_archs": {"7.2": ["gfx942"]}}
+    assert evidence == ["rocm -7.1 (rocm7.1 has no 2.13.x)", "rocm_archs -7.1 (flavor gone)"]
+    changed = {}
+    assert facts._index_changes("2.12", entry, facts._Indexes({}, {"7.1": index}),
+                                ["2.12.0", "2.12.1"], changed) == [
+        "only_in 7.1: 2.12.1 (of 2.12.0, 2.12.1)"]
+    assert "rocm_archs" not in changed

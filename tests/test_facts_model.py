@@ -111,10 +111,10 @@ def test_outdated_proposes_the_new_torch_with_its_flavors_and_pythons(tmp_path, 
     found = [str(c) for c in outdated.changes(plan, datetime.date(2026, 11, 22))]
     assert found == [
         "add torch 2.15: torch 2.15.0 was released 2026-10-28, with cpu, cu130, cu132, "
-        "rocm7.2, rocm7.14 and Python 3.11–3.15",
+        "rocm7.14, rocm10.0 and Python 3.11–3.15",
         "add flavor cu132: torch 2.15 publishes it",
-        "add flavor rocm7.2: torch 2.15 publishes it",
         "add flavor rocm7.14: torch 2.15 publishes it",
+        "add flavor rocm10.0: torch 2.15 publishes it",
         "add python 3.11: a torch of the matrix supports it",
         "add python 3.13: a torch of the matrix supports it",
         "add python 3.14: a torch of the matrix supports it",
@@ -123,7 +123,7 @@ def test_outdated_proposes_the_new_torch_with_its_flavors_and_pythons(tmp_path, 
     ]
     diff = outdated.patch(plan, outdated.changes(plan, datetime.date(2026, 11, 22)))
     assert '+  torch: ["2.13", "2.14", "2.15"]   # the two newest we support' in diff
-    assert "+  flavor: [cpu, cu126, cu130, cu132, rocm7.2, rocm7.14]" in diff
+    assert "+  flavor: [cpu, cu126, cu130, cu132, rocm7.14, rocm10.0]" in diff
     assert '+  python: ["3.11", "3.12", "3.13", "3.14", "3.15"]' in diff
     assert main(["plan", "--matrix", str(path), "--outdated", "--check"]) == 1
     assert "# add torch 2.15" in capsys.readouterr().out
@@ -152,3 +152,134 @@ def test_aarch64_cuda_flavors_are_those_published_for_aarch64(tmp_path, capsys):
     assert main(["plan", "--matrix", str(arm("2.7", "cu126"))]) == 2
     assert ("torch 2.7 has no CUDA 12.6 build for aarch64 (it ships CUDA 12.8 there)"
             in capsys.readouterr().err)
+
+
+# ------------------------------------------------- ROCm arch lists per torch release
+
+
+def rocm_matrix(tmp_path: Path, torches: list[str], flavor: str, archs: list[str],
+                extra: str = "") -> Path:
+    (tmp_path / "ext" / "tests").mkdir(parents=True, exist_ok=True)
+    (tmp_path / "ext" / "pyproject.toml").write_text("[project]\nname = 'demo'\n")
+    path = tmp_path / "matrix.yaml"
+    path.write_text(textwrap.dedent(f"""\
+        extension: {{name: demo, import: demo, abi3: true}}
+        axes:
+          torch: [{", ".join(f'"{t}"' for t in torches)}]
+          flavor: [{flavor}]
+          python: ["3.12"]
+        flavors:
+          {flavor}: {{archs: [{", ".join(archs)}]}}
+        """) + extra)
+    return path
+
+
+@pytest.mark.parametrize("torch, flavor, arch, built", [
+    ("2.5", "rocm6.1", "gfx1101", False),  # pytorch/pytorch#141667 landed after the 2.5 cut
+    ("2.6", "rocm6.1", "gfx1101", True),
+    ("2.6", "rocm6.2.4", "gfx1102", False),  # #147761: 2025-02-24, after the 2.6 cut
+    ("2.7", "rocm6.2.4", "gfx1102", True),
+    ("2.6", "rocm6.2.4", "gfx1201", False),  # #148562: gfx12 from 2.7 on
+    ("2.7", "rocm6.3", "gfx1201", True),
+    ("2.10", "rocm7.0", "gfx950", True),  # gated on ROCm >= 7.0 until #167299 (see below)
+    ("2.12", "rocm7.1", "gfx1103", False),  # #179653 landed after the 2.12 cut
+    ("2.12", "rocm7.2", "gfx1103", False),
+    ("2.13", "rocm7.1", "gfx1103", True),
+    ("2.13", "rocm7.2", "gfx1103", True),
+    ("2.14", "rocm7.2", "gfx906", True),  # the legacy OS-package build keeps gfx900/gfx906
+    ("2.14", "rocm7.14", "gfx1250", False),  # #196610: after the 2.14 cut
+    ("2.15", "rocm7.14", "gfx1250", True),
+])
+def test_rocm_archs_are_those_of_the_torch_release(tmp_path, torch, flavor, arch, built):
+    plan = plan_file(rocm_matrix(tmp_path, [torch], flavor, ["gfx90a", arch]))
+    (cell,) = plan.cells
+    assert cell.archs == (("gfx90a", arch) if built else ("gfx90a",))
+    assert cell.arch_list == ";".join(cell.archs)
+    narrowed = [d for d in plan.dropped if d.combo.endswith(f"× {arch}")]
+    assert [d.reason for d in narrowed] == ([] if built else [
+        f"torch {torch} {flavor} wheels are not built for {arch}"])
+
+
+def test_one_rocm_flavor_spans_releases_with_different_lists(tmp_path, capsys):
+    plan = plan_file(rocm_matrix(tmp_path, ["2.12", "2.13"], "rocm7.2", ["gfx942", "gfx1103"]))
+    assert [(c.id, c.arch_list) for c in plan.cells] == [
+        ("torch2.12-rocm7.2", "gfx942"), ("torch2.13-rocm7.2", "gfx942;gfx1103")]
+    assert [(d.combo, d.reason) for d in plan.dropped] == [
+        ("torch 2.12.1 × rocm7.2 × x86_64 × gfx1103",
+         "torch 2.12 rocm7.2 wheels are not built for gfx1103")]
+    # A release left with none of the flavor's archs has no cell; as an axis value, that is
+    # reported like any other combination that cannot exist.
+    path = rocm_matrix(tmp_path, ["2.12", "2.13"], "rocm7.2", ["gfx1103"])
+    assert main(["plan", "--matrix", str(path)]) == 2
+    assert "torch '2.12' yields no cell: torch 2.12 rocm7.2 wheels are built for none of " \
+           "gfx1103" in capsys.readouterr().err
+
+
+def test_rocm_7_14_builds_start_at_gfx908(tmp_path, capsys):
+    from extmatrix.compat import Compat
+
+    compat = Compat.load()
+    assert compat.toolkit("rocm", "7.14").archs[0] == "gfx908"
+    assert compat.rocm_archs("2.14", "7.14")[0] == "gfx908"
+    assert compat.rocm_archs("2.14", "7.2")[:3] == ["gfx900", "gfx906", "gfx908"]
+    assert not {"gfx900", "gfx906"} & set(compat.toolkit_archs("rocm", "7.14"))
+    path = rocm_matrix(tmp_path, ["2.14"], "rocm7.14", ["gfx906"])
+    assert main(["plan", "--matrix", str(path)]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"{path}:7:22: ROCm 7.14 cannot target arch 'gfx906'; it targets "
+                           "gfx908, gfx90a, ")
+    # No release built gfx950 against ROCm 6.4 (2.8, 2.9): refused like a typo.
+    path = rocm_matrix(tmp_path, ["2.9"], "rocm6.4", ["gfx950"])
+    assert main(["plan", "--matrix", str(path)]) == 2
+    assert "ROCm 6.4 cannot target arch 'gfx950'" in capsys.readouterr().err
+
+
+def test_torch_2_15_ships_rocm_7_14_and_10_0(tmp_path, capsys):
+    plan = plan_file(rocm_matrix(tmp_path, ["2.15"], "rocm10.0", ["gfx942", "gfx1250"]))
+    assert [(c.id, c.arch_list) for c in plan.cells] == [("torch2.15-rocm10.0", "gfx942;gfx1250")]
+    assert main(["plan", "--matrix", str(rocm_matrix(tmp_path, ["2.15"], "rocm7.2",
+                                                     ["gfx942"]))]) == 2
+    assert "torch 2.15 has no ROCm 7.2 build (it ships ROCm 7.14, 10.0)" in capsys.readouterr().err
+
+
+def test_a_stable_rocm_wheel_keeps_an_arch_a_torch_it_serves_has(tmp_path):
+    path = rocm_matrix(tmp_path, ["2.12", "2.13"], "rocm7.2", ["gfx942", "gfx1103"],
+                       extra='stable:\n  - {from: "2.12", flavors: [rocm7.2]}\n')
+    plan = plan_file(path)
+    assert [(c.id, c.arch_list, c.serves) for c in plan.cells] == [
+        ("stable2.12-rocm7.2", "gfx942;gfx1103", ("2.12.1", "2.13.0"))]
+
+
+def test_rocm_archs_must_name_a_flavor_the_release_ships(tmp_path):
+    import yaml
+
+    from extmatrix.compat import BUILTIN, Compat
+    from extmatrix.errors import UserError
+
+    data = yaml.safe_load(BUILTIN.read_text())
+    data["torch"]["2.13"]["rocm_archs"] = {"7.14": ["gfx942"]}
+    path = tmp_path / "compat.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(UserError, match=r"rocm_archs names ROCm 7\.14, which is not in rocm "
+                                        r"\(7\.1, 7\.2\)"):
+        Compat.load(path)
+
+
+@pytest.mark.parametrize("torch, flavor, published", [
+    ("2.8", "cu126", False),  # 2.8 had cu129 sbsa wheels only
+    ("2.8", "cu129", True),
+    ("2.9", "cu126", True),  # pytorch/pytorch#162364 brought 12.6 and 12.8 back to sbsa
+    ("2.9", "cu130", True),
+    ("2.10", "cu129", True),
+])
+def test_aarch64_cuda_flavors_per_release(tmp_path, torch, flavor, published):
+    from extmatrix.compat import Compat
+
+    assert (Compat.load().why_not(torch, "cuda", flavor_toolkit(flavor), "aarch64")
+            is None) == published
+
+
+def flavor_toolkit(flavor: str) -> str:
+    from extmatrix.config import flavor_toolkit as implied
+
+    return implied(flavor) or ""

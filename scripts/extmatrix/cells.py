@@ -221,7 +221,7 @@ def expand(matrix: Matrix, src: Source, compat: Compat) -> Plan:
     replaced: dict[tuple[str, str, str], str] = {}
     for i, group in enumerate(matrix.stable):
         for cell, served_by in _stable_cells(matrix, src, compat, flavors, torches, group,
-                                             ("stable", i)):
+                                             ("stable", i), plan.dropped):
             stable_cells.append((cell, ("stable", i)))
             replaced.update(served_by)
 
@@ -256,17 +256,21 @@ def expand(matrix: Matrix, src: Source, compat: Compat) -> Plan:
                         rng = compat.python_range(torch)
                         reason = (f"torch {series(torch)} supports Python {rng.min}–{rng.max}, "
                                   f"not {', '.join(group)}")
+                    archs = None
+                    if reason is None:
+                        archs, reason = _torch_archs(compat, [torch], flavor, label,
+                                                     plan.dropped)
                     if reason:
                         plan.dropped.append(Dropped(label, reason))
                         first_drop.setdefault(("torch", ti), reason)
                         first_drop.setdefault(("flavor", fi), reason)
                         continue
-                    add(_cell(matrix, src, compat, torch, flavor, plat, usable),
+                    add(_cell(matrix, src, compat, torch, flavor, plat, usable, archs=archs),
                         ("axes", "torch", ti))
                     yielded.update({("torch", ti), ("flavor", fi)})
 
     for i, rule in enumerate(matrix.include):
-        for cell in _included(matrix, src, compat, flavors, rule, ("include", i)):
+        for cell in _included(matrix, src, compat, flavors, rule, ("include", i), plan.dropped):
             add(cell, ("include", i))
     for cell, at in stable_cells:
         add(cell, at)
@@ -341,7 +345,7 @@ def _resolve_flavor(name: str, matrix: Matrix, src: Source, compat: Compat) -> _
                 fix = (f"its '{bad[-1]}' targets are "
                        f"{', '.join(v + bad[-1] for v in variants) or 'none'}")
             else:
-                fix = f"it targets {', '.join(facts.archs)}"
+                fix = f"it targets {', '.join(compat.toolkit_archs(family, toolkit))}"
             raise src.error(path, f"{label} {implied} cannot target arch '{bad}'", fix)
     if merged.ptx:
         if family == "rocm":
@@ -386,7 +390,7 @@ def _matches(rule: Rule, values: dict[str, str], pythons: list[str]) -> bool:
 
 
 def _included(matrix: Matrix, src: Source, compat: Compat, flavors: dict[str, _Flavor],
-              rule: Rule, at: tuple[str | int, ...]) -> list[Cell]:
+              rule: Rule, at: tuple[str | int, ...], dropped: list[Dropped]) -> list[Cell]:
     for key in ("torch", "flavor"):
         value = getattr(rule, key)
         if value is None:
@@ -414,13 +418,19 @@ def _included(matrix: Matrix, src: Source, compat: Compat, flavors: dict[str, _F
             rng = compat.python_range(torch)
             raise src.error(at, f"torch {series(torch)} supports Python {rng.min}–{rng.max}, "
                                 f"not {', '.join(pythons)}", "pick a supported Python")
-        cells += [_cell(matrix, src, compat, torch, flavor, plat, g)
-                  for g in python_groups(usable, matrix.extension.abi3)]
+        for group in python_groups(usable, matrix.extension.abi3):
+            label = _label(torch, flavor.name, plat, group,
+                           matrix.extension.abi3 and not _free_threaded(group))
+            archs, reason = _torch_archs(compat, [torch], flavor, label, dropped)
+            if reason:
+                raise src.error(at, f"included combination does not exist: {reason}")
+            cells.append(_cell(matrix, src, compat, torch, flavor, plat, group, archs=archs))
     return cells
 
 
 def _stable_cells(matrix: Matrix, src: Source, compat: Compat, flavors: dict[str, _Flavor],
-                  torches: list[str], group: StableGroup, at: tuple[str | int, ...]
+                  torches: list[str], group: StableGroup, at: tuple[str | int, ...],
+                  dropped: list[Dropped]
                   ) -> list[tuple[Cell, dict[tuple[str, str, str], str]]]:
     """One group's cells, each with the per-torch cells it stands in for."""
     torch = _pin_torch(group.from_, at + ("from",), src, compat)
@@ -456,8 +466,17 @@ def _stable_cells(matrix: Matrix, src: Source, compat: Compat, flavors: dict[str
                 raise src.error(at + ("from",), "no Python of axes.python is supported by "
                                 f"every torch from {series(torch)} on", "widen axes.python")
             for pythons in python_groups(usable, matrix.extension.abi3):
+                label = _label(torch, name, plat, pythons,
+                               matrix.extension.abi3 and not _free_threaded(pythons))
+                # One wheel runs beside every torch it serves: an arch earns its place
+                # when any of them has kernels for it.
+                archs, reason = _torch_archs(compat, serves, flavor, f"stable {label}", dropped)
+                if reason:
+                    raise src.error(at + ("flavors", j), f"stable {name} wheels: {reason}",
+                                    "list an arch those torch releases are built for")
                 cell = _cell(matrix, src, compat, torch, flavor, plat, pythons,
-                             stable=group, serves=tuple(sorted(serves, key=version_key)))
+                             stable=group, serves=tuple(sorted(serves, key=version_key)),
+                             archs=archs)
                 served = {(name, plat, series(t)): cell.id for t in serves} if group.replace \
                     else {}
                 results.append((cell, served))
@@ -495,9 +514,35 @@ def _free_threaded(pythons: list[str]) -> bool:
     return any(p.endswith("t") for p in pythons)
 
 
+def _torch_archs(compat: Compat, torches: list[str], flavor: _Flavor, label: str,
+                 dropped: list[Dropped]) -> tuple[tuple[str, ...], str | None]:
+    """The flavor's archs that torch's own wheels of this flavor are built for, with the
+    others recorded in `dropped`; a reason instead when none is left.
+
+    PyTorch's ROCm arch list changes per torch release, so one rocmX.Y flavor spans
+    releases with different lists. Code for an arch torch has no kernels for cannot run
+    beside it; the cell is built for the rest. CUDA archs do not depend on the release.
+    """
+    archs = tuple(flavor.settings.archs or ())
+    if flavor.family != "rocm":
+        return archs, None
+    index = flavor_toolkit(flavor.name) or ""
+    built = {a for t in torches for a in compat.rocm_archs(t, index)}
+    kept = tuple(a for a in archs if a in built)
+    names = span(list({series(t) for t in torches}))
+    if not kept:
+        return kept, (f"torch {names} {flavor.name} wheels are built for none of "
+                      f"{', '.join(archs)}")
+    for arch in archs:
+        if arch not in built:
+            dropped.append(Dropped(f"{label} × {arch}", f"torch {names} {flavor.name} wheels "
+                                                        f"are not built for {arch}"))
+    return kept, None
+
+
 def _cell(matrix: Matrix, src: Source, compat: Compat, torch: str, flavor: _Flavor,
           platform: str, pythons: list[str], stable: StableGroup | None = None,
-          serves: tuple[str, ...] = ()) -> Cell:
+          serves: tuple[str, ...] = (), archs: tuple[str, ...] | None = None) -> Cell:
     abi3 = matrix.extension.abi3 and not _free_threaded(pythons)
     torch_series = series(torch)
     s = flavor.settings
@@ -507,7 +552,7 @@ def _cell(matrix: Matrix, src: Source, compat: Compat, torch: str, flavor: _Flav
         cell_id = f"py{pythons[0]}-{cell_id}"
     if platform != DEFAULT_PLATFORM:
         cell_id += f"-{platform}"
-    archs = tuple(s.archs or ())
+    archs = tuple(s.archs or ()) if archs is None else archs
     ptx = tuple(s.ptx or ())
     if flavor.family == "cuda":
         arch_list = ";".join(a + ("+PTX" if a in ptx else "") for a in archs)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from . import source as yaml_source
 from .config import Family, Platform, _Model, validate
@@ -41,7 +41,20 @@ class TorchFacts(_Model):
     # CUDA toolkits with aarch64 (sbsa) wheels, where known; unknown: as on x86_64.
     aarch64_cuda: list[str] | None = None
     rocm: list[str] = Field(default_factory=list)
+    # ROCm flavor -> the gfx targets this release's wheels of that flavor are built for,
+    # where they differ from the ROCm version's own list: PyTorch changes its arch list
+    # per release (gfx1102 arrived in 2.7, gfx1103 in 2.13), not per ROCm version.
+    rocm_archs: dict[str, list[str]] = Field(default_factory=dict)
     source: str
+
+    @model_validator(mode="after")
+    def _archs_of_published_flavors(self) -> TorchFacts:
+        # An arch list for a flavor the release does not ship is a typo or a stale entry.
+        stray = [v for v in self.rocm_archs if v not in self.rocm]
+        if stray:
+            raise ValueError(f"rocm_archs names ROCm {', '.join(stray)}, which is not in rocm "
+                             f"({', '.join(self.rocm) or 'none'})")
+        return self
 
 
 class ToolkitFacts(_Model):
@@ -108,11 +121,34 @@ class Compat:
         table = self.toolkits(family)
         return table.get(version) or table.get(series(version))
 
+    def toolkit_archs(self, family: Family, version: str) -> list[str]:
+        """Every arch some torch release builds for with this toolkit: the toolkit's own
+        list, then what per-release lists add to it."""
+        facts = self.toolkit(family, version)
+        if facts is None:
+            return []
+        archs = list(facts.archs)
+        if family == "rocm":
+            key = version if version in self.facts.rocm else series(version)
+            for entry in self.facts.torch.values():
+                archs += [a for a in entry.rocm_archs.get(key, []) if a not in archs]
+        return archs
+
+    def rocm_archs(self, torch: str, flavor_version: str) -> list[str]:
+        """The gfx targets of torch's wheels on the ROCm index `flavor_version` (rocm6.2.4
+        -> "6.2.4"): the release's own list where it has one, else the ROCm version's."""
+        facts = self.torch(torch)
+        if facts is not None and flavor_version in facts.rocm_archs:
+            return list(facts.rocm_archs[flavor_version])
+        toolkit = self.toolkit("rocm", flavor_version)
+        return list(toolkit.archs) if toolkit else []
+
     def unsupported_archs(self, family: Family, toolkit: str, archs: list[str]) -> list[str]:
         facts = self.toolkit(family, toolkit)
         if facts is None:
             return list(archs)
-        allowed = {*facts.archs, *(f"{a}a" for a in facts.arch_specific),
+        allowed = {*self.toolkit_archs(family, toolkit),
+                   *(f"{a}a" for a in facts.arch_specific),
                    *(f"{a}f" for a in facts.family_specific)}
         return [a for a in archs if a not in allowed]
 

@@ -474,7 +474,8 @@ def _per_version(
 # ------------------------------------------------------------------------- refresh
 
 # What compat.py's TorchFacts assumes for a key that is not written.
-_DEFAULTS: dict[str, Any] = {"python_free_threaded": [], "cuda": [], "rocm": [], "only_in": {}}
+_DEFAULTS: dict[str, Any] = {"python_free_threaded": [], "cuda": [], "rocm": [], "only_in": {},
+                             "rocm_archs": {}}
 
 
 def refresh(
@@ -492,7 +493,9 @@ def refresh(
     platform). From download.pytorch.org's per-flavor indexes, one flavor at a time:
     whether the series is in that flavor's cuda/rocm list, and only_in when only some
     of its patch releases are; an index that cannot be read leaves its toolkit's
-    entries as written. Each changed series gets dated evidence appended to `source`.
+    entries as written. Hand-written keys (cxx, rocm_archs, aarch64_cuda) stay, except
+    the rocm_archs entry of a ROCm flavor the index shows the release does not ship.
+    Each changed series gets dated evidence appended to `source`.
     """
     path = Path(compat_path)
     old_text = path.read_text()
@@ -655,6 +658,13 @@ def _index_changes(
             changed[family] = sorted(wanted, key=Version)
     if only_in != _current(entry, "only_in"):
         changed["only_in"] = dict(sorted(only_in.items(), key=lambda kv: Version(kv[0])))
+    # The arch list of a ROCm flavor the release turns out not to ship would fail
+    # validation; a flavor that appears gets the ROCm version's list until a person adds one.
+    archs = dict(_current(entry, "rocm_archs"))
+    gone = [v for v in archs if v not in changed.get("rocm", _current(entry, "rocm"))]
+    if gone:
+        changed["rocm_archs"] = {v: a for v, a in archs.items() if v not in gone}
+        evidence.append(f"rocm_archs -{', -'.join(gone)} (flavor gone)")
     return evidence
 
 
