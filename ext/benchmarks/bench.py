@@ -5,12 +5,15 @@ torch.segment_reduce and a plain copy of the same bytes; write JSON.
     python benchmarks/bench.py --device cpu --quick --out /tmp/b.json   # smoke test
     python benchmarks/render.py results.json --out docs/benchmarks.md
 
-Cases: every dtype x inner width x segment-length law, on --rows rows:
+Cases: every dtype x inner width x segment-length law. On a GPU each case's
+src holds --src-mib MiB (512 by default: rows = bytes / (inner * element size)),
+far more than any L2 cache, so every op is timed at DRAM speed; --rows fixes
+the row count instead.
 
     short   lengths uniform in [1, 16]
     long    lengths uniform in [512, 1536]
     power   Pareto, alpha 1.1: floor((1 - U) ** (-1 / alpha)) >= 1 (the longest
-            is near 1e5 rows for 2^22 rows)
+            is near 1e5 rows for 2^22 rows, 1e7 for 2^28)
     giant   one segment holding every row
 
 Lengths are drawn (seeded) until they cover the rows; the last one is cut so
@@ -18,7 +21,9 @@ that they sum to exactly the rows. Where src and its companions would not fit
 in GPU memory, the rows are halved until they do (``rows_requested`` in the
 case says so).
 
-Per case, measured side by side in one run (CUDA events, warm-up, median):
+Per case, measured side by side in one run (CUDA events, warm-up, median; the
+GPU is kept busy while the host enqueues each op, so the host's own overhead
+is not timed):
 
     native_forward           segment_ops.segment_sum(src, indptr)
     native_backward          segment_ops.segment_gather(grad_out, indptr, rows)
@@ -63,6 +68,7 @@ OPS = (
 )
 FORWARD_OPS = ("native_forward", "triton_forward", "segment_reduce_forward")
 PARETO_ALPHA = 1.1
+SPIN_CYCLES = 2_000_000  # about a millisecond: longer than dispatching any op here
 
 
 def segment_lengths(law: str, rows: int, seed: int) -> np.ndarray:
@@ -116,6 +122,9 @@ class Timer:
             return time.perf_counter() - t0
         start = torch.cuda.Event(enable_timing=True)
         end = torch.cuda.Event(enable_timing=True)
+        # The device spins while Python dispatches the op, so the events bracket
+        # device work only (a short op would otherwise time the host).
+        torch.cuda._sleep(SPIN_CYCLES)
         start.record()
         fn()
         end.record()
@@ -172,10 +181,10 @@ def fits(rows: int, inner: int, elem: int, device: torch.device) -> bool:
     return 5 * rows * inner * elem < 0.8 * free
 
 
-def run_case(dtype_name, law, inner, rows_requested, lengths_for, timer, device, no_triton):
+def run_case(dtype_name, law, inner, rows_for, lengths_for, timer, device, no_triton):
     dtype = getattr(torch, dtype_name)
     elem = torch.empty((), dtype=dtype).element_size()
-    rows = rows_requested
+    rows = rows_requested = rows_for(inner, elem)
     while rows > 1024 and not fits(rows, inner, elem, device):
         rows //= 2
     indptr = make_indptr(lengths_for(law, rows), device)
@@ -317,7 +326,10 @@ def main(argv=None):
     parser.add_argument("--inners", default=",".join(map(str, INNERS)), help="comma-separated")
     parser.add_argument("--laws", default=",".join(LAWS), help=f"comma-separated of {LAWS}")
     parser.add_argument(
-        "--rows", type=int, help="rows per case (default 2^22 on GPU, 2^16 on CPU, 2^12 quick)"
+        "--rows", type=int, help="rows per case (default on CPU 2^16, 2^12 quick)"
+    )
+    parser.add_argument(
+        "--src-mib", type=int, default=512, help="src size per case on a GPU, unless --rows"
     )
     parser.add_argument("--repeat", type=int, help="timed runs per op, median (default 20)")
     parser.add_argument("--warmup", type=int, help="untimed runs first (default 3)")
@@ -330,7 +342,16 @@ def main(argv=None):
     device = torch.device(args.device)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
-    rows = args.rows or (1 << 12 if args.quick else 1 << 22 if device.type == "cuda" else 1 << 16)
+    if args.rows or args.quick or device.type != "cuda":
+        fixed = args.rows or (1 << 12 if args.quick else 1 << 16)
+
+        def rows_for(inner, elem):
+            return fixed
+    else:
+        fixed = None
+
+        def rows_for(inner, elem):
+            return max(1024, (args.src_mib << 20) // (inner * elem))
     repeat = args.repeat or (3 if args.quick else 20)
     warmup = args.warmup if args.warmup is not None else (1 if args.quick else 3)
     budget = min(args.budget, 0.2) if args.quick else args.budget
@@ -369,7 +390,8 @@ def main(argv=None):
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join(shlex.quote(a) for a in ["python", *sys.argv]),
         "settings": {
-            "rows": rows,
+            "rows": fixed,
+            "src_mib": None if fixed else args.src_mib,
             "dtypes": dtypes,
             "inners": inners,
             "laws": laws,
@@ -400,7 +422,8 @@ def main(argv=None):
     for dtype_name in dtypes:
         for law in laws:
             for inner in inners:
-                case = run_case(dtype_name, law, inner, rows, lengths_for, timer, device, no_triton)
+                case = run_case(dtype_name, law, inner, rows_for, lengths_for, timer, device,
+                                no_triton)
                 cases.append(case)
                 print(table_line([get(case) for _, _, get in COLUMNS]), flush=True)
                 if device.type == "cuda":

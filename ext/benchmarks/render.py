@@ -80,6 +80,14 @@ def render_command(bench_command: str, source_name: str) -> str:
     return f"python {posixpath.join(folder, 'render.py')} {results} --out {docs}"
 
 
+def size(settings: dict) -> str:
+    if settings.get("rows"):
+        return f"{settings['rows']} rows"
+    if settings.get("src_mib"):
+        return f"src of {settings['src_mib']} MiB (rows = that / (inner × element size))"
+    return "?"
+
+
 def render(data: dict, source_name: str) -> str:
     header, cases = data["header"], data["cases"]
     settings = header.get("settings", {})
@@ -110,7 +118,7 @@ def render(data: dict, source_name: str) -> str:
         f"| Triton | {header.get('triton') or MISSING} |",
         f"| segment_ops | {build} |",
         f"| Date (UTC) | {header.get('date', '?')} |",
-        f"| Rows per case | {settings.get('rows', '?')} |",
+        f"| Size per case | {size(settings)} |",
         f"| Timing | median of up to {settings.get('repeat', '?')} runs after "
         f"{settings.get('warmup', '?')} warm-up run(s) ({settings.get('timer', '?')}) |",
         "",

@@ -7,20 +7,33 @@
 //   segment_gather: out[r, :] = src[s, :] for the segment s that holds row r
 //                   (the backward of segment_sum; rows outside every segment get 0)
 //
-// Both are memory-bound, so the design goal is copy bandwidth whatever the
-// segment lengths. Each block owns one contiguous, equally sized range of rows
-// (one wave of blocks fills the GPU) and streams it in tiles of a few KB. A
-// block finds its first segment with one search of indptr and then walks the
-// segment boundaries forward, tile by tile, so a giant segment is spread over
-// every SM and a million tiny ones cost no more than their bytes. Sums of
-// segments that cross a block boundary are finished by a small second kernel
-// from per-block partials in the caller's workspace, always in the same order:
-// results are deterministic.
+// Both are memory-bound: the goal is copy bandwidth whatever the segment
+// lengths, so rows, not segments, are the unit of work, and a giant segment is
+// spread over every SM as evenly as a million tiny ones. Two designs share
+// that goal, chosen by row width:
+//
+// * Stream kernels (rows wider than 16 bytes, and gathers over long segments).
+//   The rows are cut into equal contiguous ranges, one per group of threads,
+//   as many groups as fit on the GPU at once; a group has one thread per
+//   16-byte piece of a row. A group finds the segment open at its first row
+//   with one search and streams its rows in order, several loads in flight
+//   per thread, summing in registers and writing each total when the
+//   segment's last row has gone by. No thread waits for another in the loop.
+//
+// * Tile kernels (rows of 16 bytes or less). Streaming one thread per row
+//   range would spread each warp's loads over 32 distant lines, so a block
+//   instead loads contiguous tiles of 16 KB through shared memory, walks the
+//   segment starts of the tile together, and combines per-thread runs with a
+//   block scan.
+//
+// Segments that cross a block boundary are finished by a small fix-up kernel
+// from per-block partials in the caller's workspace. Partials are always added
+// in the same order: results are deterministic.
 //
 // ROCm builds hipify this header, so it keeps to the CUDA runtime, the fp16/bf16
 // headers and cub block primitives (hipcub): no warp intrinsics, no inline PTX,
-// no assumption about the warp size. Nothing here synchronizes with the host or
-// allocates: the ops can be captured in a CUDA graph.
+// no assumption about the warp size for correctness. Nothing here synchronizes
+// with the host or allocates: the ops can be captured in a CUDA graph.
 //
 // indptr is never validated (that would need a device-to-host copy). Every
 // value read from it is clamped into [0, rows]; a malformed indptr gives
@@ -42,14 +55,22 @@
 namespace segment_ops::cuda {
 namespace detail {
 
-constexpr int kThreads = 256;               // every kernel; a multiple of any warp size
+constexpr int kThreads = 256;                     // every kernel; a multiple of any warp size
 constexpr int kMaxBlocksPerSm = 2048 / kThreads;  // no GPU keeps more than 2048 threads per SM
-constexpr int kThreadBytes = 64;            // src bytes per thread and tile: 16 KB tiles
-constexpr int kMaxRunRows = 16;             // rows per thread and tile, at most
-constexpr int kFixupCols = 16;              // columns per fix-up block
-constexpr int64_t kFixupBlocks = 16384;     // fix-up grid size to aim at (most blocks exit at once)
+// Resident blocks per SM the kernels' registers are budgeted for: resident
+// blocks are what keeps bytes in flight.
+constexpr int kTileBlocksPerSm = 4;
+constexpr int kStreamBlocksPerSm = 4;
+constexpr int kThreadBytes = 64;     // tile kernels: src bytes per thread and tile (16 KB tiles)
+constexpr int kMaxRunRows = 16;      // tile kernels: rows per thread and tile, at most
+constexpr int kBatch = 4;            // stream kernels: 16-byte loads per thread in flight
+constexpr int kMinGroupRows = 32;    // stream kernels: small inputs get fewer, fuller groups
+constexpr int kTeam = 32;            // stream gather: threads that write contiguous rows together
+constexpr int kFixupCols = 16;       // columns per fix-up block
+constexpr int64_t kFixupBlocks = 16384;  // fix-up grid size to aim at (most blocks exit at once)
 constexpr int64_t kMaxGridY = 65535;
 constexpr int kMaxDevices = 64;
+constexpr int64_t kNever = INT64_MAX;  // the end of the virtual segment after the last one
 
 __host__ __device__ constexpr int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
 __host__ __device__ constexpr int64_t imax(int64_t a, int64_t b) { return a > b ? a : b; }
@@ -114,6 +135,61 @@ __device__ __forceinline__ Pack<T, W> zero_pack() {
   return z;
 }
 
+__device__ __forceinline__ int64_t clamp_row(int64_t v, int64_t rows) {
+  return v < 0 ? 0 : (v > rows ? rows : v);
+}
+
+// Start row of segment s, clamped into [0, rows].
+__device__ __forceinline__ int64_t start_of(const int64_t* __restrict__ indptr, int64_t s,
+                                            int64_t rows) {
+  return clamp_row(indptr[s], rows);
+}
+
+// First s in [0, segments + 1] with start_of(s) >= x; the same answer in every
+// thread. Each step probes kThreads evenly spaced entries at once, so 3
+// dependent loads cover 16M segments where a binary search would wait on 24.
+__device__ inline int64_t block_lower_bound(const int64_t* __restrict__ indptr, int64_t segments,
+                                            int64_t rows, int64_t x) {
+  int64_t lo = 0, hi = segments + 1;  // the answer lies in [lo, hi]
+  while (lo < hi) {
+    const int64_t step = ceil_div(hi - lo, kThreads);
+    const int64_t probe = lo + (threadIdx.x + 1) * step - 1;
+    const bool below = probe < hi && start_of(indptr, probe, rows) < x;
+    lo += static_cast<int64_t>(__syncthreads_count(below)) * step;
+    hi = imin(hi, lo + step - 1);
+  }
+  return lo;
+}
+
+// The last s in [lo, hi] with start_of(s) <= x, or lo - 1 when there is none.
+__device__ __forceinline__ int64_t last_start_at(const int64_t* __restrict__ indptr,
+                                                 int64_t rows, int64_t x, int64_t lo,
+                                                 int64_t hi) {
+  int64_t a = lo - 1, b = hi;
+  while (a < b) {
+    const int64_t mid = a + (b - a + 1) / 2;
+    if (start_of(indptr, mid, rows) <= x) a = mid;
+    else b = mid - 1;
+  }
+  return a;
+}
+
+// The segment that holds row x (-1 before indptr[0], `segments` from
+// indptr[segments] on), searched among [lo, hi], which the caller knows holds
+// it. Empty segments starting at x come before it.
+__device__ __forceinline__ int64_t segment_at(const int64_t* __restrict__ indptr, int64_t segments,
+                                              int64_t rows, int64_t x, int64_t lo, int64_t hi) {
+  return last_start_at(indptr, rows, x, imax(lo, 0), imin(hi, segments));
+}
+
+__device__ __forceinline__ int64_t end_of(const int64_t* __restrict__ indptr, int64_t segments,
+                                          int64_t rows, int64_t s) {
+  return s < segments ? start_of(indptr, s + 1, rows) : kNever;
+}
+
+// ---------------------------------------------------------------------------
+// Tile kernels (rows of at most 16 bytes)
+
 // Tile shape for elements T read W at a time (W = the whole row for narrow rows):
 // each thread takes a run of kRunRows consecutive rows, kThreadBytes per tile.
 template <typename T, int W>
@@ -130,32 +206,6 @@ struct Geometry {
   static constexpr int kStageUnits = kRunRows * kPackBytes / 16;  // 16-byte loads per thread
   static constexpr int kStageWords = padded(kMaxTileRows * kPackBytes / 4 - 1) + 1;
 };
-
-__device__ __forceinline__ int64_t clamp_row(int64_t v, int64_t rows) {
-  return v < 0 ? 0 : (v > rows ? rows : v);
-}
-
-__device__ __forceinline__ int64_t row_at(const int64_t* __restrict__ indptr, int64_t s,
-                                          int64_t rows) {
-  return clamp_row(indptr[s], rows);
-}
-
-// First s in [0, segments] with indptr[s] >= x (segments + 1 if none); the
-// same answer in every thread. Each step probes kThreads evenly spaced entries
-// at once, so 3 dependent loads cover 16M segments where a binary search
-// would wait on 24.
-__device__ inline int64_t block_lower_bound(const int64_t* __restrict__ indptr, int64_t segments,
-                                            int64_t rows, int64_t x) {
-  int64_t lo = 0, hi = segments + 1;  // the answer lies in [lo, hi]
-  while (lo < hi) {
-    const int64_t step = ceil_div(hi - lo, kThreads);
-    const int64_t probe = lo + (threadIdx.x + 1) * step - 1;
-    const bool below = probe < hi && row_at(indptr, probe, rows) < x;
-    lo += static_cast<int64_t>(__syncthreads_count(below)) * step;
-    hi = imin(hi, lo + step - 1);
-  }
-  return lo;
-}
 
 // Walks the segment starts of the tile [t0, t1), beginning at segment `first`,
 // and returns the first segment that starts after the tile. Each start marks
@@ -302,7 +352,6 @@ __device__ __forceinline__ T stage_element(const uint32_t* stage, int e) {
   return v;
 }
 
-// ---------------------------------------------------------------------------
 // segment_sum
 
 // A partial sum tagged with the tile-relative mark of the last segment start
@@ -322,8 +371,8 @@ struct KeyedSumOp {
   }
 };
 
-template <typename T, int W, bool kNarrow>
-struct SumShared {
+template <typename T, int W>
+struct TileSumShared {
   using Acc = typename Num<T>::acc;
   using G = Geometry<T, W>;
   using Scan = cub::BlockScan<KeyedSum<Acc>, kThreads, cub::BLOCK_SCAN_WARP_SCANS>;
@@ -341,56 +390,43 @@ struct SumShared {
   int run_key[kThreads];
   Acc run_val[kThreads * W];
   Acc carry_val[kThreads * W];
-  uint32_t stage[kNarrow ? G::kStageWords : 1];
+  uint32_t stage[G::kStageWords];
 };
 
-// One block's row range for the column slab `slab`. Threads form `groups` groups
-// of `lanes` threads, one lane per W-column pack of the slab (narrow rows: one
-// thread per group, the whole row). Within a tile, group g sums its run of
-// kRunRows consecutive rows sequentially; a segmented scan over the runs then
-// gives each run the sum of the earlier rows of its first segment, and every
-// segment's total is written by the thread whose run holds its last row.
-template <typename T, int W, bool kNarrow>
-__device__ __forceinline__ void sum_block(const T* __restrict__ src,
+// One block's row range. Within a tile, thread g sums its run of kRunRows
+// consecutive rows sequentially; a segmented scan over the runs then gives each
+// run the sum of the earlier rows of its first segment, and every segment's
+// total is written by the thread whose run holds its last row.
+template <typename T, int W>
+__device__ __forceinline__ void tile_sum_block(const T* __restrict__ src,
                                           const int64_t* __restrict__ indptr, T* __restrict__ out,
                                           int64_t rows, int64_t segments, int64_t inner,
-                                          int64_t rows_per_block, int64_t slab,
+                                          int64_t rows_per_block,
                                           int64_t* __restrict__ head_key,
                                           int64_t* __restrict__ tail_key,
                                           typename Num<T>::acc* __restrict__ head_val,
                                           typename Num<T>::acc* __restrict__ tail_val,
-                                          SumShared<T, W, kNarrow>& sm) {
+                                          TileSumShared<T, W>& sm) {
   using Acc = typename Num<T>::acc;
   using G = Geometry<T, W>;
   using Item = KeyedSum<Acc>;
-  using Scan = typename SumShared<T, W, kNarrow>::Scan;
+  using Scan = typename TileSumShared<T, W>::Scan;
   constexpr int kRun = G::kRunRows;
   const int tid = threadIdx.x;
 
-  const int lanes = kNarrow ? 1 : static_cast<int>(imin(kThreads, inner / W - slab * kThreads));
-  const int groups = kThreads / lanes;
-  const int tile_rows = groups * kRun;
-  const int g = tid / lanes, l = tid - g * lanes;
-  const bool active = g < groups, lead = active && l == 0;
-  const int64_t row_len = kNarrow ? W : inner;
-  const int64_t col = kNarrow ? 0 : (slab * kThreads + l) * W;
+  constexpr int lanes = 1, groups = kThreads, l = 0, tile_rows = groups * kRun;
+  const int g = tid;
+  constexpr bool active = true;
+  const bool lead = true;
+  constexpr int64_t row_len = W, col = 0;
   const int64_t block = blockIdx.x;
   const int64_t r0 = block * rows_per_block, r1 = imin(rows, r0 + rows_per_block);
-  const int scan_len = lanes * W * groups;  // run partials, <= kThreads * W
+  const int scan_len = W * groups;  // run partials
 
-  uint4 staged[kNarrow ? G::kStageUnits : 1];
-  Pack<T, W> data[kNarrow ? 1 : kRun];
+  uint4 staged[G::kStageUnits];
   auto load_tile = [&](int64_t t0) {
     const int64_t t1 = imin(r1, t0 + tile_rows);
-    if constexpr (kNarrow) {
-      load_stage(staged, src + t0 * W, static_cast<int>(t1 - t0) * G::kPackBytes);
-    } else {
-#pragma unroll
-      for (int j = 0; j < kRun; ++j) {
-        const int64_t r = t0 + g * kRun + j;
-        data[j] = active && r < t1 ? load_pack<T, W>(src + r * inner + col) : zero_pack<T, W>();
-      }
-    }
+    load_stage(staged, src + t0 * W, static_cast<int>(t1 - t0) * G::kPackBytes);
   };
 
   for (int i = tid; i < G::kMarks; i += kThreads) sm.marks[i] = 0;
@@ -401,8 +437,8 @@ __device__ __forceinline__ void sum_block(const T* __restrict__ src,
   // The segment open at r0 that began in an earlier block: its partial sum
   // goes to the workspace (head); the fix-up kernel adds it to the owner's.
   const int64_t head =
-      first >= 1 && first <= segments && row_at(indptr, first, rows) > r0 ? first - 1 : -1;
-  if (slab == 0 && tid == 0 && head_key != nullptr) head_key[block] = head;
+      first >= 1 && first <= segments && start_of(indptr, first, rows) > r0 ? first - 1 : -1;
+  if (tid == 0 && head_key != nullptr) head_key[block] = head;
   int64_t carry = head >= 0 ? head : segments;  // segment open at the tile start
   int64_t next = first;                         // first segment start not walked yet
   int64_t expected = starts_per_tile(segments, rows, tile_rows);
@@ -424,7 +460,7 @@ __device__ __forceinline__ void sum_block(const T* __restrict__ src,
   for (int64_t t0 = r0; t0 < r1; t0 += tile_rows) {
     const int64_t t1 = imin(r1, t0 + tile_rows);
     const int nrows = static_cast<int>(t1 - t0);
-    if constexpr (kNarrow) store_stage(sm.stage, staged);
+    store_stage(sm.stage, staged);
     const int64_t tile_first = next;
     next = walk_starts<G::kWalkSteps>(
         indptr, segments, rows, t0, t1, tile_first, walk_steps(expected, groups, G::kWalkSteps), g,
@@ -432,29 +468,14 @@ __device__ __forceinline__ void sum_block(const T* __restrict__ src,
         [&](int64_t s) { store_pack(out + s * row_len + col, zero_pack<T, W>()); });
     expected = next - tile_first;
     auto segment = [&](int key) { return key == 0 ? carry : tile_first + key - 1; };
-    if constexpr (kNarrow) {
-      if (t0 + tile_rows < r1) load_tile(t0 + tile_rows);  // staged is free again
-    }
+    if (t0 + tile_rows < r1) load_tile(t0 + tile_rows);  // staged is free again
 
     // Run rows are read twice (sum, then flush) instead of being held:
     // registers bound the resident blocks, and with them the bytes in flight.
-    // Wide rows keep their marks in registers, as the group's lanes share them.
-    int held[kNarrow ? 1 : kRun];
-    if constexpr (!kNarrow) {
-#pragma unroll
-      for (int j = 0; j < kRun; ++j) held[j] = active ? sm.marks[padded(g * kRun + j)] : 0;
-    }
-    auto mark_at = [&](int j) {
-      if constexpr (kNarrow) return sm.marks[padded(g * kRun + j)];
-      else return held[j];
-    };
+    auto mark_at = [&](int j) { return sm.marks[padded(g * kRun + j)]; };
     auto value = [&](int j, int k) -> Acc {
-      if constexpr (kNarrow) {
-        const int r = g * kRun + j;
-        return r < nrows ? Num<T>::to_acc(stage_element<T>(sm.stage, r * W + k)) : Acc(0);
-      } else {
-        return Num<T>::to_acc(data[j].v[k]);
-      }
+      const int r = g * kRun + j;
+      return r < nrows ? Num<T>::to_acc(stage_element<T>(sm.stage, r * W + k)) : Acc(0);
     };
 
     // This run's own part: the rows after its last segment start.
@@ -529,9 +550,6 @@ __device__ __forceinline__ void sum_block(const T* __restrict__ src,
         for (int j = 0; j < kRun; ++j) sm.marks[padded(g * kRun + j)] = 0;
       }
     }
-    if constexpr (!kNarrow) {
-      if (t0 + tile_rows < r1) load_tile(t0 + tile_rows);  // in flight during the next walk
-    }
     __syncthreads();
     // The segment still open at the tile's end carries into the next tile.
     carry = segment(sm.run_key[groups - 1]);
@@ -542,7 +560,7 @@ __device__ __forceinline__ void sum_block(const T* __restrict__ src,
 
   // The segment open at r1: complete here, or a partial for the fix-up.
   bool crossing = false;
-  if (carry < segments) crossing = row_at(indptr, carry + 1, rows) > r1;
+  if (carry < segments) crossing = start_of(indptr, carry + 1, rows) > r1;
   if (tid < lanes && carry < segments) {  // thread tid is lane tid of group 0
     Acc v[W];
 #pragma unroll
@@ -555,87 +573,26 @@ __device__ __forceinline__ void sum_block(const T* __restrict__ src,
       flush(carry, v);
     }
   }
-  if (slab == 0 && tid == 0 && tail_key != nullptr)
+  if (tid == 0 && tail_key != nullptr)
     tail_key[block] = carry < segments && crossing && carry != head ? carry : -1;
 }
 
-// Resident blocks per SM the kernels are compiled for: registers, not shared
-// memory, limit them, and resident blocks are what keeps bytes in flight.
-constexpr int kSumBlocksPerSm(bool narrow) { return narrow ? 4 : 3; }
-constexpr int kGatherBlocksPerSm = 4;
-
 // Grid: x = row ranges (one per block, equal sizes, as many as fit on the GPU
-// at once), y = column slabs of kThreads packs (only rows wider than
-// kThreads * W elements have more than one). Rows are the unit of balance, so
-// every segment-length law costs the same per byte.
-template <typename T, int W, bool kNarrow>
-__global__ void __launch_bounds__(kThreads, kSumBlocksPerSm(kNarrow))
-    segment_sum_kernel(const T* __restrict__ src, const int64_t* __restrict__ indptr,
-                       T* __restrict__ out, int64_t rows, int64_t segments, int64_t inner,
-                       int64_t rows_per_block, int64_t slabs, int64_t* __restrict__ head_key,
-                       int64_t* __restrict__ tail_key, typename Num<T>::acc* __restrict__ head_val,
-                       typename Num<T>::acc* __restrict__ tail_val) {
-  __shared__ SumShared<T, W, kNarrow> sm;
-  for (int64_t slab = blockIdx.y; slab < slabs; slab += gridDim.y) {
-    sum_block<T, W, kNarrow>(src, indptr, out, rows, segments, inner, rows_per_block, slab,
-                             head_key, tail_key, head_val, tail_val, sm);
-    __syncthreads();
-  }
+// at once).
+template <typename T, int W>
+__global__ void __launch_bounds__(kThreads, kTileBlocksPerSm)
+    tile_sum_kernel(const T* __restrict__ src, const int64_t* __restrict__ indptr,
+                    T* __restrict__ out, int64_t rows, int64_t segments, int64_t inner,
+                    int64_t rows_per_block, int64_t* __restrict__ head_key,
+                    int64_t* __restrict__ tail_key, typename Num<T>::acc* __restrict__ head_val,
+                    typename Num<T>::acc* __restrict__ tail_val) {
+  __shared__ TileSumShared<T, W> sm;
+  tile_sum_block<T, W>(src, indptr, out, rows, segments, inner, rows_per_block, head_key, tail_key,
+                       head_val, tail_val, sm);
 }
-
-// Finishes the segments that cross block boundaries. Block x handles the
-// segment whose last partial block x holds (its tail) for kFixupCols columns:
-// it adds the heads of the following blocks the segment spans, split over
-// kThreads / kFixupCols threads per column and reduced in a fixed order. A
-// giant segment thus costs one read of blocks x inner partials, spread over
-// inner / kFixupCols blocks.
-template <typename T>
-__global__ void __launch_bounds__(kThreads)
-    segment_sum_fixup_kernel(const int64_t* __restrict__ indptr, T* __restrict__ out,
-                             int64_t rows, int64_t segments, int64_t inner,
-                             int64_t rows_per_block, int64_t blocks,
-                             const int64_t* __restrict__ head_key,
-                             const int64_t* __restrict__ tail_key,
-                             const typename Num<T>::acc* __restrict__ head_val,
-                             const typename Num<T>::acc* __restrict__ tail_val) {
-  using Acc = typename Num<T>::acc;
-  __shared__ Acc part[kThreads];
-  const int64_t b = blockIdx.x;
-  const int64_t s = tail_key[b];
-  if (s < 0 || s >= segments) return;
-  const int64_t end = row_at(indptr, s + 1, rows);
-  const int64_t last = imin(blocks - 1, (imax(end, 1) - 1) / rows_per_block);
-  const int64_t n = imax(0, last - b);  // blocks after b that hold part of s
-  const int cols = static_cast<int>(imin(kFixupCols, inner));
-  const int parts = kThreads / cols;
-  const int tid = threadIdx.x, c = tid % cols, j = tid / cols;
-  for (int64_t c0 = static_cast<int64_t>(blockIdx.y) * kFixupCols; c0 < inner;
-       c0 += static_cast<int64_t>(gridDim.y) * kFixupCols) {
-    const int64_t k = c0 + c;
-    Acc acc = 0;
-    if (j < parts && k < inner) {
-#pragma unroll 4
-      for (int64_t i = j; i < n; i += parts) {
-        const int64_t bb = b + 1 + i;
-        if (head_key[bb] == s) acc += head_val[bb * inner + k];
-      }
-    }
-    part[tid] = acc;
-    __syncthreads();
-    if (tid < cols && k < inner) {
-      Acc total = tail_val[b * inner + k];
-      for (int q = 0; q < parts; ++q) total += part[q * cols + tid];
-      out[s * inner + k] = Num<T>::from_acc(total);
-    }
-    __syncthreads();
-  }
-}
-
-// ---------------------------------------------------------------------------
-// segment_gather
 
 template <typename T, int W>
-struct GatherShared {
+struct TileGatherShared {
   using G = Geometry<T, W>;
   using Scan = cub::BlockScan<int, kThreads, cub::BLOCK_SCAN_WARP_SCANS>;
   using Reduce = cub::BlockReduce<int, kThreads>;
@@ -652,36 +609,31 @@ struct LastMark {
   __device__ __forceinline__ int operator()(int a, int b) const { return b >= 0 ? b : a; }
 };
 
-// Same row ranges and walk as segment_sum. Each tile first labels its rows
-// with their segment (run-local, then a block scan carries labels across
-// runs), then copies: narrow rows as 16-byte units of the output, wider rows
-// with one lane per W-column pack and consecutive rows in consecutive groups,
-// so every warp writes contiguous memory. Source rows are re-read by many
-// output rows and mostly come from cache.
-template <typename T, int W, bool kNarrow>
-__device__ __forceinline__ void gather_block(const T* __restrict__ src,
+// Same row ranges and walk as tile_sum. Each tile first labels its rows with
+// their segment (run-local, then a block scan carries labels across runs), then
+// writes 16-byte units of the output, so every warp writes contiguous memory.
+// Source rows are re-read by many output rows and mostly come from cache.
+template <typename T, int W>
+__device__ __forceinline__ void tile_gather_block(const T* __restrict__ src,
                                              const int64_t* __restrict__ indptr,
                                              T* __restrict__ out, int64_t rows, int64_t segments,
-                                             int64_t inner, int64_t rows_per_block, int64_t slab,
-                                             GatherShared<T, W>& sm) {
+                                             int64_t inner, int64_t rows_per_block,
+                                             TileGatherShared<T, W>& sm) {
   using G = Geometry<T, W>;
-  using Scan = typename GatherShared<T, W>::Scan;
+  using Scan = typename TileGatherShared<T, W>::Scan;
   constexpr int kRun = G::kRunRows;
   const int tid = threadIdx.x;
 
-  const int lanes = kNarrow ? 1 : static_cast<int>(imin(kThreads, inner / W - slab * kThreads));
-  const int groups = kThreads / lanes;
-  const int tile_rows = groups * kRun;
-  const int g = tid / lanes, l = tid - g * lanes;
-  const bool active = g < groups, lead = active && l == 0;
-  const int64_t col = kNarrow ? 0 : (slab * kThreads + l) * W;
+  constexpr int groups = kThreads, tile_rows = groups * kRun;
+  const int g = tid;
+  constexpr bool active = true, lead = true;
   const int64_t r0 = static_cast<int64_t>(blockIdx.x) * rows_per_block;
   const int64_t r1 = imin(rows, r0 + rows_per_block);
 
   for (int i = tid; i < G::kMarks; i += kThreads) sm.marks[i] = 0;
   const int64_t first = block_lower_bound(indptr, segments, rows, r0);
   int64_t carry =
-      first >= 1 && first <= segments && row_at(indptr, first, rows) > r0 ? first - 1 : segments;
+      first >= 1 && first <= segments && start_of(indptr, first, rows) > r0 ? first - 1 : segments;
   int64_t next = first;
   int64_t expected = starts_per_tile(segments, rows, tile_rows);
 
@@ -721,75 +673,426 @@ __device__ __forceinline__ void gather_block(const T* __restrict__ src,
     }
     __syncthreads();
 
-    if constexpr (kNarrow) {
-      constexpr int kUnitRows = 16 / G::kPackBytes;
-      constexpr int kVec = 16 / static_cast<int>(sizeof(T));
-      const int units = (nrows + kUnitRows - 1) / kUnitRows;
-      Pack<T, kVec> buf[G::kStageUnits];
+    {
+    constexpr int kUnitRows = 16 / G::kPackBytes;
+    constexpr int kVec = 16 / static_cast<int>(sizeof(T));
+    const int units = (nrows + kUnitRows - 1) / kUnitRows;
+    Pack<T, kVec> buf[G::kStageUnits];
 #pragma unroll
-      for (int k = 0; k < G::kStageUnits; ++k) {  // all loads first
-        const int u = k * kThreads + tid;
+    for (int k = 0; k < G::kStageUnits; ++k) {  // all loads first
+      const int u = k * kThreads + tid;
+#pragma unroll
+      for (int q = 0; q < kUnitRows; ++q) {
+        const int r = u * kUnitRows + q;
+        Pack<T, W> v = zero_pack<T, W>();
+        if (u < units && r < nrows) {
+          const int64_t s = segment(sm.row_key[padded(r)]);
+          if (s < segments) v = load_pack<T, W>(src + s * W);
+        }
+#pragma unroll
+        for (int e = 0; e < W; ++e) buf[k].v[q * W + e] = v.v[e];
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < G::kStageUnits; ++k) {
+      const int u = k * kThreads + tid;
+      if (u >= units) continue;
+      T* dst = out + (t0 + static_cast<int64_t>(u) * kUnitRows) * W;
+      if ((u + 1) * kUnitRows <= nrows) {
+        store_pack(dst, buf[k]);
+      } else {  // the array's last, partial unit
 #pragma unroll
         for (int q = 0; q < kUnitRows; ++q) {
-          const int r = u * kUnitRows + q;
-          Pack<T, W> v = zero_pack<T, W>();
-          if (u < units && r < nrows) {
-            const int64_t s = segment(sm.row_key[padded(r)]);
-            if (s < segments) v = load_pack<T, W>(src + s * W);
-          }
+          if (u * kUnitRows + q < nrows) {
+            Pack<T, W> v;
 #pragma unroll
-          for (int e = 0; e < W; ++e) buf[k].v[q * W + e] = v.v[e];
-        }
-      }
-#pragma unroll
-      for (int k = 0; k < G::kStageUnits; ++k) {
-        const int u = k * kThreads + tid;
-        if (u >= units) continue;
-        T* dst = out + (t0 + static_cast<int64_t>(u) * kUnitRows) * W;
-        if ((u + 1) * kUnitRows <= nrows) {
-          store_pack(dst, buf[k]);
-        } else {  // the array's last, partial unit
-#pragma unroll
-          for (int q = 0; q < kUnitRows; ++q) {
-            if (u * kUnitRows + q < nrows) {
-              Pack<T, W> v;
-#pragma unroll
-              for (int e = 0; e < W; ++e) v.v[e] = buf[k].v[q * W + e];
-              store_pack(dst + q * W, v);
-            }
+            for (int e = 0; e < W; ++e) v.v[e] = buf[k].v[q * W + e];
+            store_pack(dst + q * W, v);
           }
         }
       }
-    } else if (active) {
-      Pack<T, W> v[kRun];
-#pragma unroll
-      for (int i = 0; i < kRun; ++i) {
-        const int r = g + i * groups;
-        v[i] = zero_pack<T, W>();
-        if (r < nrows) {
-          const int64_t s = segment(sm.row_key[padded(r)]);
-          if (s < segments) v[i] = load_pack<T, W>(src + s * inner + col);
-        }
-      }
-#pragma unroll
-      for (int i = 0; i < kRun; ++i) {
-        const int r = g + i * groups;
-        if (r < nrows) store_pack(out + (t0 + r) * inner + col, v[i]);
-      }
+    }
     }
     carry = segment(sm.row_key[padded(nrows - 1)]);
   }
 }
 
-template <typename T, int W, bool kNarrow>
-__global__ void __launch_bounds__(kThreads, kGatherBlocksPerSm)
-    segment_gather_kernel(const T* __restrict__ src, const int64_t* __restrict__ indptr,
-                          T* __restrict__ out, int64_t rows, int64_t segments, int64_t inner,
-                          int64_t rows_per_block, int64_t slabs) {
-  __shared__ GatherShared<T, W> sm;
+template <typename T, int W>
+__global__ void __launch_bounds__(kThreads, kTileBlocksPerSm)
+    tile_gather_kernel(const T* __restrict__ src, const int64_t* __restrict__ indptr,
+                       T* __restrict__ out, int64_t rows, int64_t segments, int64_t inner,
+                       int64_t rows_per_block) {
+  __shared__ TileGatherShared<T, W> sm;
+  tile_gather_block<T, W>(src, indptr, out, rows, segments, inner, rows_per_block, sm);
+}
+
+// ---------------------------------------------------------------------------
+// Stream kernels (wider rows; gathers over long segments)
+
+// How a thread reads rows: a pack of W elements holds R whole rows of W / R
+// columns (R > 1: rows of less than 16 bytes) or, with R == 1, W columns of
+// one row, and the row's packs are spread over the group's lanes.
+template <typename T, int W, int R>
+struct Layout {
+  static_assert(W % R == 0, "a pack holds whole rows");
+  static constexpr int kCols = W / R;  // columns each thread sums
+  static constexpr int kRowsPerBatch = kBatch * R;
+};
+
+// Where a block and each of its groups work. Groups own equal, contiguous row
+// ranges (a multiple of R rows, so packs never straddle two groups).
+struct Place {
+  int lanes, groups, g, l;
+  int slab_lanes;  // lanes with columns in this slab (fewer only in the last of several)
+  bool active;
+  int64_t col;     // first column of this thread's pack
+  int64_t r0, r1;  // the block's rows
+  int64_t g0, g1;  // this group's rows
+};
+
+// The group width is the same in every slab, so every slab cuts the same rows.
+template <int R>
+__device__ __forceinline__ Place place(int64_t rows, int64_t inner, int W, int64_t group_rows,
+                                       int64_t slab) {
+  Place p;
+  const int tid = threadIdx.x;
+  const int64_t packs = R > 1 ? 1 : inner / W;
+  p.lanes = static_cast<int>(imin(kThreads, packs));
+  p.groups = kThreads / p.lanes;
+  p.g = tid / p.lanes;
+  p.l = tid - p.g * p.lanes;
+  p.slab_lanes = static_cast<int>(imin(p.lanes, packs - slab * kThreads));
+  p.active = p.g < p.groups && p.l < p.slab_lanes;
+  p.col = R > 1 ? 0 : (slab * kThreads + p.l) * W;
+  const int64_t block_rows = group_rows * p.groups;
+  p.r0 = imin(rows, static_cast<int64_t>(blockIdx.x) * block_rows);
+  p.r1 = imin(rows, p.r0 + block_rows);
+  p.g0 = imin(p.r1, p.r0 + p.g * group_rows);
+  p.g1 = p.active ? imin(p.r1, p.g0 + group_rows) : p.g0;
+  return p;
+}
+
+// The segment range the block's rows can touch, from one cooperative search per end.
+struct SegmentRange {
+  int64_t lo, hi;
+};
+
+__device__ __forceinline__ SegmentRange block_segments(const int64_t* __restrict__ indptr,
+                                                       int64_t segments, int64_t rows,
+                                                       const Place& p) {
+  // Segment at r0 >= lower_bound(r0) - 1; segment at any row < r1 < lower_bound(r1).
+  const int64_t lo = block_lower_bound(indptr, segments, rows, p.r0) - 1;
+  const int64_t hi = block_lower_bound(indptr, segments, rows, p.r1);
+  return {lo, hi};
+}
+
+template <typename T, int W, int R>
+__device__ __forceinline__ Pack<T, W> load_rows(const T* __restrict__ src, int64_t row,
+                                                int64_t inner, int64_t col, int64_t end_row) {
+  if (row + R <= end_row) return load_pack<T, W>(src + row * inner + col);
+  Pack<T, W> v = zero_pack<T, W>();
+  if constexpr (R > 1) {  // the array's last, partial pack
+#pragma unroll
+    for (int k = 0; k < W; ++k)
+      if (row + k / (W / R) < end_row) v.v[k] = src[row * inner + k];
+  }
+  return v;
+}
+
+// segment_sum
+
+template <typename T, int W>
+struct StreamSumShared {
+  using Acc = typename Num<T>::acc;
+  // Partials of segments that cross a group boundary: two per group (the one
+  // open at its first row, the one open after its last), column-major.
+  int64_t item_key[2 * kThreads];
+  Acc item_val[2 * kThreads * W];
+};
+
+template <typename T, int W, int R>
+__device__ __forceinline__ void stream_sum_block(const T* __restrict__ src,
+                                          const int64_t* __restrict__ indptr, T* __restrict__ out,
+                                          int64_t rows, int64_t segments, int64_t inner,
+                                          int64_t group_rows, int64_t slab,
+                                          int64_t* __restrict__ head_key,
+                                          int64_t* __restrict__ tail_key,
+                                          typename Num<T>::acc* __restrict__ head_val,
+                                          typename Num<T>::acc* __restrict__ tail_val,
+                                          StreamSumShared<T, W>& sm) {
+  using Acc = typename Num<T>::acc;
+  using L = Layout<T, W, R>;
+  constexpr int kCols = L::kCols;
+  const Place p = place<R>(rows, inner, W, group_rows, slab);
+  const SegmentRange range = block_segments(indptr, segments, rows, p);
+  const int items = 2 * p.groups;
+  const int cols = p.slab_lanes * kCols;
+
+  int64_t head = -1, tail = -1;
+  Acc acc[kCols];
+#pragma unroll
+  for (int k = 0; k < kCols; ++k) acc[k] = 0;
+  // The head's partial goes straight to shared memory: registers bound the
+  // resident blocks, and with them the bytes in flight.
+  auto keep_head = [&](int64_t s) {
+    head = s;
+#pragma unroll
+    for (int k = 0; k < kCols; ++k) sm.item_val[(p.l * kCols + k) * items + 2 * p.g] = acc[k];
+  };
+
+  if (p.g0 < p.g1) {
+    auto write = [&](int64_t s, const Acc (&v)[kCols]) {
+      Pack<T, kCols> o;
+#pragma unroll
+      for (int k = 0; k < kCols; ++k) o.v[k] = Num<T>::from_acc(v[k]);
+      store_pack(out + s * inner + p.col, o);
+    };
+    int64_t s = segment_at(indptr, segments, rows, p.g0, range.lo, range.hi);
+    // Empty segments starting at g0 are this group's to fill.
+    for (int64_t e = s - 1; e >= 0 && start_of(indptr, e, rows) == p.g0; --e)
+      store_pack(out + e * inner + p.col, zero_pack<T, kCols>());
+    bool started = s >= 0 && s < segments && start_of(indptr, s, rows) == p.g0;
+    int64_t end = end_of(indptr, segments, rows, s);
+
+    for (int64_t r = p.g0; r < p.g1; r += L::kRowsPerBatch) {
+      Pack<T, W> d[kBatch];
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b) {
+        const int64_t row = r + b * R;
+        d[b] = row < p.g1 ? load_rows<T, W, R>(src, row, inner, p.col, p.g1) : zero_pack<T, W>();
+      }
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b) {
+#pragma unroll
+        for (int q = 0; q < R; ++q) {
+          const int64_t row = r + b * R + q;
+          if (row >= p.g1) break;
+          if (row == end) {  // the segment before this row is complete
+            if (s >= 0 && s < segments) {
+              if (started) {
+                write(s, acc);
+              } else {  // it began in an earlier group
+                keep_head(s);
+              }
+            }
+            for (++s; s < segments && start_of(indptr, s + 1, rows) <= row; ++s)
+              store_pack(out + s * inner + p.col, zero_pack<T, kCols>());
+            end = end_of(indptr, segments, rows, s);
+            started = true;
+#pragma unroll
+            for (int k = 0; k < kCols; ++k) acc[k] = 0;
+          }
+#pragma unroll
+          for (int k = 0; k < kCols; ++k) acc[k] += Num<T>::to_acc(d[b].v[q * kCols + k]);
+        }
+      }
+    }
+    // The segment open after the last row.
+    if (s >= 0 && s < segments) {
+      if (started && end == p.g1) {
+        write(s, acc);
+      } else if (started) {
+        tail = s;
+      } else {
+        keep_head(s);
+      }
+    }
+    if (p.g1 == rows)  // empty segments at the very end
+      for (++s; s < segments; ++s) store_pack(out + s * inner + p.col, zero_pack<T, kCols>());
+  }
+
+  if (p.active) {
+#pragma unroll
+    for (int k = 0; k < kCols; ++k) sm.item_val[(p.l * kCols + k) * items + 2 * p.g + 1] = acc[k];
+    if (p.l == 0) {
+      sm.item_key[2 * p.g] = head;
+      sm.item_key[2 * p.g + 1] = tail;
+    }
+  }
+  __syncthreads();
+
+  // Each run of items of one segment is summed, in group order, by the thread
+  // of its first item; the segment goes to out when it lies within the block,
+  // else to the workspace for the fix-up kernel.
+  const int64_t col0 = R > 1 ? 0 : slab * kThreads * W;
+  for (int e = threadIdx.x; e < cols * items; e += kThreads) {
+    const int c = e / items, i = e - c * items;
+    const int64_t key = sm.item_key[i];
+    if (key < 0) continue;
+    int j = i - 1;
+    while (j >= 0 && sm.item_key[j] < 0) --j;
+    if (j >= 0 && sm.item_key[j] == key) continue;
+    Acc total = 0;
+    for (j = i; j < items; ++j) {
+      const int64_t k = sm.item_key[j];
+      if (k == key) total += sm.item_val[c * items + j];
+      else if (k >= 0) break;
+    }
+    const int64_t start = start_of(indptr, key, rows), end = start_of(indptr, key + 1, rows);
+    if (start >= p.r0 && end <= p.r1) out[key * inner + col0 + c] = Num<T>::from_acc(total);
+    else if (start < p.r0) head_val[blockIdx.x * inner + col0 + c] = total;
+    else tail_val[blockIdx.x * inner + col0 + c] = total;
+  }
+  if (slab == 0 && threadIdx.x == 0 && head_key != nullptr) {
+    int64_t first = -1, last = -1;
+    for (int i = 0; i < items; ++i) {
+      const int64_t k = sm.item_key[i];
+      if (k >= 0) {
+        if (first < 0) first = k;
+        last = k;
+      }
+    }
+    head_key[blockIdx.x] = first >= 0 && start_of(indptr, first, rows) < p.r0 ? first : -1;
+    tail_key[blockIdx.x] = last >= 0 && start_of(indptr, last, rows) >= p.r0 &&
+                                   start_of(indptr, last + 1, rows) > p.r1
+                               ? last
+                               : -1;
+  }
+}
+
+// Grid: x = row ranges (one per block, equal sizes, as many as fit on the GPU
+// at once), y = column slabs of kThreads packs (only rows wider than
+// kThreads * W elements have more than one).
+template <typename T, int W, int R>
+__global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
+    stream_sum_kernel(const T* __restrict__ src, const int64_t* __restrict__ indptr,
+                       T* __restrict__ out, int64_t rows, int64_t segments, int64_t inner,
+                       int64_t group_rows, int64_t slabs, int64_t* __restrict__ head_key,
+                       int64_t* __restrict__ tail_key, typename Num<T>::acc* __restrict__ head_val,
+                       typename Num<T>::acc* __restrict__ tail_val) {
+  __shared__ StreamSumShared<T, W> sm;
   for (int64_t slab = blockIdx.y; slab < slabs; slab += gridDim.y) {
-    gather_block<T, W, kNarrow>(src, indptr, out, rows, segments, inner, rows_per_block, slab,
-                                sm);
+    stream_sum_block<T, W, R>(src, indptr, out, rows, segments, inner, group_rows, slab, head_key,
+                       tail_key, head_val, tail_val, sm);
+    __syncthreads();
+  }
+}
+
+// segment_gather
+
+// The segment that holds `row`, at or after s (which held an earlier row and
+// ends at `end` <= row): a galloping search from s, so a step over k segments
+// costs about 2 log2(k) loads, all from the indptr lines the warp just read.
+__device__ __forceinline__ int64_t seek(const int64_t* __restrict__ indptr, int64_t segments,
+                                        int64_t rows, int64_t s, int64_t row) {
+  int64_t lo = s + 1;  // start_of(lo) <= row
+  int64_t step = 1;
+  while (lo + step <= segments && start_of(indptr, lo + step, rows) <= row) {
+    lo += step;
+    step *= 2;
+  }
+  return last_start_at(indptr, rows, row, lo + 1, imin(lo + step - 1, segments));
+}
+
+// Stores are what the gather moves, and stores want every warp on contiguous
+// memory. So a team of kTeam threads (or one group, if wider) owns a
+// contiguous row range, and its groups take its rows (R at a time) in turn:
+// consecutive groups write consecutive rows. Each thread keeps the current
+// segment's pack in registers, stores it to every row of the segment, and
+// seeks forward when a row leaves it. src is read about once per segment and
+// team, so this is a copy's traffic.
+template <typename T, int W, int R>
+__global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
+    stream_gather_kernel(const T* __restrict__ src, const int64_t* __restrict__ indptr,
+                          T* __restrict__ out, int64_t rows, int64_t segments, int64_t inner,
+                          int64_t team_rows, int64_t slabs) {
+  constexpr int kCols = Layout<T, W, R>::kCols;
+  const int tid = threadIdx.x;
+  const int64_t packs = R > 1 ? 1 : inner / W;
+  const int lanes = static_cast<int>(imin(kThreads, packs));
+  const int team = lanes >= kTeam ? lanes : kTeam / lanes * lanes;
+  const int teams = kThreads / team;
+  const int t = tid / team, in_team = tid - t * team;
+  const int groups = team / lanes, g = in_team / lanes, l = in_team - g * lanes;
+  const int64_t a0 = imin(rows, (static_cast<int64_t>(blockIdx.x) * teams + t) * team_rows);
+  const int64_t a1 = t < teams ? imin(rows, a0 + team_rows) : a0;
+  Place block;  // only the block's rows, for the bounds of the first search
+  block.r0 = imin(rows, static_cast<int64_t>(blockIdx.x) * teams * team_rows);
+  block.r1 = imin(rows, block.r0 + teams * team_rows);
+  const SegmentRange range = block_segments(indptr, segments, rows, block);
+  for (int64_t slab = blockIdx.y; slab < slabs; slab += gridDim.y) {
+    if (slab * kThreads + l >= packs) continue;
+    const int64_t col = R > 1 ? 0 : (slab * kThreads + l) * W;
+    const int64_t first = a0 + static_cast<int64_t>(g) * R;
+    if (first >= a1) continue;
+    int64_t s = segment_at(indptr, segments, rows, first, range.lo, range.hi);
+    int64_t end = end_of(indptr, segments, rows, s);
+    auto value = [&](int64_t seg) {
+      return seg >= 0 && seg < segments ? load_pack<T, kCols>(src + seg * inner + col)
+                                        : zero_pack<T, kCols>();
+    };
+    Pack<T, kCols> v = value(s);
+    for (int64_t row0 = first; row0 < a1; row0 += static_cast<int64_t>(groups) * R) {
+      Pack<T, W> o;
+#pragma unroll
+      for (int q = 0; q < R; ++q) {
+        const int64_t row = row0 + q;
+        if (row >= end && row < a1) {
+          s = seek(indptr, segments, rows, s, row);
+          end = end_of(indptr, segments, rows, s);
+          v = value(s);
+        }
+#pragma unroll
+        for (int k = 0; k < kCols; ++k) o.v[q * kCols + k] = v.v[k];
+      }
+      if (row0 + R <= a1) {
+        store_pack(out + row0 * inner + col, o);
+      } else {  // the array's last, partial pack
+#pragma unroll
+        for (int k = 0; k < W; ++k)
+          if (row0 + k / kCols < a1) out[row0 * inner + k] = o.v[k];
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Crossing segments, for both designs
+
+// Finishes the segments that cross block boundaries. Block x handles the
+// segment whose last partial block x holds (its tail) for kFixupCols columns:
+// it adds the heads of the following blocks the segment spans, split over
+// kThreads / kFixupCols threads per column and reduced in a fixed order. A
+// giant segment thus costs one read of blocks x inner partials, spread over
+// inner / kFixupCols blocks.
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    segment_sum_fixup_kernel(const int64_t* __restrict__ indptr, T* __restrict__ out,
+                             int64_t rows, int64_t segments, int64_t inner,
+                             int64_t rows_per_block, int64_t blocks,
+                             const int64_t* __restrict__ head_key,
+                             const int64_t* __restrict__ tail_key,
+                             const typename Num<T>::acc* __restrict__ head_val,
+                             const typename Num<T>::acc* __restrict__ tail_val) {
+  using Acc = typename Num<T>::acc;
+  __shared__ Acc part[kThreads];
+  const int64_t b = blockIdx.x;
+  const int64_t s = tail_key[b];
+  if (s < 0 || s >= segments) return;
+  const int64_t end = start_of(indptr, s + 1, rows);
+  const int64_t last = imin(blocks - 1, (imax(end, 1) - 1) / rows_per_block);
+  const int64_t n = imax(0, last - b);  // blocks after b that hold part of s
+  const int cols = static_cast<int>(imin(kFixupCols, inner));
+  const int parts = kThreads / cols;
+  const int tid = threadIdx.x, c = tid % cols, j = tid / cols;
+  for (int64_t c0 = static_cast<int64_t>(blockIdx.y) * kFixupCols; c0 < inner;
+       c0 += static_cast<int64_t>(gridDim.y) * kFixupCols) {
+    const int64_t k = c0 + c;
+    Acc acc = 0;
+    if (j < parts && k < inner) {
+#pragma unroll 4
+      for (int64_t i = j; i < n; i += parts) {
+        const int64_t bb = b + 1 + i;
+        if (head_key[bb] == s) acc += head_val[bb * inner + k];
+      }
+    }
+    part[tid] = acc;
+    __syncthreads();
+    if (tid < cols && k < inner) {
+      Acc total = tail_val[b * inner + k];
+      for (int q = 0; q < parts; ++q) total += part[q * cols + tid];
+      out[s * inner + k] = Num<T>::from_acc(total);
+    }
     __syncthreads();
   }
 }
@@ -834,28 +1137,10 @@ inline cudaError_t resident_blocks(int64_t* blocks) {
   return cudaSuccess;
 }
 
-struct RowSplit {
-  int64_t rows_per_block;
-  int64_t blocks;
-};
-
-// Equal row ranges, a multiple of 8 rows each (narrow tiles then start on 16
-// bytes), for at most `capacity` blocks per column slab.
-inline RowSplit split_rows(int64_t rows, int64_t tile_rows, int64_t capacity) {
-  const int64_t min_rows = imax(8, tile_rows / 4);  // tiny inputs: fewer, fuller blocks
-  const int64_t blocks = imax(1, imin(capacity, ceil_div(rows, min_rows)));
-  const int64_t rows_per_block = ceil_div(ceil_div(rows, blocks), 8) * 8;
-  return {rows_per_block, ceil_div(rows, rows_per_block)};
-}
-
-// Elements per thread and row in segment_sum's wide kernel: 16 bytes, but 8
-// for the half types (8 float accumulators would cost too many registers).
-constexpr int sum_pack(int elem_size) { return elem_size == 2 ? 4 : 16 / elem_size; }
-
-// Upper bound on segment_sum's blocks per slab, whichever kernel variant runs.
-inline int64_t max_sum_blocks(int64_t rows, int64_t inner, int elem_size, int sms) {
-  const int64_t slabs = imin(kMaxGridY, ceil_div(inner, kThreads * sum_pack(elem_size)));
-  return imax(1, imin(ceil_div(rows, 8), static_cast<int64_t>(sms) * kMaxBlocksPerSm / slabs));
+// Upper bound on segment_sum's blocks, whichever kernel runs: both use at
+// most one wave and at least 8 rows per block.
+inline int64_t max_sum_blocks(int64_t rows, int sms) {
+  return imax(1, imin(ceil_div(rows, 8), static_cast<int64_t>(sms) * kMaxBlocksPerSm));
 }
 
 // Workspace: head/tail segment ids (int64) per block, then head/tail partial
@@ -864,61 +1149,145 @@ inline int64_t sum_workspace_size(int64_t blocks, int64_t inner, int64_t acc_siz
   return ceil_div(2 * blocks * 8, 256) * 256 + 2 * blocks * inner * acc_size;
 }
 
-template <typename T, int W, bool kNarrow>
-cudaError_t launch_sum(const T* src, const int64_t* indptr, T* out, int64_t rows,
-                       int64_t segments, int64_t inner, void* workspace, cudaStream_t stream) {
-  using Acc = typename Num<T>::acc;
-  int64_t capacity = 0;
-  int sms = 0;
-  cudaError_t err = resident_blocks<&segment_sum_kernel<T, W, kNarrow>>(&capacity);
-  if (err == cudaSuccess) err = sm_count(&sms);
-  if (err != cudaSuccess) return err;
-  const int64_t packs = kNarrow ? 1 : inner / W;
-  const int64_t slabs = ceil_div(packs, kThreads);
-  const int64_t grid_y = imin(slabs, kMaxGridY);
-  const int64_t tile_rows = kThreads / imin(kThreads, packs) * Geometry<T, W>::kRunRows;
-  capacity = imin(imax(1, capacity / grid_y), max_sum_blocks(rows, inner, sizeof(T), sms));
-  const RowSplit split = split_rows(rows, tile_rows, capacity);
-
+template <typename Acc>
+struct Crossing {
   int64_t *head_key = nullptr, *tail_key = nullptr;
   Acc *head_val = nullptr, *tail_val = nullptr;
-  if (split.blocks > 1) {  // only then can a segment cross a block boundary
-    if (workspace == nullptr) return cudaErrorInvalidValue;
-    char* ws = static_cast<char*>(workspace);
-    head_key = reinterpret_cast<int64_t*>(ws);
-    tail_key = head_key + split.blocks;
-    head_val = reinterpret_cast<Acc*>(ws + ceil_div(2 * split.blocks * 8, 256) * 256);
-    tail_val = head_val + split.blocks * inner;
-  }
-  const dim3 grid(static_cast<unsigned>(split.blocks), static_cast<unsigned>(grid_y));
-  segment_sum_kernel<T, W, kNarrow><<<grid, kThreads, 0, stream>>>(
-      src, indptr, out, rows, segments, kNarrow ? W : inner, split.rows_per_block, slabs, head_key,
-      tail_key, head_val, tail_val);
-  err = cudaGetLastError();
-  if (err != cudaSuccess || split.blocks == 1) return err;
+};
+
+// Carves the workspace for `blocks` blocks; only several blocks can have a
+// segment cross between them.
+template <typename Acc>
+inline cudaError_t crossing(void* workspace, int64_t blocks, int64_t inner, Crossing<Acc>* c) {
+  if (blocks <= 1) return cudaSuccess;
+  if (workspace == nullptr) return cudaErrorInvalidValue;
+  char* ws = static_cast<char*>(workspace);
+  c->head_key = reinterpret_cast<int64_t*>(ws);
+  c->tail_key = c->head_key + blocks;
+  c->head_val = reinterpret_cast<Acc*>(ws + ceil_div(2 * blocks * 8, 256) * 256);
+  c->tail_val = c->head_val + blocks * inner;
+  return cudaSuccess;
+}
+
+template <typename T>
+inline cudaError_t launch_fixup(const int64_t* indptr, T* out, int64_t rows, int64_t segments,
+                                int64_t inner, int64_t block_rows, int64_t blocks,
+                                const Crossing<typename Num<T>::acc>& c, cudaStream_t stream) {
   const int64_t fixup_y =
-      imin(imin(ceil_div(inner, kFixupCols), kMaxGridY), imax(1, kFixupBlocks / split.blocks));
-  const dim3 fixup_grid(static_cast<unsigned>(split.blocks), static_cast<unsigned>(fixup_y));
-  segment_sum_fixup_kernel<T><<<fixup_grid, kThreads, 0, stream>>>(
-      indptr, out, rows, segments, inner, split.rows_per_block, split.blocks, head_key, tail_key,
-      head_val, tail_val);
+      imin(imin(ceil_div(inner, kFixupCols), kMaxGridY), imax(1, kFixupBlocks / blocks));
+  const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(fixup_y));
+  segment_sum_fixup_kernel<T><<<grid, kThreads, 0, stream>>>(
+      indptr, out, rows, segments, inner, block_rows, blocks, c.head_key, c.tail_key, c.head_val,
+      c.tail_val);
   return cudaGetLastError();
 }
 
-template <typename T, int W, bool kNarrow>
-cudaError_t launch_gather(const T* src, const int64_t* indptr, T* out, int64_t rows,
-                          int64_t segments, int64_t inner, cudaStream_t stream) {
+// Tile kernels: equal row ranges, a multiple of 8 rows each (tiles then start
+// on 16 bytes), for at most `capacity` blocks.
+struct TileSplit {
+  int64_t rows_per_block;
+  int64_t blocks;
+};
+
+template <typename T, int W>
+inline TileSplit tile_split(int64_t rows, int64_t capacity) {
+  const int64_t tile_rows = kThreads * Geometry<T, W>::kRunRows;
+  const int64_t min_rows = imax(8, tile_rows / 4);  // tiny inputs: fewer, fuller blocks
+  const int64_t blocks = imax(1, imin(capacity, ceil_div(rows, min_rows)));
+  const int64_t rows_per_block = ceil_div(ceil_div(rows, blocks), 8) * 8;
+  return {rows_per_block, ceil_div(rows, rows_per_block)};
+}
+
+template <typename T, int W>
+cudaError_t launch_tile_sum(const T* src, const int64_t* indptr, T* out, int64_t rows,
+                            int64_t segments, void* workspace, cudaStream_t stream) {
+  using Acc = typename Num<T>::acc;
   int64_t capacity = 0;
-  const cudaError_t err = resident_blocks<&segment_gather_kernel<T, W, kNarrow>>(&capacity);
+  cudaError_t err = resident_blocks<&tile_sum_kernel<T, W>>(&capacity);
   if (err != cudaSuccess) return err;
-  const int64_t packs = kNarrow ? 1 : inner / W;
-  const int64_t slabs = ceil_div(packs, kThreads);
-  const int64_t grid_y = imin(slabs, kMaxGridY);
-  const int64_t tile_rows = kThreads / imin(kThreads, packs) * Geometry<T, W>::kRunRows;
-  const RowSplit split = split_rows(rows, tile_rows, imax(1, capacity / grid_y));
-  const dim3 grid(static_cast<unsigned>(split.blocks), static_cast<unsigned>(grid_y));
-  segment_gather_kernel<T, W, kNarrow><<<grid, kThreads, 0, stream>>>(
-      src, indptr, out, rows, segments, kNarrow ? W : inner, split.rows_per_block, slabs);
+  const TileSplit split = tile_split<T, W>(rows, capacity);
+  Crossing<Acc> c;
+  err = crossing(workspace, split.blocks, W, &c);
+  if (err != cudaSuccess) return err;
+  tile_sum_kernel<T, W><<<static_cast<unsigned>(split.blocks), kThreads, 0, stream>>>(
+      src, indptr, out, rows, segments, W, split.rows_per_block, c.head_key, c.tail_key,
+      c.head_val, c.tail_val);
+  err = cudaGetLastError();
+  if (err != cudaSuccess || split.blocks == 1) return err;
+  return launch_fixup<T>(indptr, out, rows, segments, W, split.rows_per_block, split.blocks, c,
+                         stream);
+}
+
+template <typename T, int W>
+cudaError_t launch_tile_gather(const T* src, const int64_t* indptr, T* out, int64_t rows,
+                               int64_t segments, cudaStream_t stream) {
+  int64_t capacity = 0;
+  const cudaError_t err = resident_blocks<&tile_gather_kernel<T, W>>(&capacity);
+  if (err != cudaSuccess) return err;
+  const TileSplit split = tile_split<T, W>(rows, capacity);
+  tile_gather_kernel<T, W><<<static_cast<unsigned>(split.blocks), kThreads, 0, stream>>>(
+      src, indptr, out, rows, segments, W, split.rows_per_block);
+  return cudaGetLastError();
+}
+
+// Stream kernels: threads per group (lanes), groups per block, column slabs.
+template <int W, int R>
+struct StreamShape {
+  int64_t packs, lanes, groups, slabs, grid_y;
+  explicit StreamShape(int64_t inner)
+      : packs(R > 1 ? 1 : inner / W),
+        lanes(imin(kThreads, packs)),
+        groups(kThreads / lanes),
+        slabs(ceil_div(packs, kThreads)),
+        grid_y(imin(slabs, kMaxGridY)) {}
+};
+
+// Rows per unit (a group, or a gather team of `per_unit` groups) for equal
+// contiguous ranges over `units` units, a multiple of `step` rows.
+inline int64_t unit_rows(int64_t rows, int64_t units, int64_t min_rows, int64_t step) {
+  return ceil_div(imax(min_rows, ceil_div(rows, units)), step) * step;
+}
+
+template <typename T, int W, int R>
+cudaError_t launch_stream_sum(const T* src, const int64_t* indptr, T* out, int64_t rows,
+                              int64_t segments, int64_t inner, void* workspace,
+                              cudaStream_t stream) {
+  using Acc = typename Num<T>::acc;
+  int64_t capacity = 0;
+  cudaError_t err = resident_blocks<&stream_sum_kernel<T, W, R>>(&capacity);
+  if (err != cudaSuccess) return err;
+  const StreamShape<W, R> shape(inner);
+  const int64_t units = imax(1, capacity / shape.grid_y) * shape.groups;
+  const int64_t group_rows = unit_rows(rows, units, kMinGroupRows, kBatch * R);
+  const int64_t block_rows = group_rows * shape.groups;
+  const int64_t blocks = ceil_div(rows, block_rows);
+  Crossing<Acc> c;
+  err = crossing(workspace, blocks, inner, &c);
+  if (err != cudaSuccess) return err;
+  const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(shape.grid_y));
+  stream_sum_kernel<T, W, R><<<grid, kThreads, 0, stream>>>(
+      src, indptr, out, rows, segments, inner, group_rows, shape.slabs, c.head_key, c.tail_key,
+      c.head_val, c.tail_val);
+  err = cudaGetLastError();
+  if (err != cudaSuccess || blocks == 1) return err;
+  return launch_fixup<T>(indptr, out, rows, segments, inner, block_rows, blocks, c, stream);
+}
+
+template <typename T, int W, int R>
+cudaError_t launch_stream_gather(const T* src, const int64_t* indptr, T* out, int64_t rows,
+                                 int64_t segments, int64_t inner, cudaStream_t stream) {
+  int64_t capacity = 0;
+  const cudaError_t err = resident_blocks<&stream_gather_kernel<T, W, R>>(&capacity);
+  if (err != cudaSuccess) return err;
+  const StreamShape<W, R> shape(inner);
+  const int64_t team = shape.lanes >= kTeam ? shape.lanes : kTeam / shape.lanes * shape.lanes;
+  const int64_t teams = kThreads / team, groups = team / shape.lanes;
+  const int64_t units = imax(1, capacity / shape.grid_y) * teams;
+  const int64_t team_rows = unit_rows(rows, units, kMinGroupRows * groups, groups * R);
+  const int64_t blocks = ceil_div(rows, team_rows * teams);
+  const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(shape.grid_y));
+  stream_gather_kernel<T, W, R><<<grid, kThreads, 0, stream>>>(src, indptr, out, rows, segments,
+                                                                inner, team_rows, shape.slabs);
   return cudaGetLastError();
 }
 
@@ -926,8 +1295,8 @@ inline bool aligned(const void* p, int64_t bytes) {
   return reinterpret_cast<uintptr_t>(p) % static_cast<uintptr_t>(bytes) == 0;
 }
 
-// Rows of at most 16 bytes with a power-of-two width: the narrow kernels,
-// with the row width as a compile-time constant.
+// Rows of at most 16 bytes with a power-of-two width, as a compile-time
+// constant W: the tile kernels.
 template <typename T, int W = 1>
 cudaError_t launch_narrow_sum(const T* src, const int64_t* indptr, T* out, int64_t rows,
                               int64_t segments, int64_t inner, void* workspace,
@@ -935,20 +1304,31 @@ cudaError_t launch_narrow_sum(const T* src, const int64_t* indptr, T* out, int64
   if constexpr (W * sizeof(T) > 16) {
     return cudaErrorInvalidValue;  // not reached: the caller checks the width
   } else {
-    if (inner == W)
-      return launch_sum<T, W, true>(src, indptr, out, rows, segments, inner, workspace, stream);
+    if (inner == W) return launch_tile_sum<T, W>(src, indptr, out, rows, segments, workspace, stream);
     return launch_narrow_sum<T, 2 * W>(src, indptr, out, rows, segments, inner, workspace, stream);
   }
 }
 
+// A narrow gather streams when its segments are long: a thread then steps
+// over fewer than one segment start per 16 bytes it writes on average, and the
+// stream kernel writes a copy's traffic; with short segments the tile kernel's
+// shared labels cost less than every thread seeking on its own.
 template <typename T, int W = 1>
 cudaError_t launch_narrow_gather(const T* src, const int64_t* indptr, T* out, int64_t rows,
                                  int64_t segments, int64_t inner, cudaStream_t stream) {
   if constexpr (W * sizeof(T) > 16) {
     return cudaErrorInvalidValue;  // not reached: the caller checks the width
   } else {
-    if (inner == W) return launch_gather<T, W, true>(src, indptr, out, rows, segments, inner, stream);
-    return launch_narrow_gather<T, 2 * W>(src, indptr, out, rows, segments, inner, stream);
+    if (inner != W)
+      return launch_narrow_gather<T, 2 * W>(src, indptr, out, rows, segments, inner, stream);
+    constexpr int kVec = 16 / static_cast<int>(sizeof(T));
+    constexpr int R = kVec / W;  // rows per 16 bytes
+    if (rows / segments < static_cast<int64_t>(kTeam) * R)
+      return launch_tile_gather<T, W>(src, indptr, out, rows, segments, stream);
+    if constexpr (R > 1)
+      return launch_stream_gather<T, kVec, R>(src, indptr, out, rows, segments, inner, stream);
+    else
+      return launch_stream_gather<T, W, 1>(src, indptr, out, rows, segments, inner, stream);
   }
 }
 
@@ -966,7 +1346,7 @@ inline int64_t segment_sum_workspace_bytes(int64_t rows, int64_t segments, int64
   if (rows <= 0 || segments <= 0 || inner <= 0 || elem_size <= 0) return 0;
   int sms = 0;
   if (detail::sm_count(&sms) != cudaSuccess) return 0;  // segment_sum reports the error
-  const int64_t blocks = detail::max_sum_blocks(rows, inner, elem_size, sms);
+  const int64_t blocks = detail::max_sum_blocks(rows, sms);
   if (blocks <= 1) return 0;
   return detail::sum_workspace_size(blocks, inner, elem_size == 8 ? 8 : 4);
 }
@@ -982,16 +1362,15 @@ cudaError_t segment_sum(const T* src, const int64_t* indptr, T* out, int64_t row
   if (segments == 0 || inner == 0) return cudaSuccess;
   if (rows == 0)
     return cudaMemsetAsync(out, 0, static_cast<size_t>(segments * inner) * sizeof(T), stream);
-  constexpr int kWide = detail::sum_pack(sizeof(T));
-  constexpr int kWideBytes = kWide * sizeof(T);
+  constexpr int kVec = 16 / sizeof(T);
   if (detail::narrow_rows(inner, sizeof(T)) && detail::aligned(src, 16) &&
       detail::aligned(out, inner * sizeof(T)))
     return detail::launch_narrow_sum<T>(src, indptr, out, rows, segments, inner, workspace, stream);
-  if (inner % kWide == 0 && detail::aligned(src, kWideBytes) && detail::aligned(out, kWideBytes))
-    return detail::launch_sum<T, kWide, false>(src, indptr, out, rows, segments, inner, workspace,
-                                               stream);
-  return detail::launch_sum<T, 1, false>(src, indptr, out, rows, segments, inner, workspace,
-                                         stream);
+  if (inner % kVec == 0 && detail::aligned(src, 16) && detail::aligned(out, 16))
+    return detail::launch_stream_sum<T, kVec, 1>(src, indptr, out, rows, segments, inner,
+                                                 workspace, stream);
+  return detail::launch_stream_sum<T, 1, 1>(src, indptr, out, rows, segments, inner, workspace,
+                                            stream);
 }
 
 // out[rows, inner] = src[segment of each row, :] for src[segments, inner].
@@ -1005,13 +1384,14 @@ cudaError_t segment_gather(const T* src, const int64_t* indptr, T* out, int64_t 
   if (rows == 0 || inner == 0) return cudaSuccess;
   if (segments == 0)
     return cudaMemsetAsync(out, 0, static_cast<size_t>(rows * inner) * sizeof(T), stream);
-  constexpr int kWide = 16 / sizeof(T);
+  constexpr int kVec = 16 / sizeof(T);
   if (detail::narrow_rows(inner, sizeof(T)) && detail::aligned(out, 16) &&
       detail::aligned(src, inner * sizeof(T)))
     return detail::launch_narrow_gather<T>(src, indptr, out, rows, segments, inner, stream);
-  if (inner % kWide == 0 && detail::aligned(src, 16) && detail::aligned(out, 16))
-    return detail::launch_gather<T, kWide, false>(src, indptr, out, rows, segments, inner, stream);
-  return detail::launch_gather<T, 1, false>(src, indptr, out, rows, segments, inner, stream);
+  if (inner % kVec == 0 && detail::aligned(src, 16) && detail::aligned(out, 16))
+    return detail::launch_stream_gather<T, kVec, 1>(src, indptr, out, rows, segments, inner,
+                                                    stream);
+  return detail::launch_stream_gather<T, 1, 1>(src, indptr, out, rows, segments, inner, stream);
 }
 
 }  // namespace segment_ops::cuda
