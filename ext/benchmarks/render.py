@@ -23,6 +23,10 @@ COLUMNS = (
     ("backward % of copy", lambda c: percent(c["copy_fraction"].get("native_backward"))),
     ("Triton forward % of copy", lambda c: percent(c["copy_fraction"].get("triton_forward"))),
     ("forward × vs segment_reduce", lambda c: times(c["vs_segment_reduce"].get("native_forward"))),
+    (
+        "backward × vs segment_reduce",
+        lambda c: times(c["vs_segment_reduce"].get("native_backward")),
+    ),
 )
 MISSING = "n/a"
 
@@ -134,7 +138,8 @@ def render(data: dict, source_name: str) -> str:
         "`segment_ops.segment_sum`, *backward* `segment_ops.segment_gather` (what "
         'autograd runs), *Triton forward* `segment_sum(..., backend="triton")`. '
         '*× vs segment_reduce* is the time of `torch.segment_reduce(src, "sum", '
-        "offsets=indptr, axis=0)` over the forward's: above 1 is faster. The JSON "
+        "offsets=indptr, axis=0)` over the forward's: above 1 is faster; likewise the "
+        "backward against segment_reduce's backward through autograd. The JSON "
         "holds the raw times, bytes, GB/s and the comparisons left out here.",
         width=88,
         break_on_hyphens=False,
