@@ -136,6 +136,18 @@ __device__ __forceinline__ Pack<T, W> zero_pack() {
   return z;
 }
 
+// Where segments that cross a block boundary meet: per block, the segment
+// open at its first row that began earlier (head) and the one open after its
+// last row that began in it (tail), each with its partial row. All null when
+// one block covers every row.
+template <typename Acc>
+struct Crossing {
+  int64_t* head_key = nullptr;
+  int64_t* tail_key = nullptr;
+  Acc* head_val = nullptr;
+  Acc* tail_val = nullptr;
+};
+
 __device__ __forceinline__ int64_t clamp_row(int64_t v, int64_t rows) {
   return v < 0 ? 0 : (v > rows ? rows : v);
 }
@@ -400,14 +412,12 @@ struct TileSumShared {
 // total is written by the thread whose run holds its last row.
 template <typename T, int W>
 __device__ __forceinline__ void tile_sum_block(const T* __restrict__ src,
-                                          const int64_t* __restrict__ indptr, T* __restrict__ out,
-                                          int64_t rows, int64_t segments, int64_t inner,
-                                          int64_t rows_per_block,
-                                          int64_t* __restrict__ head_key,
-                                          int64_t* __restrict__ tail_key,
-                                          typename Num<T>::acc* __restrict__ head_val,
-                                          typename Num<T>::acc* __restrict__ tail_val,
-                                          TileSumShared<T, W>& sm) {
+                                               const int64_t* __restrict__ indptr,
+                                               T* __restrict__ out, int64_t rows,
+                                               int64_t segments, int64_t inner,
+                                               int64_t rows_per_block,
+                                               const Crossing<typename Num<T>::acc>& cross,
+                                               TileSumShared<T, W>& sm) {
   using Acc = typename Num<T>::acc;
   using G = Geometry<T, W>;
   using Item = KeyedSum<Acc>;
@@ -439,7 +449,7 @@ __device__ __forceinline__ void tile_sum_block(const T* __restrict__ src,
   // goes to the workspace (head); the fix-up kernel adds it to the owner's.
   const int64_t head =
       first >= 1 && first <= segments && start_of(indptr, first, rows) > r0 ? first - 1 : -1;
-  if (tid == 0 && head_key != nullptr) head_key[block] = head;
+  if (tid == 0 && cross.head_key != nullptr) cross.head_key[block] = head;
   int64_t carry = head >= 0 ? head : segments;  // segment open at the tile start
   int64_t next = first;                         // first segment start not walked yet
   int64_t expected = starts_per_tile(segments, rows, tile_rows);
@@ -447,7 +457,7 @@ __device__ __forceinline__ void tile_sum_block(const T* __restrict__ src,
   auto flush = [&](int64_t s, const Acc (&v)[W]) {
     if (s >= segments) return;  // rows before indptr[0] or from indptr[segments] on
     if (s == head) {
-      Acc* dst = head_val + block * inner + col;
+      Acc* dst = cross.head_val + block * inner + col;
 #pragma unroll
       for (int k = 0; k < W; ++k) dst[k] = v[k];
     } else {
@@ -567,15 +577,15 @@ __device__ __forceinline__ void tile_sum_block(const T* __restrict__ src,
 #pragma unroll
     for (int k = 0; k < W; ++k) v[k] = sm.carry_val[tid * W + k];
     if (crossing && carry != head) {
-      Acc* dst = tail_val + block * inner + col;
+      Acc* dst = cross.tail_val + block * inner + col;
 #pragma unroll
       for (int k = 0; k < W; ++k) dst[k] = v[k];
     } else {
       flush(carry, v);
     }
   }
-  if (tid == 0 && tail_key != nullptr)
-    tail_key[block] = carry < segments && crossing && carry != head ? carry : -1;
+  if (tid == 0 && cross.tail_key != nullptr)
+    cross.tail_key[block] = carry < segments && crossing && carry != head ? carry : -1;
 }
 
 // Grid: x = row ranges (one per block, equal sizes, as many as fit on the GPU
@@ -584,12 +594,9 @@ template <typename T, int W>
 __global__ void __launch_bounds__(kThreads, kTileBlocksPerSm)
     tile_sum_kernel(const T* __restrict__ src, const int64_t* __restrict__ indptr,
                     T* __restrict__ out, int64_t rows, int64_t segments, int64_t inner,
-                    int64_t rows_per_block, int64_t* __restrict__ head_key,
-                    int64_t* __restrict__ tail_key, typename Num<T>::acc* __restrict__ head_val,
-                    typename Num<T>::acc* __restrict__ tail_val) {
+                    int64_t rows_per_block, Crossing<typename Num<T>::acc> cross) {
   __shared__ TileSumShared<T, W> sm;
-  tile_sum_block<T, W>(src, indptr, out, rows, segments, inner, rows_per_block, head_key, tail_key,
-                       head_val, tail_val, sm);
+  tile_sum_block<T, W>(src, indptr, out, rows, segments, inner, rows_per_block, cross, sm);
 }
 
 template <typename T, int W>
@@ -616,10 +623,11 @@ struct LastMark {
 // Source rows are re-read by many output rows and mostly come from cache.
 template <typename T, int W>
 __device__ __forceinline__ void tile_gather_block(const T* __restrict__ src,
-                                             const int64_t* __restrict__ indptr,
-                                             T* __restrict__ out, int64_t rows, int64_t segments,
-                                             int64_t inner, int64_t rows_per_block,
-                                             TileGatherShared<T, W>& sm) {
+                                                  const int64_t* __restrict__ indptr,
+                                                  T* __restrict__ out, int64_t rows,
+                                                  int64_t segments, int64_t inner,
+                                                  int64_t rows_per_block,
+                                                  TileGatherShared<T, W>& sm) {
   using G = Geometry<T, W>;
   using Scan = typename TileGatherShared<T, W>::Scan;
   constexpr int kRun = G::kRunRows;
@@ -813,14 +821,12 @@ struct StreamSumShared {
 
 template <typename T, int W, int R>
 __device__ __forceinline__ void stream_sum_block(const T* __restrict__ src,
-                                          const int64_t* __restrict__ indptr, T* __restrict__ out,
-                                          int64_t rows, int64_t segments, int64_t inner,
-                                          int64_t group_rows, int64_t slab,
-                                          int64_t* __restrict__ head_key,
-                                          int64_t* __restrict__ tail_key,
-                                          typename Num<T>::acc* __restrict__ head_val,
-                                          typename Num<T>::acc* __restrict__ tail_val,
-                                          StreamSumShared<T, W>& sm) {
+                                                 const int64_t* __restrict__ indptr,
+                                                 T* __restrict__ out, int64_t rows,
+                                                 int64_t segments, int64_t inner,
+                                                 int64_t group_rows, int64_t slab,
+                                                 const Crossing<typename Num<T>::acc>& cross,
+                                                 StreamSumShared<T, W>& sm) {
   using Acc = typename Num<T>::acc;
   using L = Layout<T, W, R>;
   constexpr int kCols = L::kCols;
@@ -931,10 +937,10 @@ __device__ __forceinline__ void stream_sum_block(const T* __restrict__ src,
     }
     const int64_t start = start_of(indptr, key, rows), end = start_of(indptr, key + 1, rows);
     if (start >= p.r0 && end <= p.r1) out[key * inner + col0 + c] = Num<T>::from_acc(total);
-    else if (start < p.r0) head_val[blockIdx.x * inner + col0 + c] = total;
-    else tail_val[blockIdx.x * inner + col0 + c] = total;
+    else if (start < p.r0) cross.head_val[blockIdx.x * inner + col0 + c] = total;
+    else cross.tail_val[blockIdx.x * inner + col0 + c] = total;
   }
-  if (slab == 0 && threadIdx.x == 0 && head_key != nullptr) {
+  if (slab == 0 && threadIdx.x == 0 && cross.head_key != nullptr) {
     int64_t first = -1, last = -1;
     for (int i = 0; i < items; ++i) {
       const int64_t k = sm.item_key[i];
@@ -943,8 +949,8 @@ __device__ __forceinline__ void stream_sum_block(const T* __restrict__ src,
         last = k;
       }
     }
-    head_key[blockIdx.x] = first >= 0 && start_of(indptr, first, rows) < p.r0 ? first : -1;
-    tail_key[blockIdx.x] = last >= 0 && start_of(indptr, last, rows) >= p.r0 &&
+    cross.head_key[blockIdx.x] = first >= 0 && start_of(indptr, first, rows) < p.r0 ? first : -1;
+    cross.tail_key[blockIdx.x] = last >= 0 && start_of(indptr, last, rows) >= p.r0 &&
                                    start_of(indptr, last + 1, rows) > p.r1
                                ? last
                                : -1;
@@ -957,14 +963,12 @@ __device__ __forceinline__ void stream_sum_block(const T* __restrict__ src,
 template <typename T, int W, int R>
 __global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
     stream_sum_kernel(const T* __restrict__ src, const int64_t* __restrict__ indptr,
-                       T* __restrict__ out, int64_t rows, int64_t segments, int64_t inner,
-                       int64_t group_rows, int64_t slabs, int64_t* __restrict__ head_key,
-                       int64_t* __restrict__ tail_key, typename Num<T>::acc* __restrict__ head_val,
-                       typename Num<T>::acc* __restrict__ tail_val) {
+                      T* __restrict__ out, int64_t rows, int64_t segments, int64_t inner,
+                      int64_t group_rows, int64_t slabs, Crossing<typename Num<T>::acc> cross) {
   __shared__ StreamSumShared<T, W> sm;
   for (int64_t slab = blockIdx.y; slab < slabs; slab += gridDim.y) {
-    stream_sum_block<T, W, R>(src, indptr, out, rows, segments, inner, group_rows, slab, head_key,
-                       tail_key, head_val, tail_val, sm);
+    stream_sum_block<T, W, R>(src, indptr, out, rows, segments, inner, group_rows, slab, cross,
+                              sm);
     __syncthreads();
   }
 }
@@ -995,8 +999,8 @@ __device__ __forceinline__ int64_t seek(const int64_t* __restrict__ indptr, int6
 template <typename T, int W, int R>
 __global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
     stream_gather_kernel(const T* __restrict__ src, const int64_t* __restrict__ indptr,
-                          T* __restrict__ out, int64_t rows, int64_t segments, int64_t inner,
-                          int64_t team_rows, int64_t slabs) {
+                         T* __restrict__ out, int64_t rows, int64_t segments, int64_t inner,
+                         int64_t team_rows, int64_t slabs) {
   constexpr int kCols = Layout<T, W, R>::kCols;
   const int tid = threadIdx.x;
   const int64_t packs = R > 1 ? 1 : inner / W;
@@ -1061,14 +1065,11 @@ __global__ void __launch_bounds__(kThreads)
     segment_sum_fixup_kernel(const int64_t* __restrict__ indptr, T* __restrict__ out,
                              int64_t rows, int64_t segments, int64_t inner,
                              int64_t rows_per_block, int64_t blocks,
-                             const int64_t* __restrict__ head_key,
-                             const int64_t* __restrict__ tail_key,
-                             const typename Num<T>::acc* __restrict__ head_val,
-                             const typename Num<T>::acc* __restrict__ tail_val) {
+                             Crossing<typename Num<T>::acc> cross) {
   using Acc = typename Num<T>::acc;
   __shared__ Acc part[kThreads];
   const int64_t b = blockIdx.x;
-  const int64_t s = tail_key[b];
+  const int64_t s = cross.tail_key[b];
   if (s < 0 || s >= segments) return;
   const int64_t end = start_of(indptr, s + 1, rows);
   const int64_t last = imin(blocks - 1, (imax(end, 1) - 1) / rows_per_block);
@@ -1084,13 +1085,13 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll 4
       for (int64_t i = j; i < n; i += parts) {
         const int64_t bb = b + 1 + i;
-        if (head_key[bb] == s) acc += head_val[bb * inner + k];
+        if (cross.head_key[bb] == s) acc += cross.head_val[bb * inner + k];
       }
     }
     part[tid] = acc;
     __syncthreads();
     if (tid < cols && k < inner) {
-      Acc total = tail_val[b * inner + k];
+      Acc total = cross.tail_val[b * inner + k];
       for (int q = 0; q < parts; ++q) total += part[q * cols + tid];
       out[s * inner + k] = Num<T>::from_acc(total);
     }
@@ -1150,12 +1151,6 @@ inline int64_t sum_workspace_size(int64_t blocks, int64_t inner, int64_t acc_siz
   return ceil_div(2 * blocks * 8, 256) * 256 + 2 * blocks * inner * acc_size;
 }
 
-template <typename Acc>
-struct Crossing {
-  int64_t *head_key = nullptr, *tail_key = nullptr;
-  Acc *head_val = nullptr, *tail_val = nullptr;
-};
-
 // Carves the workspace for `blocks` blocks; only several blocks can have a
 // segment cross between them.
 template <typename Acc>
@@ -1178,8 +1173,7 @@ inline cudaError_t launch_fixup(const int64_t* indptr, T* out, int64_t rows, int
       imin(imin(ceil_div(inner, kFixupCols), kMaxGridY), imax(1, kFixupBlocks / blocks));
   const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(fixup_y));
   segment_sum_fixup_kernel<T><<<grid, kThreads, 0, stream>>>(
-      indptr, out, rows, segments, inner, block_rows, blocks, c.head_key, c.tail_key, c.head_val,
-      c.tail_val);
+      indptr, out, rows, segments, inner, block_rows, blocks, c);
   return cudaGetLastError();
 }
 
@@ -1211,8 +1205,7 @@ cudaError_t launch_tile_sum(const T* src, const int64_t* indptr, T* out, int64_t
   err = crossing(workspace, split.blocks, W, &c);
   if (err != cudaSuccess) return err;
   tile_sum_kernel<T, W><<<static_cast<unsigned>(split.blocks), kThreads, 0, stream>>>(
-      src, indptr, out, rows, segments, W, split.rows_per_block, c.head_key, c.tail_key,
-      c.head_val, c.tail_val);
+      src, indptr, out, rows, segments, W, split.rows_per_block, c);
   err = cudaGetLastError();
   if (err != cudaSuccess || split.blocks == 1) return err;
   return launch_fixup<T>(indptr, out, rows, segments, W, split.rows_per_block, split.blocks, c,
@@ -1267,8 +1260,7 @@ cudaError_t launch_stream_sum(const T* src, const int64_t* indptr, T* out, int64
   if (err != cudaSuccess) return err;
   const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(shape.grid_y));
   stream_sum_kernel<T, W, R><<<grid, kThreads, 0, stream>>>(
-      src, indptr, out, rows, segments, inner, group_rows, shape.slabs, c.head_key, c.tail_key,
-      c.head_val, c.tail_val);
+      src, indptr, out, rows, segments, inner, group_rows, shape.slabs, c);
   err = cudaGetLastError();
   if (err != cudaSuccess || blocks == 1) return err;
   return launch_fixup<T>(indptr, out, rows, segments, inner, block_rows, blocks, c, stream);
@@ -1305,7 +1297,8 @@ cudaError_t launch_narrow_sum(const T* src, const int64_t* indptr, T* out, int64
   if constexpr (W * sizeof(T) > 16) {
     return cudaErrorInvalidValue;  // not reached: the caller checks the width
   } else {
-    if (inner == W) return launch_tile_sum<T, W>(src, indptr, out, rows, segments, workspace, stream);
+    if (inner == W)
+      return launch_tile_sum<T, W>(src, indptr, out, rows, segments, workspace, stream);
     return launch_narrow_sum<T, 2 * W>(src, indptr, out, rows, segments, inner, workspace, stream);
   }
 }
