@@ -788,10 +788,10 @@ struct SegmentRange {
 
 __device__ __forceinline__ SegmentRange block_segments(const int64_t* __restrict__ indptr,
                                                        int64_t segments, int64_t rows,
-                                                       const Place& p) {
+                                                       int64_t r0, int64_t r1) {
   // Segment at r0 >= lower_bound(r0) - 1; segment at any row < r1 < lower_bound(r1).
-  const int64_t lo = block_lower_bound(indptr, segments, rows, p.r0) - 1;
-  const int64_t hi = block_lower_bound(indptr, segments, rows, p.r1);
+  const int64_t lo = block_lower_bound(indptr, segments, rows, r0) - 1;
+  const int64_t hi = block_lower_bound(indptr, segments, rows, r1);
   return {lo, hi};
 }
 
@@ -831,7 +831,7 @@ __device__ __forceinline__ void stream_sum_block(const T* __restrict__ src,
   using L = Layout<T, W, R>;
   constexpr int kCols = L::kCols;
   const Place p = place<R>(rows, inner, W, group_rows, slab);
-  const SegmentRange range = block_segments(indptr, segments, rows, p);
+  const SegmentRange range = block_segments(indptr, segments, rows, p.r0, p.r1);
   const int items = 2 * p.groups;
   const int cols = p.slab_lanes * kCols;
 
@@ -1011,10 +1011,9 @@ __global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
   const int groups = team / lanes, g = in_team / lanes, l = in_team - g * lanes;
   const int64_t a0 = imin(rows, (static_cast<int64_t>(blockIdx.x) * teams + t) * team_rows);
   const int64_t a1 = t < teams ? imin(rows, a0 + team_rows) : a0;
-  Place block;  // only the block's rows, for the bounds of the first search
-  block.r0 = imin(rows, static_cast<int64_t>(blockIdx.x) * teams * team_rows);
-  block.r1 = imin(rows, block.r0 + teams * team_rows);
-  const SegmentRange range = block_segments(indptr, segments, rows, block);
+  const int64_t r0 = imin(rows, static_cast<int64_t>(blockIdx.x) * teams * team_rows);
+  const SegmentRange range =
+      block_segments(indptr, segments, rows, r0, imin(rows, r0 + teams * team_rows));
   for (int64_t slab = blockIdx.y; slab < slabs; slab += gridDim.y) {
     if (slab * kThreads + l >= packs) continue;
     const int64_t col = R > 1 ? 0 : (slab * kThreads + l) * W;
