@@ -225,19 +225,18 @@ struct Geometry {
 // its first row in `marks` (tile-relative, as s - first + 1) with atomicMax:
 // where empty segments share a row, the last start there wins, which is the
 // non-empty segment or the end sentinel s == segments. Then on_empty(s) runs,
-// in every lane of the group, for each empty segment: one whose row mark is
-// not its own. Starts are split over `groups` groups of threads, `steps` per
-// group in the first round and kSteps in any further one (only a crowd of
-// empty segments needs those). The last tile of the array (t1 == rows) also
-// takes the starts equal to rows.
+// for each empty segment: one whose row mark is not its own. Starts are split
+// over the block's threads, `steps` per thread in the first round and kSteps
+// in any further one (only a crowd of empty segments needs those). The last
+// tile of the array (t1 == rows) also takes the starts equal to rows.
 template <int kSteps, typename OnEmpty, typename ReduceStorage>
 __device__ __forceinline__ int64_t walk_starts(const int64_t* __restrict__ indptr,
                                                int64_t segments, int64_t rows, int64_t t0,
-                                               int64_t t1, int64_t first, int steps, int g,
-                                               int groups, bool active, bool lead, int* marks,
-                                               ReduceStorage& reduce, int& broadcast,
+                                               int64_t t1, int64_t first, int steps,
+                                               int* marks, ReduceStorage& reduce, int& broadcast,
                                                OnEmpty&& on_empty) {
   using Reduce = cub::BlockReduce<int, kThreads>;
+  const int g = threadIdx.x;
   const int nrows = static_cast<int>(t1 - t0);
   const int last = t1 == rows ? nrows : nrows - 1;  // last tile-relative start taken
   // Tile-relative row of a start: -1 before the tile, nrows + 1 past its end.
@@ -258,42 +257,43 @@ __device__ __forceinline__ int64_t walk_starts(const int64_t* __restrict__ indpt
     int pos[kSteps];
 #pragma unroll
     for (int k = 0; k < kSteps; ++k) {  // issue every load before using any
-      const int off = g + k * groups;
-      pos[k] = active && k < steps && off <= room ? relative(indptr[next + off]) : nrows + 1;
+      const int off = g + k * kThreads;
+      pos[k] = k < steps && off <= room ? relative(indptr[next + off]) : nrows + 1;
     }
     // The start after this round's last one also marks: an empty last start
     // then sees that it is not the last at its row.
-    const int after = steps * groups;
+    const int after = steps * kThreads;
     if (threadIdx.x == 0 && after <= room) mark(after, relative(indptr[next + after]));
     int taken = 0;
 #pragma unroll
     for (int k = 0; k < kSteps; ++k) {
       if (pos[k] <= last) {
         ++taken;
-        if (lead) mark(g + k * groups, pos[k]);
+        mark(g + k * kThreads, pos[k]);
       }
     }
     // With a sorted indptr the starts taken are a prefix of this round's.
-    const int total = Reduce(reduce).Sum(lead ? taken : 0);
+    const int total = Reduce(reduce).Sum(taken);
     if (threadIdx.x == 0) broadcast = total;
     __syncthreads();  // also publishes the marks
 #pragma unroll
     for (int k = 0; k < kSteps; ++k) {
-      const int off = g + k * groups;
+      const int off = g + k * kThreads;
       if (pos[k] <= last && pos[k] >= 0 && off < room &&
           (pos[k] == nrows || !keys_fit || marks[padded(pos[k])] != static_cast<int>(key0) + off))
         on_empty(next + off);
     }
     const int n = broadcast;
     next += n;
-    if (n < steps * groups || next > segments) return next;
+    if (n < steps * kThreads || next > segments) return next;
     steps = kSteps;
   }
 }
 
 // Number of walk steps for a tile expected to hold `expected` starts.
-__device__ __forceinline__ int walk_steps(int64_t expected, int groups, int max_steps) {
-  return static_cast<int>(imin(max_steps, imax(1, ceil_div(expected + expected / 4 + 2, groups))));
+__device__ __forceinline__ int walk_steps(int64_t expected, int max_steps) {
+  return static_cast<int>(
+      imin(max_steps, imax(1, ceil_div(expected + expected / 4 + 2, kThreads))));
 }
 
 __device__ __forceinline__ int64_t starts_per_tile(int64_t segments, int64_t rows, int tile_rows) {
@@ -425,14 +425,11 @@ __device__ __forceinline__ void tile_sum_block(const T* __restrict__ src,
   constexpr int kRun = G::kRunRows;
   const int tid = threadIdx.x;
 
-  constexpr int lanes = 1, groups = kThreads, l = 0, tile_rows = groups * kRun;
-  const int g = tid;
-  constexpr bool active = true;
-  const bool lead = true;
-  constexpr int64_t row_len = W, col = 0;
+  constexpr int runs = kThreads, tile_rows = runs * kRun;
+  const int g = tid;  // this thread's run
   const int64_t block = blockIdx.x;
   const int64_t r0 = block * rows_per_block, r1 = imin(rows, r0 + rows_per_block);
-  const int scan_len = W * groups;  // run partials
+  const int scan_len = W * runs;  // run partials
 
   uint4 staged[G::kStageUnits];
   auto load_tile = [&](int64_t t0) {
@@ -441,7 +438,7 @@ __device__ __forceinline__ void tile_sum_block(const T* __restrict__ src,
   };
 
   for (int i = tid; i < G::kMarks; i += kThreads) sm.marks[i] = 0;
-  for (int c = tid; c < lanes * W; c += kThreads) sm.carry_val[c] = 0;
+  for (int c = tid; c < W; c += kThreads) sm.carry_val[c] = 0;
   load_tile(r0);  // in flight during the search
 
   const int64_t first = block_lower_bound(indptr, segments, rows, r0);
@@ -457,14 +454,14 @@ __device__ __forceinline__ void tile_sum_block(const T* __restrict__ src,
   auto flush = [&](int64_t s, const Acc (&v)[W]) {
     if (s >= segments) return;  // rows before indptr[0] or from indptr[segments] on
     if (s == head) {
-      Acc* dst = cross.head_val + block * inner + col;
+      Acc* dst = cross.head_val + block * inner;
 #pragma unroll
       for (int k = 0; k < W; ++k) dst[k] = v[k];
     } else {
       Pack<T, W> p;
 #pragma unroll
       for (int k = 0; k < W; ++k) p.v[k] = Num<T>::from_acc(v[k]);
-      store_pack(out + s * row_len + col, p);
+      store_pack(out + s * W, p);
     }
   };
 
@@ -474,9 +471,9 @@ __device__ __forceinline__ void tile_sum_block(const T* __restrict__ src,
     store_stage(sm.stage, staged);
     const int64_t tile_first = next;
     next = walk_starts<G::kWalkSteps>(
-        indptr, segments, rows, t0, t1, tile_first, walk_steps(expected, groups, G::kWalkSteps), g,
-        groups, active, lead, sm.marks, sm.prim.reduce, sm.count,
-        [&](int64_t s) { store_pack(out + s * row_len + col, zero_pack<T, W>()); });
+        indptr, segments, rows, t0, t1, tile_first, walk_steps(expected, G::kWalkSteps),
+        sm.marks, sm.prim.reduce, sm.count,
+        [&](int64_t s) { store_pack(out + s * W, zero_pack<T, W>()); });
     expected = next - tile_first;
     auto segment = [&](int key) { return key == 0 ? carry : tile_first + key - 1; };
     if (t0 + tile_rows < r1) load_tile(t0 + tile_rows);  // staged is free again
@@ -490,7 +487,7 @@ __device__ __forceinline__ void tile_sum_block(const T* __restrict__ src,
     };
 
     // This run's own part: the rows after its last segment start.
-    if (active) {
+    {
       int key = -1;
       Acc v[W];
 #pragma unroll
@@ -506,8 +503,8 @@ __device__ __forceinline__ void tile_sum_block(const T* __restrict__ src,
         for (int k = 0; k < W; ++k) v[k] += value(j, k);
       }
 #pragma unroll
-      for (int k = 0; k < W; ++k) sm.run_val[(l * W + k) * groups + g] = v[k];
-      if (l == 0) sm.run_key[g] = key;
+      for (int k = 0; k < W; ++k) sm.run_val[k * runs + g] = v[k];
+      sm.run_key[g] = key;
     }
     __syncthreads();
 
@@ -517,7 +514,7 @@ __device__ __forceinline__ void tile_sum_block(const T* __restrict__ src,
     {
       Item item[W];
       const int e0 = tid * W;
-      int c = e0 / groups, r = e0 - c * groups;
+      int c = e0 / runs, r = e0 - c * runs;
 #pragma unroll
       for (int i = 0; i < W; ++i) {
         item[i] = Item{-1, Acc(0)};
@@ -525,26 +522,23 @@ __device__ __forceinline__ void tile_sum_block(const T* __restrict__ src,
           item[i] = Item{sm.run_key[r], sm.run_val[e0 + i]};
           if (r == 0) item[i] = KeyedSumOp<Acc>()(Item{0, sm.carry_val[c]}, item[i]);
         }
-        if (++r == groups) r = 0, ++c;
+        if (++r == runs) r = 0, ++c;
       }
       Scan(sm.prim.scan).InclusiveScan(item, item, KeyedSumOp<Acc>());
 #pragma unroll
       for (int i = 0; i < W; ++i) {
         if (e0 + i < scan_len) sm.run_val[e0 + i] = item[i].v;
-        if (e0 + i < groups) sm.run_key[e0 + i] = item[i].key;  // the same in every column
+        if (e0 + i < runs) sm.run_key[e0 + i] = item[i].key;  // the same in every column
       }
     }
     __syncthreads();
 
-    if (active) {
+    {
       // What runs before this one leave open: the column's carry for run 0.
       int key = g == 0 ? 0 : sm.run_key[g - 1];
       Acc v[W];
 #pragma unroll
-      for (int k = 0; k < W; ++k) {
-        const int c = l * W + k;
-        v[k] = g == 0 ? sm.carry_val[c] : sm.run_val[c * groups + g - 1];
-      }
+      for (int k = 0; k < W; ++k) v[k] = g == 0 ? sm.carry_val[k] : sm.run_val[k * runs + g - 1];
 #pragma unroll
       for (int j = 0; j < kRun; ++j) {
         if (const int m = mark_at(j)) {  // the segment before this row is complete
@@ -556,28 +550,25 @@ __device__ __forceinline__ void tile_sum_block(const T* __restrict__ src,
 #pragma unroll
         for (int k = 0; k < W; ++k) v[k] += value(j, k);
       }
-      if (lead) {
 #pragma unroll
-        for (int j = 0; j < kRun; ++j) sm.marks[padded(g * kRun + j)] = 0;
-      }
+      for (int j = 0; j < kRun; ++j) sm.marks[padded(g * kRun + j)] = 0;
     }
     __syncthreads();
     // The segment still open at the tile's end carries into the next tile.
-    carry = segment(sm.run_key[groups - 1]);
-    for (int c = tid; c < lanes * W; c += kThreads)
-      sm.carry_val[c] = sm.run_val[c * groups + groups - 1];
+    carry = segment(sm.run_key[runs - 1]);
+    for (int c = tid; c < W; c += kThreads) sm.carry_val[c] = sm.run_val[c * runs + runs - 1];
   }
   __syncthreads();
 
   // The segment open at r1: complete here, or a partial for the fix-up.
   bool crossing = false;
   if (carry < segments) crossing = start_of(indptr, carry + 1, rows) > r1;
-  if (tid < lanes && carry < segments) {  // thread tid is lane tid of group 0
+  if (tid == 0 && carry < segments) {
     Acc v[W];
 #pragma unroll
-    for (int k = 0; k < W; ++k) v[k] = sm.carry_val[tid * W + k];
+    for (int k = 0; k < W; ++k) v[k] = sm.carry_val[k];
     if (crossing && carry != head) {
-      Acc* dst = cross.tail_val + block * inner + col;
+      Acc* dst = cross.tail_val + block * inner;
 #pragma unroll
       for (int k = 0; k < W; ++k) dst[k] = v[k];
     } else {
@@ -633,9 +624,8 @@ __device__ __forceinline__ void tile_gather_block(const T* __restrict__ src,
   constexpr int kRun = G::kRunRows;
   const int tid = threadIdx.x;
 
-  constexpr int groups = kThreads, tile_rows = groups * kRun;
-  const int g = tid;
-  constexpr bool active = true, lead = true;
+  constexpr int tile_rows = kThreads * kRun;
+  const int g = tid;  // this thread's run
   const int64_t r0 = static_cast<int64_t>(blockIdx.x) * rows_per_block;
   const int64_t r1 = imin(rows, r0 + rows_per_block);
 
@@ -651,34 +641,29 @@ __device__ __forceinline__ void tile_gather_block(const T* __restrict__ src,
     const int nrows = static_cast<int>(t1 - t0);
     const int64_t tile_first = next;
     next = walk_starts<G::kWalkSteps>(indptr, segments, rows, t0, t1, tile_first,
-                                      walk_steps(expected, groups, G::kWalkSteps), g, groups,
-                                      active, lead, sm.marks, sm.prim.reduce, sm.count,
-                                      [](int64_t) {});
+                                      walk_steps(expected, G::kWalkSteps), sm.marks,
+                                      sm.prim.reduce, sm.count, [](int64_t) {});
     expected = next - tile_first;
     auto segment = [&](int key) { return key == 0 ? carry : tile_first + key - 1; };
 
     // Label rows with segments: the last mark of each run, scanned across
     // runs, is the label entering the next run.
     int last = -1;
-    if (lead) {
 #pragma unroll
-      for (int j = 0; j < kRun; ++j) {
-        const int m = sm.marks[padded(g * kRun + j)];
-        last = m ? m : last;
-      }
+    for (int j = 0; j < kRun; ++j) {
+      const int m = sm.marks[padded(g * kRun + j)];
+      last = m ? m : last;
     }
     int key;
     Scan(sm.prim.scan).ExclusiveScan(last, key, 0, LastMark());
-    if (lead) {
 #pragma unroll
-      for (int j = 0; j < kRun; ++j) {
-        const int m = sm.marks[padded(g * kRun + j)];
-        if (m) {
-          key = m;
-          sm.marks[padded(g * kRun + j)] = 0;  // only this thread reads it
-        }
-        sm.row_key[padded(g * kRun + j)] = key;
+    for (int j = 0; j < kRun; ++j) {
+      const int m = sm.marks[padded(g * kRun + j)];
+      if (m) {
+        key = m;
+        sm.marks[padded(g * kRun + j)] = 0;  // only this thread reads it
       }
+      sm.row_key[padded(g * kRun + j)] = key;
     }
     __syncthreads();
 
@@ -738,18 +723,8 @@ __global__ void __launch_bounds__(kThreads, kTileBlocksPerSm)
 // ---------------------------------------------------------------------------
 // Stream kernels (wider rows; gathers over long segments)
 
-// How a thread reads rows: a pack of W elements holds R whole rows of W / R
-// columns (R > 1: rows of less than 16 bytes) or, with R == 1, W columns of
-// one row, and the row's packs are spread over the group's lanes.
-template <typename T, int W, int R>
-struct Layout {
-  static_assert(W % R == 0, "a pack holds whole rows");
-  static constexpr int kCols = W / R;  // columns each thread sums
-  static constexpr int kRowsPerBatch = kBatch * R;
-};
-
-// Where a block and each of its groups work. Groups own equal, contiguous row
-// ranges (a multiple of R rows, so packs never straddle two groups).
+// Where a block of the stream sum and each of its groups work. A group has
+// one lane per W-column pack of a row and owns an equal, contiguous row range.
 struct Place {
   int lanes, groups, g, l;
   int slab_lanes;  // lanes with columns in this slab (fewer only in the last of several)
@@ -760,19 +735,18 @@ struct Place {
 };
 
 // The group width is the same in every slab, so every slab cuts the same rows.
-template <int R>
 __device__ __forceinline__ Place place(int64_t rows, int64_t inner, int W, int64_t group_rows,
                                        int64_t slab) {
   Place p;
   const int tid = threadIdx.x;
-  const int64_t packs = R > 1 ? 1 : inner / W;
+  const int64_t packs = inner / W;
   p.lanes = static_cast<int>(imin(kThreads, packs));
   p.groups = kThreads / p.lanes;
   p.g = tid / p.lanes;
   p.l = tid - p.g * p.lanes;
   p.slab_lanes = static_cast<int>(imin(p.lanes, packs - slab * kThreads));
   p.active = p.g < p.groups && p.l < p.slab_lanes;
-  p.col = R > 1 ? 0 : (slab * kThreads + p.l) * W;
+  p.col = (slab * kThreads + p.l) * W;
   const int64_t block_rows = group_rows * p.groups;
   p.r0 = imin(rows, static_cast<int64_t>(blockIdx.x) * block_rows);
   p.r1 = imin(rows, p.r0 + block_rows);
@@ -795,19 +769,6 @@ __device__ __forceinline__ SegmentRange block_segments(const int64_t* __restrict
   return {lo, hi};
 }
 
-template <typename T, int W, int R>
-__device__ __forceinline__ Pack<T, W> load_rows(const T* __restrict__ src, int64_t row,
-                                                int64_t inner, int64_t col, int64_t end_row) {
-  if (row + R <= end_row) return load_pack<T, W>(src + row * inner + col);
-  Pack<T, W> v = zero_pack<T, W>();
-  if constexpr (R > 1) {  // the array's last, partial pack
-#pragma unroll
-    for (int k = 0; k < W; ++k)
-      if (row + k / (W / R) < end_row) v.v[k] = src[row * inner + k];
-  }
-  return v;
-}
-
 // segment_sum
 
 template <typename T, int W>
@@ -819,7 +780,7 @@ struct StreamSumShared {
   Acc item_val[2 * kThreads * W];
 };
 
-template <typename T, int W, int R>
+template <typename T, int W>
 __device__ __forceinline__ void stream_sum_block(const T* __restrict__ src,
                                                  const int64_t* __restrict__ indptr,
                                                  T* __restrict__ out, int64_t rows,
@@ -828,9 +789,8 @@ __device__ __forceinline__ void stream_sum_block(const T* __restrict__ src,
                                                  const Crossing<typename Num<T>::acc>& cross,
                                                  StreamSumShared<T, W>& sm) {
   using Acc = typename Num<T>::acc;
-  using L = Layout<T, W, R>;
-  constexpr int kCols = L::kCols;
-  const Place p = place<R>(rows, inner, W, group_rows, slab);
+  constexpr int kCols = W;  // columns each thread sums
+  const Place p = place(rows, inner, W, group_rows, slab);
   const SegmentRange range = block_segments(indptr, segments, rows, p.r0, p.r1);
   const int items = 2 * p.groups;
   const int cols = p.slab_lanes * kCols;
@@ -861,37 +821,32 @@ __device__ __forceinline__ void stream_sum_block(const T* __restrict__ src,
     bool started = s >= 0 && s < segments && start_of(indptr, s, rows) == p.g0;
     int64_t end = end_of(indptr, segments, rows, s);
 
-    for (int64_t r = p.g0; r < p.g1; r += L::kRowsPerBatch) {
+    for (int64_t r = p.g0; r < p.g1; r += kBatch) {
       Pack<T, W> d[kBatch];
 #pragma unroll
-      for (int b = 0; b < kBatch; ++b) {
-        const int64_t row = r + b * R;
-        d[b] = row < p.g1 ? load_rows<T, W, R>(src, row, inner, p.col, p.g1) : zero_pack<T, W>();
-      }
+      for (int b = 0; b < kBatch; ++b)
+        d[b] = r + b < p.g1 ? load_pack<T, W>(src + (r + b) * inner + p.col) : zero_pack<T, W>();
 #pragma unroll
       for (int b = 0; b < kBatch; ++b) {
-#pragma unroll
-        for (int q = 0; q < R; ++q) {
-          const int64_t row = r + b * R + q;
-          if (row >= p.g1) break;
-          if (row == end) {  // the segment before this row is complete
-            if (s >= 0 && s < segments) {
-              if (started) {
-                write(s, acc);
-              } else {  // it began in an earlier group
-                keep_head(s);
-              }
+        const int64_t row = r + b;
+        if (row >= p.g1) break;
+        if (row == end) {  // the segment before this row is complete
+          if (s >= 0 && s < segments) {
+            if (started) {
+              write(s, acc);
+            } else {  // it began in an earlier group
+              keep_head(s);
             }
-            for (++s; s < segments && start_of(indptr, s + 1, rows) <= row; ++s)
-              store_pack(out + s * inner + p.col, zero_pack<T, kCols>());
-            end = end_of(indptr, segments, rows, s);
-            started = true;
-#pragma unroll
-            for (int k = 0; k < kCols; ++k) acc[k] = 0;
           }
+          for (++s; s < segments && start_of(indptr, s + 1, rows) <= row; ++s)
+            store_pack(out + s * inner + p.col, zero_pack<T, kCols>());
+          end = end_of(indptr, segments, rows, s);
+          started = true;
 #pragma unroll
-          for (int k = 0; k < kCols; ++k) acc[k] += Num<T>::to_acc(d[b].v[q * kCols + k]);
+          for (int k = 0; k < kCols; ++k) acc[k] = 0;
         }
+#pragma unroll
+        for (int k = 0; k < kCols; ++k) acc[k] += Num<T>::to_acc(d[b].v[k]);
       }
     }
     // The segment open after the last row.
@@ -921,7 +876,7 @@ __device__ __forceinline__ void stream_sum_block(const T* __restrict__ src,
   // Each run of items of one segment is summed, in group order, by the thread
   // of its first item; the segment goes to out when it lies within the block,
   // else to the workspace for the fix-up kernel.
-  const int64_t col0 = R > 1 ? 0 : slab * kThreads * W;
+  const int64_t col0 = slab * kThreads * W;
   for (int e = threadIdx.x; e < cols * items; e += kThreads) {
     const int c = e / items, i = e - c * items;
     const int64_t key = sm.item_key[i];
@@ -960,15 +915,14 @@ __device__ __forceinline__ void stream_sum_block(const T* __restrict__ src,
 // Grid: x = row ranges (one per block, equal sizes, as many as fit on the GPU
 // at once), y = column slabs of kThreads packs (only rows wider than
 // kThreads * W elements have more than one).
-template <typename T, int W, int R>
+template <typename T, int W>
 __global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
     stream_sum_kernel(const T* __restrict__ src, const int64_t* __restrict__ indptr,
                       T* __restrict__ out, int64_t rows, int64_t segments, int64_t inner,
                       int64_t group_rows, int64_t slabs, Crossing<typename Num<T>::acc> cross) {
   __shared__ StreamSumShared<T, W> sm;
   for (int64_t slab = blockIdx.y; slab < slabs; slab += gridDim.y) {
-    stream_sum_block<T, W, R>(src, indptr, out, rows, segments, inner, group_rows, slab, cross,
-                              sm);
+    stream_sum_block<T, W>(src, indptr, out, rows, segments, inner, group_rows, slab, cross, sm);
     __syncthreads();
   }
 }
@@ -1001,7 +955,8 @@ __global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
     stream_gather_kernel(const T* __restrict__ src, const int64_t* __restrict__ indptr,
                          T* __restrict__ out, int64_t rows, int64_t segments, int64_t inner,
                          int64_t team_rows, int64_t slabs) {
-  constexpr int kCols = Layout<T, W, R>::kCols;
+  static_assert(W % R == 0, "a pack holds whole rows");
+  constexpr int kCols = W / R;  // columns of each row in a pack
   const int tid = threadIdx.x;
   const int64_t packs = R > 1 ? 1 : inner / W;
   const int lanes = static_cast<int>(imin(kThreads, packs));
@@ -1235,30 +1190,30 @@ struct StreamShape {
         grid_y(imin(slabs, kMaxGridY)) {}
 };
 
-// Rows per unit (a group, or a gather team of `per_unit` groups) for equal
-// contiguous ranges over `units` units, a multiple of `step` rows.
+// Rows per unit (a sum group, or a gather team) for equal contiguous ranges
+// over `units` units, a multiple of `step` rows.
 inline int64_t unit_rows(int64_t rows, int64_t units, int64_t min_rows, int64_t step) {
   return ceil_div(imax(min_rows, ceil_div(rows, units)), step) * step;
 }
 
-template <typename T, int W, int R>
+template <typename T, int W>
 cudaError_t launch_stream_sum(const T* src, const int64_t* indptr, T* out, int64_t rows,
                               int64_t segments, int64_t inner, void* workspace,
                               cudaStream_t stream) {
   using Acc = typename Num<T>::acc;
   int64_t capacity = 0;
-  cudaError_t err = resident_blocks<&stream_sum_kernel<T, W, R>>(&capacity);
+  cudaError_t err = resident_blocks<&stream_sum_kernel<T, W>>(&capacity);
   if (err != cudaSuccess) return err;
-  const StreamShape<W, R> shape(inner);
+  const StreamShape<W, 1> shape(inner);
   const int64_t units = imax(1, capacity / shape.grid_y) * shape.groups;
-  const int64_t group_rows = unit_rows(rows, units, kMinGroupRows, kBatch * R);
+  const int64_t group_rows = unit_rows(rows, units, kMinGroupRows, kBatch);
   const int64_t block_rows = group_rows * shape.groups;
   const int64_t blocks = ceil_div(rows, block_rows);
   Crossing<Acc> c;
   err = crossing(workspace, blocks, inner, &c);
   if (err != cudaSuccess) return err;
   const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(shape.grid_y));
-  stream_sum_kernel<T, W, R><<<grid, kThreads, 0, stream>>>(
+  stream_sum_kernel<T, W><<<grid, kThreads, 0, stream>>>(
       src, indptr, out, rows, segments, inner, group_rows, shape.slabs, c);
   err = cudaGetLastError();
   if (err != cudaSuccess || blocks == 1) return err;
@@ -1355,7 +1310,6 @@ cudaError_t segment_sum(const T* src, const int64_t* indptr, T* out, int64_t row
   if (segments == 0 || inner == 0) return cudaSuccess;
   if (rows == 0)
     return cudaMemsetAsync(out, 0, static_cast<size_t>(segments * inner) * sizeof(T), stream);
-  constexpr int kVec = 16 / sizeof(T);
   if (detail::narrow_rows(inner, sizeof(T)) && detail::aligned(src, 16) &&
       detail::aligned(out, inner * sizeof(T)))
     return detail::launch_narrow_sum<T>(src, indptr, out, rows, segments, inner, workspace, stream);
@@ -1365,10 +1319,10 @@ cudaError_t segment_sum(const T* src, const int64_t* indptr, T* out, int64_t row
   // slower).
   constexpr int kSumVec = 8 / sizeof(T);
   if (inner % kSumVec == 0 && detail::aligned(src, 8) && detail::aligned(out, 8))
-    return detail::launch_stream_sum<T, kSumVec, 1>(src, indptr, out, rows, segments, inner,
-                                                    workspace, stream);
-  return detail::launch_stream_sum<T, 1, 1>(src, indptr, out, rows, segments, inner, workspace,
-                                            stream);
+    return detail::launch_stream_sum<T, kSumVec>(src, indptr, out, rows, segments, inner,
+                                                 workspace, stream);
+  return detail::launch_stream_sum<T, 1>(src, indptr, out, rows, segments, inner, workspace,
+                                         stream);
 }
 
 // out[rows, inner] = src[segment of each row, :] for src[segments, inner].
