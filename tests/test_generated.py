@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -49,9 +51,6 @@ def test_schema_check_command_detects_staleness(tmp_path, capsys):
 
 def test_ext_benchmark_page_is_rendered_from_its_json(tmp_path):
     """ext/docs/benchmarks.md is what ext/benchmarks/render.py makes of the checked-in JSON."""
-    import subprocess
-    import sys
-
     docs = ROOT / "ext" / "docs"
     out = tmp_path / "benchmarks.md"
     subprocess.run([sys.executable, str(ROOT / "ext" / "benchmarks" / "render.py"),
