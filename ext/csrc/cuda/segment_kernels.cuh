@@ -23,9 +23,9 @@
 //
 // * Tile kernels (rows of 16 bytes or less). Streaming one thread per row
 //   range would spread each warp's loads over 32 distant lines, so a block
-//   instead loads contiguous tiles of 16 KB through shared memory, walks the
-//   segment starts of the tile together, and combines per-thread runs with a
-//   block scan.
+//   instead loads contiguous tiles of 16 KB through shared memory, with the
+//   segment starts that fall in the tile beside them, and combines
+//   per-thread runs of rows with a block scan.
 //
 // Segments that cross a block boundary are finished by a small fix-up kernel
 // from per-block partials in the caller's workspace. Partials are always added
@@ -61,9 +61,17 @@ constexpr int kMaxBlocksPerSm = 2048 / kThreads;  // no GPU keeps more than 2048
 // Resident blocks per SM the kernels' registers are budgeted for: resident
 // blocks are what keeps bytes in flight.
 constexpr int kTileBlocksPerSm = 4;
+// The tile sum holds the next tile in registers, 16 KB in flight per block
+// even at 3 blocks per SM; at 4 its registers spilled (measured on an H100:
+// 3 was 0 to 11 points of copy bandwidth faster on 1- and 4-column rows).
+constexpr int kTileSumBlocksPerSm = 3;
 constexpr int kStreamBlocksPerSm = 4;
 constexpr int kThreadBytes = 64;     // tile kernels: src bytes per thread and tile (16 KB tiles)
-constexpr int kMaxRunRows = 16;      // tile kernels: rows per thread and tile, at most
+constexpr int kMaxRunRows = 16;      // tile gather: rows per thread and tile, at most
+constexpr int kWindow = 4096;        // tile kernels: segment starts per tile kept in shared memory
+constexpr int kWindowSteps = 4;      // tile kernels: indptr entries per thread and round
+constexpr int kPrefetchSteps = 2;    // tile kernels: the same, for the round read a tile ahead
+constexpr int kSumMaxRunRows = 32;   // tile sum: rows per thread and tile, at most
 constexpr int kBatch = 4;            // stream kernels: loads per thread in flight
 constexpr int kMinGroupRows = 32;    // stream kernels: small inputs get fewer, fuller groups
 constexpr int kTeam = 32;            // stream gather: threads that write contiguous rows together
@@ -126,6 +134,15 @@ __device__ __forceinline__ Pack<T, W> load_pack(const T* p) {
 template <typename T, int W>
 __device__ __forceinline__ void store_pack(T* p, const Pack<T, W>& v) {
   *reinterpret_cast<Pack<T, W>*>(p) = v;
+}
+
+// Stores W accumulators as the W elements at p.
+template <typename T, int W>
+__device__ __forceinline__ void store_sum(T* p, const typename Num<T>::acc (&v)[W]) {
+  Pack<T, W> o;
+#pragma unroll
+  for (int k = 0; k < W; ++k) o.v[k] = Num<T>::from_acc(v[k]);
+  store_pack(p, o);
 }
 
 template <typename T, int W>
@@ -203,22 +220,116 @@ __device__ __forceinline__ int64_t end_of(const int64_t* __restrict__ indptr, in
 // ---------------------------------------------------------------------------
 // Tile kernels (rows of at most 16 bytes)
 
-// Tile shape for elements T read W at a time (W = the whole row for narrow rows):
-// each thread takes a run of kRunRows consecutive rows, kThreadBytes per tile.
-template <typename T, int W>
+// Tile shape for rows of W elements T: each thread takes a run of kRunRows
+// consecutive rows, kThreadBytes per tile.
+template <typename T, int W, int kMaxRun = kMaxRunRows>
 struct Geometry {
-  static constexpr int kPackBytes = W * static_cast<int>(sizeof(T));
+  static constexpr int kRowBytes = W * static_cast<int>(sizeof(T));
   static constexpr int kRunRows =
-      kThreadBytes / kPackBytes < kMaxRunRows ? kThreadBytes / kPackBytes : kMaxRunRows;
-  static constexpr int kMaxTileRows = kThreads * kRunRows;
-  static constexpr int kMarks = padded(kMaxTileRows - 1) + 1;
-  // indptr entries each thread reads per round of the walk: one round covers
-  // a tile of segments of 3 rows or more, a few rounds one of length-1 segments.
+      kThreadBytes / kRowBytes < kMaxRun ? kThreadBytes / kRowBytes : kMaxRun;
+  static constexpr int kTileRows = kThreads * kRunRows;
+  // The gather marks each row of a tile.
+  static constexpr int kMarks = padded(kTileRows - 1) + 1;
+  // indptr entries each thread reads per round of the gather's walk: one
+  // round covers a tile of segments of 3 rows or more, a few rounds one of
+  // length-1 segments.
   static constexpr int kWalkSteps = (kRunRows < 4 ? kRunRows : 4) + 2;
-  // Narrow rows are staged through shared memory as 32-bit words.
-  static constexpr int kStageUnits = kRunRows * kPackBytes / 16;  // 16-byte loads per thread
-  static constexpr int kStageWords = padded(kMaxTileRows * kPackBytes / 4 - 1) + 1;
+  // Rows are staged through shared memory as 32-bit words.
+  static constexpr int kStageUnits = kRunRows * kRowBytes / 16;  // 16-byte loads per thread
 };
+
+// The segment starts that fall inside a tile, as tile-relative rows: entry i
+// is the start of segment `first + i`, where `first` is the first segment
+// starting at or after the tile's first row. A tile of short segments holds a
+// few hundred; starts past kWindow (only a crowd of empty or one-row segments
+// has that many) are read from indptr when needed.
+struct Window {
+  int64_t first;  // first segment starting in the tile
+  int64_t n;      // segments starting in the tile
+};
+
+// Starts of the segments from, from + 1, ... read kThreads * steps at a time
+// (this thread's: from + k * kThreads + tid), clamped into [0, rows]; past the
+// last segment, kNever. Issued a tile ahead so the window's first round does
+// not wait on memory.
+__device__ __forceinline__ void fetch_starts(const int64_t* __restrict__ indptr, int64_t segments,
+                                             int64_t rows, int64_t from, int steps,
+                                             int64_t (&raw)[kPrefetchSteps]) {
+#pragma unroll
+  for (int k = 0; k < kPrefetchSteps; ++k) {
+    const int64_t s = from + k * kThreads + threadIdx.x;
+    raw[k] = k < steps && s <= segments ? clamp_row(indptr[s], rows) : kNever;
+  }
+}
+
+// Fills `window` for the tile of `nrows` rows at t0 whose first start is
+// segment `first`, and returns the number of starts in the tile. The first
+// round takes `steps` entries per thread from `raw` (fetch_starts); further
+// rounds, only when a round is full, read kWindowSteps entries per thread.
+// counts[3] are zero-initialised block counters, used in rotation by `round`
+// (the same in every thread) so a round needs one barrier.
+__device__ __forceinline__ int64_t load_window(const int64_t* __restrict__ indptr,
+                                               int64_t segments, int64_t rows, int64_t t0,
+                                               int nrows, int64_t first, int steps,
+                                               const int64_t (&raw)[kPrefetchSteps],
+                                               int* window, int* counts, int& round) {
+  const int tid = threadIdx.x;
+  int64_t n = 0;
+  for (bool prefetched = true;; prefetched = false) {
+    int rel[kWindowSteps];
+#pragma unroll
+    for (int k = 0; k < kWindowSteps; ++k) {  // issue every load before using any
+      const int64_t s = first + n + k * kThreads + tid;
+      int64_t v = kNever;
+      if (prefetched) {
+        if (k < kPrefetchSteps) v = raw[k];
+      } else if (s <= segments) {
+        v = clamp_row(indptr[s], rows);
+      }
+      rel[k] = k < steps ? static_cast<int>(imin(v - t0, nrows)) : nrows;
+    }
+    int taken = 0;
+#pragma unroll
+    for (int k = 0; k < kWindowSteps; ++k) {
+      if (rel[k] < nrows) {  // sorted starts: the taken entries are a prefix
+        ++taken;
+        const int64_t i = n + k * kThreads + tid;
+        if (i < kWindow) window[i] = rel[k];
+      }
+    }
+    int* count = counts + round % 3;
+    if (taken) atomicAdd(count, taken);
+    if (tid == 0) counts[(round + 1) % 3] = 0;  // last read two rounds ago
+    ++round;
+    __syncthreads();
+    const int got = *count;
+    n += got;
+    if (got < steps * kThreads) return n;
+    steps = kWindowSteps;
+  }
+}
+
+// Start (tile-relative) of the window's entry i.
+__device__ __forceinline__ int window_start(const int* window, const int64_t* __restrict__ indptr,
+                                            int64_t rows, int64_t t0, const Window& w,
+                                            int64_t i) {
+  return i < kWindow ? window[i]
+                     : static_cast<int>(clamp_row(indptr[w.first + i], rows) - t0);
+}
+
+// Number of the window's starts at or before row x (binary search).
+__device__ __forceinline__ int64_t starts_through(const int* window,
+                                                  const int64_t* __restrict__ indptr,
+                                                  int64_t rows, int64_t t0, const Window& w,
+                                                  int x) {
+  int64_t lo = 0, hi = w.n;
+  while (lo < hi) {
+    const int64_t mid = (lo + hi) / 2;
+    if (window_start(window, indptr, rows, t0, w, mid) <= x) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo;
+}
 
 // Walks the segment starts of the tile [t0, t1), beginning at segment `first`,
 // and returns the first segment that starts after the tile. Each start marks
@@ -290,12 +401,13 @@ __device__ __forceinline__ int64_t walk_starts(const int64_t* __restrict__ indpt
   }
 }
 
-// Number of walk steps for a tile expected to hold `expected` starts.
+// indptr entries per thread for a tile expected to hold `expected` starts.
 __device__ __forceinline__ int walk_steps(int64_t expected, int max_steps) {
   return static_cast<int>(
       imin(max_steps, imax(1, ceil_div(expected + expected / 4 + 2, kThreads))));
 }
 
+// Segment starts expected in a tile, from the mean segment length.
 __device__ __forceinline__ int64_t starts_per_tile(int64_t segments, int64_t rows, int tile_rows) {
   const double per_row = static_cast<double>(segments + 1) / static_cast<double>(rows);
   return static_cast<int64_t>(per_row * tile_rows < 1e9 ? per_row * tile_rows : 1e9);
@@ -304,7 +416,9 @@ __device__ __forceinline__ int64_t starts_per_tile(int64_t segments, int64_t row
 // ---------------------------------------------------------------------------
 // Narrow rows (at most 16 bytes) are staged through shared memory: a warp
 // loads 512 contiguous bytes per instruction, then each thread reads its run
-// of rows from the padded word array without bank conflicts.
+// of rows back with 16-byte loads. Runs lie kStageStride units apart, one unit
+// more than they hold, so the 8 threads of a 16-byte shared access hit
+// distinct banks.
 
 template <typename T>
 __device__ __forceinline__ uint4 load_tail_unit(const T* p, int count) {
@@ -318,7 +432,8 @@ __device__ __forceinline__ uint4 load_tail_unit(const T* p, int count) {
   return w;
 }
 
-// The 16-byte units [0, bytes) of a tile starting at `base` (16-byte aligned).
+// The 16-byte units [0, bytes) of a tile starting at `base` (16-byte aligned);
+// unit k * kThreads + tid goes to this thread's staged[k], zeros past the end.
 template <int kUnits, typename T>
 __device__ __forceinline__ void load_stage(uint4 (&staged)[kUnits], const T* base, int bytes) {
 #pragma unroll
@@ -335,81 +450,66 @@ __device__ __forceinline__ void load_stage(uint4 (&staged)[kUnits], const T* bas
 }
 
 template <int kUnits>
-__device__ __forceinline__ void store_stage(uint32_t* stage, const uint4 (&staged)[kUnits]) {
+__device__ __forceinline__ void store_stage(uint4* stage, const uint4 (&staged)[kUnits]) {
 #pragma unroll
   for (int k = 0; k < kUnits; ++k) {
-    const int w = 4 * (k * kThreads + static_cast<int>(threadIdx.x));
-    stage[padded(w)] = staged[k].x;
-    stage[padded(w + 1)] = staged[k].y;
-    stage[padded(w + 2)] = staged[k].z;
-    stage[padded(w + 3)] = staged[k].w;
+    const int u = k * kThreads + static_cast<int>(threadIdx.x);
+    stage[u / kUnits * (kUnits + 1) + u % kUnits] = staged[k];
   }
 }
 
-// Element e of the staged tile.
-template <typename T>
-__device__ __forceinline__ T stage_element(const uint32_t* stage, int e) {
-  T v;
-  if constexpr (sizeof(T) == 4) {
-    const uint32_t w = stage[padded(e)];
-    memcpy(&v, &w, 4);
-  } else if constexpr (sizeof(T) == 2) {
-    const uint32_t w = stage[padded(e >> 1)];
-    const uint16_t h = static_cast<uint16_t>((e & 1) ? (w >> 16) : w);
-    memcpy(&v, &h, 2);
-  } else {
-    const uint64_t w = static_cast<uint64_t>(stage[padded(2 * e)]) |
-                       (static_cast<uint64_t>(stage[padded(2 * e + 1)]) << 32);
-    memcpy(&v, &w, 8);
-  }
-  return v;
+// This thread's run, as kUnits * 16 bytes of consecutive rows.
+template <int kUnits>
+__device__ __forceinline__ void read_run(const uint4* stage, uint4 (&run)[kUnits]) {
+#pragma unroll
+  for (int k = 0; k < kUnits; ++k) run[k] = stage[threadIdx.x * (kUnits + 1) + k];
 }
 
 // segment_sum
 
-// A partial sum tagged with the tile-relative mark of the last segment start
-// it has seen (-1: none; 0: the segment open when the tile began). Combining
-// restarts at the right operand's start, so a segmented sum is a plain scan.
-template <typename Acc>
-struct KeyedSum {
-  int key;
-  Acc v;
+// A run's open partial: the sum of its rows after its last segment start, or
+// of all its rows when none starts in it (closed = false). Combining restarts
+// at a closed right operand, so a segmented sum is a plain scan.
+template <typename Acc, int W>
+struct RunSum {
+  int closed;
+  Acc v[W];
 };
 
-template <typename Acc>
-struct KeyedSumOp {
-  __device__ __forceinline__ KeyedSum<Acc> operator()(const KeyedSum<Acc>& a,
-                                                      const KeyedSum<Acc>& b) const {
-    return b.key >= 0 ? b : KeyedSum<Acc>{a.key, a.v + b.v};
+template <typename Acc, int W>
+struct RunSumOp {
+  __device__ __forceinline__ RunSum<Acc, W> operator()(const RunSum<Acc, W>& a,
+                                                       const RunSum<Acc, W>& b) const {
+    if (b.closed) return b;
+    RunSum<Acc, W> r;
+    r.closed = a.closed;
+#pragma unroll
+    for (int k = 0; k < W; ++k) r.v[k] = a.v[k] + b.v[k];
+    return r;
   }
 };
 
 template <typename T, int W>
 struct TileSumShared {
   using Acc = typename Num<T>::acc;
-  using G = Geometry<T, W>;
-  using Scan = cub::BlockScan<KeyedSum<Acc>, kThreads, cub::BLOCK_SCAN_WARP_SCANS>;
-  using Reduce = cub::BlockReduce<int, kThreads>;
-  union {
-    typename Scan::TempStorage scan;
-    typename Reduce::TempStorage reduce;
-  } prim;
-  int count;
-  int marks[G::kMarks];
-  // Run partials as one sequence per column: column c's run g is
-  // run_val[c * groups + g] with key run_key[g]; carry_val[c] is what the
-  // column carries in from the previous tile. After the scan they hold the
-  // inclusive sums within segments (and run_key the matching marks).
-  int run_key[kThreads];
-  Acc run_val[kThreads * W];
-  Acc carry_val[kThreads * W];
-  uint32_t stage[G::kStageWords];
+  using Scan = cub::BlockScan<RunSum<Acc, W>, kThreads, cub::BLOCK_SCAN_WARP_SCANS>;
+  typename Scan::TempStorage scan;
+  using G = Geometry<T, W, kSumMaxRunRows>;
+  static_assert(G::kRunRows <= 32 && 32 % G::kRunRows == 0, "a run's starts fit one mask word");
+  int counts[3];
+  int crowded;           // some row of the tile starts several segments
+  RunSum<Acc, W> carry;  // the segment open at the tile's start: its sum so far
+  uint32_t starts[G::kTileRows / 32];  // bit r: a segment starts at row r
+  int window[kWindow];
+  uint4 stage[kThreads * (G::kStageUnits + 1)];
 };
 
-// One block's row range. Within a tile, thread g sums its run of kRunRows
-// consecutive rows sequentially; a segmented scan over the runs then gives each
-// run the sum of the earlier rows of its first segment, and every segment's
-// total is written by the thread whose run holds its last row.
+// One block's row range, tile by tile. A tile is loaded with coalesced 16-byte
+// loads into shared memory, with its segment starts beside it. Thread g sums
+// its run of kRunRows consecutive rows in one pass: segments that start and
+// end inside the run are written at once; the rows before its first start
+// (the head) wait for a segmented scan over the runs, which gives the sum of
+// the earlier rows of that segment.
 template <typename T, int W>
 __device__ __forceinline__ void tile_sum_block(const T* __restrict__ src,
                                                const int64_t* __restrict__ indptr,
@@ -419,176 +519,181 @@ __device__ __forceinline__ void tile_sum_block(const T* __restrict__ src,
                                                const Crossing<typename Num<T>::acc>& cross,
                                                TileSumShared<T, W>& sm) {
   using Acc = typename Num<T>::acc;
-  using G = Geometry<T, W>;
-  using Item = KeyedSum<Acc>;
+  using G = Geometry<T, W, kSumMaxRunRows>;
+  using Item = RunSum<Acc, W>;
   using Scan = typename TileSumShared<T, W>::Scan;
   constexpr int kRun = G::kRunRows;
   const int tid = threadIdx.x;
-
-  constexpr int runs = kThreads, tile_rows = runs * kRun;
-  const int g = tid;  // this thread's run
   const int64_t block = blockIdx.x;
   const int64_t r0 = block * rows_per_block, r1 = imin(rows, r0 + rows_per_block);
-  const int scan_len = W * runs;  // run partials
 
   uint4 staged[G::kStageUnits];
   auto load_tile = [&](int64_t t0) {
-    const int64_t t1 = imin(r1, t0 + tile_rows);
-    load_stage(staged, src + t0 * W, static_cast<int>(t1 - t0) * G::kPackBytes);
+    const int64_t t1 = imin(r1, t0 + G::kTileRows);
+    load_stage(staged, src + t0 * W, static_cast<int>(t1 - t0) * G::kRowBytes);
   };
-
-  for (int i = tid; i < G::kMarks; i += kThreads) sm.marks[i] = 0;
-  for (int c = tid; c < W; c += kThreads) sm.carry_val[c] = 0;
   load_tile(r0);  // in flight during the search
+  if (tid < 3) sm.counts[tid] = 0;
+  for (int i = tid; i < G::kTileRows / 32; i += kThreads) sm.starts[i] = 0;
+  if (tid == 0) {
+    sm.carry.closed = 0;
+#pragma unroll
+    for (int k = 0; k < W; ++k) sm.carry.v[k] = 0;
+  }
 
-  const int64_t first = block_lower_bound(indptr, segments, rows, r0);
+  int64_t first = block_lower_bound(indptr, segments, rows, r0);
   // The segment open at r0 that began in an earlier block: its partial sum
   // goes to the workspace (head); the fix-up kernel adds it to the owner's.
   const int64_t head =
       first >= 1 && first <= segments && start_of(indptr, first, rows) > r0 ? first - 1 : -1;
   if (tid == 0 && cross.head_key != nullptr) cross.head_key[block] = head;
-  int64_t carry = head >= 0 ? head : segments;  // segment open at the tile start
-  int64_t next = first;                         // first segment start not walked yet
-  int64_t expected = starts_per_tile(segments, rows, tile_rows);
+  // Segments before this one were finished by earlier blocks.
+  const int64_t own = head >= 0 ? head : first;
 
   auto flush = [&](int64_t s, const Acc (&v)[W]) {
-    if (s >= segments) return;  // rows before indptr[0] or from indptr[segments] on
+    if (s < own || s >= segments) return;
     if (s == head) {
       Acc* dst = cross.head_val + block * inner;
 #pragma unroll
       for (int k = 0; k < W; ++k) dst[k] = v[k];
     } else {
-      Pack<T, W> p;
-#pragma unroll
-      for (int k = 0; k < W; ++k) p.v[k] = Num<T>::from_acc(v[k]);
-      store_pack(out + s * W, p);
+      store_sum<T, W>(out + s * W, v);
     }
   };
+  auto zero = [&](int64_t s) {
+    if (s >= own && s < segments) store_pack(out + s * W, zero_pack<T, W>());
+  };
 
-  for (int64_t t0 = r0; t0 < r1; t0 += tile_rows) {
-    const int64_t t1 = imin(r1, t0 + tile_rows);
-    const int nrows = static_cast<int>(t1 - t0);
+  int round = 0;
+  int steps = walk_steps(starts_per_tile(segments, rows, G::kTileRows), kPrefetchSteps);
+  int64_t raw[kPrefetchSteps];
+  fetch_starts(indptr, segments, rows, first, steps, raw);
+  for (int64_t t0 = r0; t0 < r1; t0 += G::kTileRows) {
+    const int nrows = static_cast<int>(imin(r1, t0 + G::kTileRows) - t0);
+    __syncthreads();  // the previous tile's window, stage and carry are read
     store_stage(sm.stage, staged);
-    const int64_t tile_first = next;
-    next = walk_starts<G::kWalkSteps>(
-        indptr, segments, rows, t0, t1, tile_first, walk_steps(expected, G::kWalkSteps),
-        sm.marks, sm.prim.reduce, sm.count,
-        [&](int64_t s) { store_pack(out + s * W, zero_pack<T, W>()); });
-    expected = next - tile_first;
-    auto segment = [&](int key) { return key == 0 ? carry : tile_first + key - 1; };
-    if (t0 + tile_rows < r1) load_tile(t0 + tile_rows);  // staged is free again
-
-    // Run rows are read twice (sum, then flush) instead of being held:
-    // registers bound the resident blocks, and with them the bytes in flight.
-    auto mark_at = [&](int j) { return sm.marks[padded(g * kRun + j)]; };
-    auto value = [&](int j, int k) -> Acc {
-      const int r = g * kRun + j;
-      return r < nrows ? Num<T>::to_acc(stage_element<T>(sm.stage, r * W + k)) : Acc(0);
+    if (tid == 0) sm.crowded = 0;
+    const Window w{first, load_window(indptr, segments, rows, t0, nrows, first, steps, raw,
+                                      sm.window, sm.counts, round)};
+    if (t0 + G::kTileRows < r1) {  // staged and raw are free again
+      load_tile(t0 + G::kTileRows);
+      steps = walk_steps(w.n, kPrefetchSteps);
+      fetch_starts(indptr, segments, rows, first + w.n, steps, raw);
+    }
+    auto start = [&](int64_t i) {
+      return i < w.n ? window_start(sm.window, indptr, rows, t0, w, i) : INT_MAX;
     };
-
-    // This run's own part: the rows after its last segment start.
-    {
-      int key = -1;
-      Acc v[W];
-#pragma unroll
-      for (int k = 0; k < W; ++k) v[k] = 0;
-#pragma unroll
-      for (int j = 0; j < kRun; ++j) {
-        if (const int m = mark_at(j)) {
-          key = m;
-#pragma unroll
-          for (int k = 0; k < W; ++k) v[k] = 0;
-        }
-#pragma unroll
-        for (int k = 0; k < W; ++k) v[k] += value(j, k);
-      }
-#pragma unroll
-      for (int k = 0; k < W; ++k) sm.run_val[k * runs + g] = v[k];
-      sm.run_key[g] = key;
-    }
-    __syncthreads();
-
-    // Segmented scan of all columns' sequences at once, W consecutive entries
-    // per thread. A column's carry (key 0) enters at its first run, and ends
-    // whatever the column before it left open.
-    {
-      Item item[W];
-      const int e0 = tid * W;
-      int c = e0 / runs, r = e0 - c * runs;
-#pragma unroll
-      for (int i = 0; i < W; ++i) {
-        item[i] = Item{-1, Acc(0)};
-        if (e0 + i < scan_len) {
-          item[i] = Item{sm.run_key[r], sm.run_val[e0 + i]};
-          if (r == 0) item[i] = KeyedSumOp<Acc>()(Item{0, sm.carry_val[c]}, item[i]);
-        }
-        if (++r == runs) r = 0, ++c;
-      }
-      Scan(sm.prim.scan).InclusiveScan(item, item, KeyedSumOp<Acc>());
-#pragma unroll
-      for (int i = 0; i < W; ++i) {
-        if (e0 + i < scan_len) sm.run_val[e0 + i] = item[i].v;
-        if (e0 + i < runs) sm.run_key[e0 + i] = item[i].key;  // the same in every column
+    // Mark the rows where segments start, and zero the segments without rows:
+    // those whose start the next one shares.
+    for (int64_t i = tid; i < w.n; i += kThreads) {
+      const int r = start(i);
+      if (r < 0) continue;  // only with an unsorted indptr
+      atomicOr(&sm.starts[r / 32], 1u << (r % 32));
+      if (start(i + 1) == r) {
+        zero(first + i);
+        sm.crowded = 1;
       }
     }
     __syncthreads();
 
-    {
-      // What runs before this one leave open: the column's carry for run 0.
-      int key = g == 0 ? 0 : sm.run_key[g - 1];
-      Acc v[W];
+    // This run's rows [a, a + kRun), segment first - 1 + j being the one open
+    // at row a.
+    const int a = tid * kRun;
+    int64_t j = starts_through(sm.window, indptr, rows, t0, w, a - 1);
+    uint4 run[G::kStageUnits];
+    read_run(sm.stage, run);
+    T v[kRun * W];
+    memcpy(v, run, sizeof(v));
+    int64_t closed = -1;  // the segment that ends first in this run
+    Acc head_sum[W], acc[W];
 #pragma unroll
-      for (int k = 0; k < W; ++k) v[k] = g == 0 ? sm.carry_val[k] : sm.run_val[k * runs + g - 1];
+    for (int k = 0; k < W; ++k) head_sum[k] = acc[k] = 0;
+    // A segment's total is written when the row after it starts another:
+    // the first such total waits for the scan (it may have begun in an
+    // earlier run); the others began in this run and are complete.
+    auto end_segment = [&](int64_t s) {
+      if (closed < 0) {
+        closed = s;
 #pragma unroll
-      for (int j = 0; j < kRun; ++j) {
-        if (const int m = mark_at(j)) {  // the segment before this row is complete
-          flush(segment(key), v);
-          key = m;
-#pragma unroll
-          for (int k = 0; k < W; ++k) v[k] = 0;
-        }
-#pragma unroll
-        for (int k = 0; k < W; ++k) v[k] += value(j, k);
+        for (int k = 0; k < W; ++k) head_sum[k] = acc[k];
+      } else {
+        store_sum<T, W>(out + s * W, acc);
       }
 #pragma unroll
-      for (int j = 0; j < kRun; ++j) sm.marks[padded(g * kRun + j)] = 0;
+      for (int k = 0; k < W; ++k) acc[k] = 0;
+    };
+    if (!sm.crowded) {
+      // One start per marked row: the segment advances by one at each. A
+      // segment ends in some lane of a warp at nearly every row, so this
+      // stays branch-free for the compiler to predicate.
+      const uint32_t marks = sm.starts[a / 32] >> (a % 32);
+#pragma unroll
+      for (int q = 0; q < kRun; ++q) {
+        if ((marks >> q) & 1u) end_segment(first - 1 + j++);
+#pragma unroll
+        for (int k = 0; k < W; ++k) acc[k] += Num<T>::to_acc(v[q * W + k]);
+      }
+    } else {
+      int next = start(j);
+#pragma unroll
+      for (int q = 0; q < kRun; ++q) {
+        const int r = a + q;
+        if (r == next) {
+          end_segment(first - 1 + j);
+          do next = start(++j);
+          while (next == r);  // rows without segments, zeroed above
+        }
+#pragma unroll
+        for (int k = 0; k < W; ++k) acc[k] += Num<T>::to_acc(v[q * W + k]);
+      }
     }
-    __syncthreads();
-    // The segment still open at the tile's end carries into the next tile.
-    carry = segment(sm.run_key[runs - 1]);
-    for (int c = tid; c < W; c += kThreads) sm.carry_val[c] = sm.run_val[c * runs + runs - 1];
+
+    Item item, before;
+    item.closed = closed >= 0;
+#pragma unroll
+    for (int k = 0; k < W; ++k) item.v[k] = acc[k];
+    const Item carry = sm.carry;
+    Scan(sm.scan).ExclusiveScan(item, before, carry, RunSumOp<Acc, W>());
+    if (closed >= 0) {
+#pragma unroll
+      for (int k = 0; k < W; ++k) head_sum[k] += before.v[k];
+      flush(closed, head_sum);
+    }
+    if (tid == kThreads - 1) sm.carry = RunSumOp<Acc, W>()(before, item);
+    for (int i = tid; i < G::kTileRows / 32; i += kThreads) sm.starts[i] = 0;  // read before the scan
+    first += w.n;
   }
   __syncthreads();
 
   // The segment open at r1: complete here, or a partial for the fix-up.
-  bool crossing = false;
-  if (carry < segments) crossing = start_of(indptr, carry + 1, rows) > r1;
-  if (tid == 0 && carry < segments) {
-    Acc v[W];
-#pragma unroll
-    for (int k = 0; k < W; ++k) v[k] = sm.carry_val[k];
-    if (crossing && carry != head) {
+  const int64_t open = first - 1;
+  const bool crossing = open >= 0 && open < segments && start_of(indptr, open + 1, rows) > r1;
+  if (tid == 0 && open >= 0 && open < segments) {
+    if (crossing && open != head) {
       Acc* dst = cross.tail_val + block * inner;
 #pragma unroll
-      for (int k = 0; k < W; ++k) dst[k] = v[k];
+      for (int k = 0; k < W; ++k) dst[k] = sm.carry.v[k];
     } else {
-      flush(carry, v);
+      flush(open, sm.carry.v);
     }
   }
-  if (tid == 0 && cross.tail_key != nullptr)
-    cross.tail_key[block] = carry < segments && crossing && carry != head ? carry : -1;
+  if (tid == 0 && cross.tail_key != nullptr) cross.tail_key[block] = crossing && open != head ? open : -1;
+  if (r1 == rows)  // segments that start at the last row's end have none
+    for (int64_t s = imax(open + 1, 0) + tid; s < segments; s += kThreads) zero(s);
 }
 
 // Grid: x = row ranges (one per block, equal sizes, as many as fit on the GPU
 // at once).
 template <typename T, int W>
-__global__ void __launch_bounds__(kThreads, kTileBlocksPerSm)
+__global__ void __launch_bounds__(kThreads, kTileSumBlocksPerSm)
     tile_sum_kernel(const T* __restrict__ src, const int64_t* __restrict__ indptr,
                     T* __restrict__ out, int64_t rows, int64_t segments, int64_t inner,
                     int64_t rows_per_block, Crossing<typename Num<T>::acc> cross) {
   __shared__ TileSumShared<T, W> sm;
   tile_sum_block<T, W>(src, indptr, out, rows, segments, inner, rows_per_block, cross, sm);
 }
+
+// segment_gather
 
 template <typename T, int W>
 struct TileGatherShared {
@@ -608,10 +713,12 @@ struct LastMark {
   __device__ __forceinline__ int operator()(int a, int b) const { return b >= 0 ? b : a; }
 };
 
-// Same row ranges and walk as tile_sum. Each tile first labels its rows with
-// their segment (run-local, then a block scan carries labels across runs), then
-// writes 16-byte units of the output, so every warp writes contiguous memory.
-// Source rows are re-read by many output rows and mostly come from cache.
+// Same row ranges as tile_sum, tiles of kMaxRunRows rows per thread at most.
+// walk_starts marks each tile's segment starts; the tile then labels its rows
+// with their segment (run-local, then a block scan carries labels across
+// runs) and writes 16-byte units of the output, so every warp writes
+// contiguous memory. Source rows are re-read by many output rows and mostly
+// come from cache.
 template <typename T, int W>
 __device__ __forceinline__ void tile_gather_block(const T* __restrict__ src,
                                                   const int64_t* __restrict__ indptr,
@@ -668,7 +775,7 @@ __device__ __forceinline__ void tile_gather_block(const T* __restrict__ src,
     __syncthreads();
 
     {
-    constexpr int kUnitRows = 16 / G::kPackBytes;
+    constexpr int kUnitRows = 16 / G::kRowBytes;
     constexpr int kVec = 16 / static_cast<int>(sizeof(T));
     const int units = (nrows + kUnitRows - 1) / kUnitRows;
     Pack<T, kVec> buf[G::kStageUnits];
@@ -809,10 +916,7 @@ __device__ __forceinline__ void stream_sum_block(const T* __restrict__ src,
 
   if (p.g0 < p.g1) {
     auto write = [&](int64_t s, const Acc (&v)[kCols]) {
-      Pack<T, kCols> o;
-#pragma unroll
-      for (int k = 0; k < kCols; ++k) o.v[k] = Num<T>::from_acc(v[k]);
-      store_pack(out + s * inner + p.col, o);
+      store_sum<T, kCols>(out + s * inner + p.col, v);
     };
     int64_t s = segment_at(indptr, segments, rows, p.g0, range.lo, range.hi);
     // Empty segments starting at g0 are this group's to fill.
@@ -1138,9 +1242,9 @@ struct TileSplit {
   int64_t blocks;
 };
 
-template <typename T, int W>
+template <typename G>
 inline TileSplit tile_split(int64_t rows, int64_t capacity) {
-  const int64_t tile_rows = kThreads * Geometry<T, W>::kRunRows;
+  const int64_t tile_rows = G::kTileRows;
   const int64_t min_rows = imax(8, tile_rows / 4);  // tiny inputs: fewer, fuller blocks
   const int64_t blocks = imax(1, imin(capacity, ceil_div(rows, min_rows)));
   const int64_t rows_per_block = ceil_div(ceil_div(rows, blocks), 8) * 8;
@@ -1154,7 +1258,7 @@ cudaError_t launch_tile_sum(const T* src, const int64_t* indptr, T* out, int64_t
   int64_t capacity = 0;
   cudaError_t err = resident_blocks<&tile_sum_kernel<T, W>>(&capacity);
   if (err != cudaSuccess) return err;
-  const TileSplit split = tile_split<T, W>(rows, capacity);
+  const TileSplit split = tile_split<Geometry<T, W, kSumMaxRunRows>>(rows, capacity);
   Crossing<Acc> c;
   err = crossing(workspace, split.blocks, W, &c);
   if (err != cudaSuccess) return err;
@@ -1172,7 +1276,7 @@ cudaError_t launch_tile_gather(const T* src, const int64_t* indptr, T* out, int6
   int64_t capacity = 0;
   const cudaError_t err = resident_blocks<&tile_gather_kernel<T, W>>(&capacity);
   if (err != cudaSuccess) return err;
-  const TileSplit split = tile_split<T, W>(rows, capacity);
+  const TileSplit split = tile_split<Geometry<T, W>>(rows, capacity);
   tile_gather_kernel<T, W><<<static_cast<unsigned>(split.blocks), kThreads, 0, stream>>>(
       src, indptr, out, rows, segments, W, split.rows_per_block);
   return cudaGetLastError();
