@@ -231,6 +231,22 @@ def test_unchecked_bad_indptr_stays_in_bounds(offsets, inner):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("inner", [1, 4, 64])
+def test_unchecked_shuffled_indptr_stays_in_bounds(dtype, inner):
+    """The same over many tiles and blocks: shuffled offsets, some out of range, so
+    the kernels see starts out of order, repeated and past the rows."""
+    rows = 1 << 17
+    generator = torch.Generator().manual_seed(inner)
+    offsets = torch.randint(-8, rows + 8, (rows // 4,), generator=generator)
+    indptr = offsets.to("cuda")
+    src = torch.ones(rows, inner, device="cuda", dtype=dtype)
+    segment_ops.segment_sum(src, indptr)
+    segment_ops.segment_gather(src[: indptr.numel() - 1], indptr, rows)
+    torch.cuda.synchronize()
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("backend", segment_ops.ops.BACKENDS)
 def test_no_host_sync_and_cuda_graph_capture(backend):
     if backend == "triton":

@@ -587,7 +587,7 @@ __device__ __forceinline__ void tile_sum_block(const T* __restrict__ src,
     // those whose start the next one shares.
     for (int64_t i = tid; i < w.n; i += kThreads) {
       const int r = start(i);
-      if (r < 0) continue;  // only with an unsorted indptr
+      if (r < 0 || r >= nrows) continue;  // only with an unsorted indptr
       atomicOr(&sm.starts[r / 32], 1u << (r % 32));
       if (start(i + 1) == r) {
         zero(first + i);
@@ -616,7 +616,7 @@ __device__ __forceinline__ void tile_sum_block(const T* __restrict__ src,
         closed = s;
 #pragma unroll
         for (int k = 0; k < W; ++k) head_sum[k] = acc[k];
-      } else {
+      } else if (s < segments) {  // always, unless indptr is unsorted
         store_sum<T, W>(out + s * W, acc);
       }
 #pragma unroll
