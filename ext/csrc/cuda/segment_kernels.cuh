@@ -62,8 +62,9 @@ constexpr int kMaxBlocksPerSm = 2048 / kThreads;  // no GPU keeps more than 2048
 // blocks are what keeps bytes in flight.
 constexpr int kTileBlocksPerSm = 4;
 // The tile sum holds the next tile in registers, 16 KB in flight per block
-// even at 3 blocks per SM; at 4 its registers spilled (measured on an H100:
-// 3 was 0 to 11 points of copy bandwidth faster on 1- and 4-column rows).
+// even at 3 blocks per SM; at 4 its registers spilled (measured on an H100,
+// 1- and 4-column rows: 3 was up to 11 points of copy bandwidth faster, and
+// at most 2 points slower).
 constexpr int kTileSumBlocksPerSm = 3;
 constexpr int kStreamBlocksPerSm = 4;
 constexpr int kThreadBytes = 64;     // tile kernels: src bytes per thread and tile (16 KB tiles)
