@@ -44,7 +44,6 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 
 #include <atomic>
@@ -68,11 +67,12 @@ constexpr int kTileBlocksPerSm = 4;
 constexpr int kTileSumBlocksPerSm = 3;
 constexpr int kStreamBlocksPerSm = 4;
 constexpr int kThreadBytes = 64;     // tile kernels: src bytes per thread and tile (16 KB tiles)
-constexpr int kMaxRunRows = 16;      // tile gather: rows per thread and tile, at most
 constexpr int kWindow = 4096;        // tile kernels: segment starts per tile kept in shared memory
 constexpr int kWindowSteps = 4;      // tile kernels: indptr entries per thread and round
 constexpr int kPrefetchSteps = 2;    // tile kernels: the same, for the round read a tile ahead
-constexpr int kSumMaxRunRows = 32;   // tile sum: rows per thread and tile, at most
+constexpr int kMaxRunRows = 32;      // tile kernels: rows per thread and tile, at most
+constexpr int kShortSegmentRows = 64;  // tile sum: mean segment length (rows) that is short
+constexpr int kValueBytes = 8192;    // tile gather: segment values per tile in shared memory
 constexpr int kBatch = 4;            // stream kernels: loads per thread in flight
 constexpr int kMinGroupRows = 32;    // stream kernels: small inputs get fewer, fuller groups
 constexpr int kTeam = 32;            // stream gather: threads that write contiguous rows together
@@ -85,9 +85,6 @@ constexpr int64_t kNever = INT64_MAX;  // the end of the virtual segment after t
 __host__ __device__ constexpr int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
 __host__ __device__ constexpr int64_t imax(int64_t a, int64_t b) { return a > b ? a : b; }
 __host__ __device__ constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-// Shared-memory index with one word of padding per 32: threads that read
-// consecutive runs of 4..16 words then hit distinct banks.
-__host__ __device__ constexpr int padded(int i) { return i + (i >> 5); }
 
 // Accumulation type and conversions: the half types accumulate in float.
 template <typename T>
@@ -229,13 +226,7 @@ struct Geometry {
   static constexpr int kRunRows =
       kThreadBytes / kRowBytes < kMaxRun ? kThreadBytes / kRowBytes : kMaxRun;
   static constexpr int kTileRows = kThreads * kRunRows;
-  // The gather marks each row of a tile.
-  static constexpr int kMarks = padded(kTileRows - 1) + 1;
-  // indptr entries each thread reads per round of the gather's walk: one
-  // round covers a tile of segments of 3 rows or more, a few rounds one of
-  // length-1 segments.
-  static constexpr int kWalkSteps = (kRunRows < 4 ? kRunRows : 4) + 2;
-  // Rows are staged through shared memory as 32-bit words.
+  // Rows go through shared memory as 16-byte units.
   static constexpr int kStageUnits = kRunRows * kRowBytes / 16;  // 16-byte loads per thread
 };
 
@@ -332,73 +323,38 @@ __device__ __forceinline__ int64_t starts_through(const int* window,
   return lo;
 }
 
-// Walks the segment starts of the tile [t0, t1), beginning at segment `first`,
-// and returns the first segment that starts after the tile. Each start marks
-// its first row in `marks` (tile-relative, as s - first + 1) with atomicMax:
-// where empty segments share a row, the last start there wins, which is the
-// non-empty segment or the end sentinel s == segments. Then on_empty(s) runs,
-// for each empty segment: one whose row mark is not its own. Starts are split
-// over the block's threads, `steps` per thread in the first round and kSteps
-// in any further one (only a crowd of empty segments needs those). The last
-// tile of the array (t1 == rows) also takes the starts equal to rows.
-template <int kSteps, typename OnEmpty, typename ReduceStorage>
-__device__ __forceinline__ int64_t walk_starts(const int64_t* __restrict__ indptr,
-                                               int64_t segments, int64_t rows, int64_t t0,
-                                               int64_t t1, int64_t first, int steps,
-                                               int* marks, ReduceStorage& reduce, int& broadcast,
-                                               OnEmpty&& on_empty) {
-  using Reduce = cub::BlockReduce<int, kThreads>;
-  const int g = threadIdx.x;
-  const int nrows = static_cast<int>(t1 - t0);
-  const int last = t1 == rows ? nrows : nrows - 1;  // last tile-relative start taken
-  // Tile-relative row of a start: -1 before the tile, nrows + 1 past its end.
-  auto relative = [&](int64_t v) {
-    return static_cast<int>(imin(imax(clamp_row(v, rows) - t0, -1), nrows + 1));
-  };
-  int64_t next = first;
-  for (int round = 0;; ++round) {
-    if (round > 0) __syncthreads();  // the previous round's empty checks read marks
-    // This round reads starts next + off; 32-bit offsets keep registers low.
-    const int room = static_cast<int>(imin(segments - next, INT_MAX));  // off <= room: a start
-    const int64_t key0 = next - first + 1;  // mark of offset 0
-    const bool keys_fit = key0 + kSteps * kThreads < INT_MAX;
-    auto mark = [&](int off, int pos) {
-      if (keys_fit && pos >= 0 && pos < nrows)
-        atomicMax(&marks[padded(pos)], static_cast<int>(key0) + off);
-    };
-    int pos[kSteps];
-#pragma unroll
-    for (int k = 0; k < kSteps; ++k) {  // issue every load before using any
-      const int off = g + k * kThreads;
-      pos[k] = k < steps && off <= room ? relative(indptr[next + off]) : nrows + 1;
+// Segment starts in the tile before row a, the first of this thread's run,
+// whose own starts are `marks`. Counted from the marks over the block when
+// each marked row starts one segment (`by_marks`, the same in every thread);
+// else by binary search of the window.
+template <typename CountScan>
+__device__ __forceinline__ int64_t starts_before(int a, uint32_t marks, bool by_marks,
+                                                 typename CountScan::TempStorage& storage,
+                                                 const int* window,
+                                                 const int64_t* __restrict__ indptr,
+                                                 int64_t rows, int64_t t0, const Window& w) {
+  if (!by_marks) return starts_through(window, indptr, rows, t0, w, a - 1);
+  int before_a;
+  CountScan(storage).ExclusiveSum(__popc(marks), before_a);
+  return before_a;
+}
+
+// Marks the rows of the tile (`nrows` rows) where its window's `n` segments
+// start, one bit per row in `starts`. A start that the next one shares is a
+// segment without rows: on_empty(i) runs for its entry i and the tile is
+// crowded (some row then starts several segments).
+template <typename Start, typename OnEmpty>
+__device__ __forceinline__ void mark_starts(int64_t n, int nrows, Start&& start,
+                                            uint32_t* starts, int& crowded,
+                                            OnEmpty&& on_empty) {
+  for (int64_t i = threadIdx.x; i < n; i += kThreads) {
+    const int r = start(i);
+    if (r < 0 || r >= nrows) continue;  // only with an unsorted indptr
+    atomicOr(&starts[r / 32], 1u << (r % 32));
+    if (start(i + 1) == r) {
+      on_empty(i);
+      crowded = 1;
     }
-    // The start after this round's last one also marks: an empty last start
-    // then sees that it is not the last at its row.
-    const int after = steps * kThreads;
-    if (threadIdx.x == 0 && after <= room) mark(after, relative(indptr[next + after]));
-    int taken = 0;
-#pragma unroll
-    for (int k = 0; k < kSteps; ++k) {
-      if (pos[k] <= last) {
-        ++taken;
-        mark(g + k * kThreads, pos[k]);
-      }
-    }
-    // With a sorted indptr the starts taken are a prefix of this round's.
-    const int total = Reduce(reduce).Sum(taken);
-    if (threadIdx.x == 0) broadcast = total;
-    __syncthreads();  // also publishes the marks
-#pragma unroll
-    for (int k = 0; k < kSteps; ++k) {
-      const int off = g + k * kThreads;
-      if (pos[k] <= last && pos[k] >= 0 && off < room &&
-          (pos[k] == nrows || !keys_fit || marks[padded(pos[k])] != static_cast<int>(key0) + off))
-        on_empty(next + off);
-    }
-    const int n = broadcast;
-    next += n;
-    if (n < steps * kThreads || next > segments) return next;
-    steps = kSteps;
   }
 }
 
@@ -466,6 +422,38 @@ __device__ __forceinline__ void read_run(const uint4* stage, uint4 (&run)[kUnits
   for (int k = 0; k < kUnits; ++k) run[k] = stage[threadIdx.x * (kUnits + 1) + k];
 }
 
+// Inverse of read_run: this thread's run into its place in the stage.
+template <int kUnits>
+__device__ __forceinline__ void write_run(uint4* stage, const uint4 (&run)[kUnits]) {
+#pragma unroll
+  for (int k = 0; k < kUnits; ++k) stage[threadIdx.x * (kUnits + 1) + k] = run[k];
+}
+
+// Inverse of load_stage: the stage's 16-byte units [0, bytes) to `base`, unit
+// k * kThreads + tid from this thread, so a warp stores 512 contiguous bytes.
+template <int kUnits, typename T>
+__device__ __forceinline__ void store_units(T* base, const uint4* stage, int bytes) {
+#pragma unroll
+  for (int k = 0; k < kUnits; ++k) {
+    const int u = k * kThreads + static_cast<int>(threadIdx.x);
+    const int offset = u * 16;
+    if (offset >= bytes) continue;
+    const uint4 w = stage[u / kUnits * (kUnits + 1) + u % kUnits];
+    T* p = reinterpret_cast<T*>(reinterpret_cast<char*>(base) + offset);
+    if (offset + 16 <= bytes) {
+      *reinterpret_cast<uint4*>(p) = w;
+    } else {  // only the very end of out
+      constexpr int kVec = 16 / static_cast<int>(sizeof(T));
+      Pack<T, kVec> u16;
+      memcpy(&u16, &w, 16);
+      const int count = (bytes - offset) / static_cast<int>(sizeof(T));
+#pragma unroll
+      for (int i = 0; i < kVec; ++i)
+        if (i < count) p[i] = u16.v[i];
+    }
+  }
+}
+
 // segment_sum
 
 // A run's open partial: the sum of its rows after its last segment start, or
@@ -494,8 +482,10 @@ template <typename T, int W>
 struct TileSumShared {
   using Acc = typename Num<T>::acc;
   using Scan = cub::BlockScan<RunSum<Acc, W>, kThreads, cub::BLOCK_SCAN_WARP_SCANS>;
+  using CountScan = cub::BlockScan<int, kThreads, cub::BLOCK_SCAN_WARP_SCANS>;
   typename Scan::TempStorage scan;
-  using G = Geometry<T, W, kSumMaxRunRows>;
+  typename CountScan::TempStorage count_scan;  // its own: no barrier between the two scans
+  using G = Geometry<T, W>;
   static_assert(G::kRunRows <= 32 && 32 % G::kRunRows == 0, "a run's starts fit one mask word");
   int counts[3];
   int crowded;           // some row of the tile starts several segments
@@ -511,7 +501,7 @@ struct TileSumShared {
 // end inside the run are written at once; the rows before its first start
 // (the head) wait for a segmented scan over the runs, which gives the sum of
 // the earlier rows of that segment.
-template <typename T, int W>
+template <typename T, int W, bool kShort>
 __device__ __forceinline__ void tile_sum_block(const T* __restrict__ src,
                                                const int64_t* __restrict__ indptr,
                                                T* __restrict__ out, int64_t rows,
@@ -520,9 +510,10 @@ __device__ __forceinline__ void tile_sum_block(const T* __restrict__ src,
                                                const Crossing<typename Num<T>::acc>& cross,
                                                TileSumShared<T, W>& sm) {
   using Acc = typename Num<T>::acc;
-  using G = Geometry<T, W, kSumMaxRunRows>;
+  using G = Geometry<T, W>;
   using Item = RunSum<Acc, W>;
   using Scan = typename TileSumShared<T, W>::Scan;
+  using CountScan = typename TileSumShared<T, W>::CountScan;
   constexpr int kRun = G::kRunRows;
   const int tid = threadIdx.x;
   const int64_t block = blockIdx.x;
@@ -584,23 +575,20 @@ __device__ __forceinline__ void tile_sum_block(const T* __restrict__ src,
     auto start = [&](int64_t i) {
       return i < w.n ? window_start(sm.window, indptr, rows, t0, w, i) : INT_MAX;
     };
-    // Mark the rows where segments start, and zero the segments without rows:
-    // those whose start the next one shares.
-    for (int64_t i = tid; i < w.n; i += kThreads) {
-      const int r = start(i);
-      if (r < 0 || r >= nrows) continue;  // only with an unsorted indptr
-      atomicOr(&sm.starts[r / 32], 1u << (r % 32));
-      if (start(i + 1) == r) {
-        zero(first + i);
-        sm.crowded = 1;
-      }
-    }
+    // Segments without rows are zeroed here.
+    mark_starts(w.n, nrows, start, sm.starts, sm.crowded, [&](int64_t i) { zero(first + i); });
     __syncthreads();
 
     // This run's rows [a, a + kRun), segment first - 1 + j being the one open
     // at row a.
     const int a = tid * kRun;
-    int64_t j = starts_through(sm.window, indptr, rows, t0, w, a - 1);
+    constexpr uint32_t kRunMask = kRun == 32 ? ~0u : (1u << kRun) - 1;
+    const uint32_t marks = sm.starts[a / 32] >> (a % 32) & kRunMask;
+    // Few starts (long segments): a warp rarely meets one at a given row, and
+    // a branch there costs less than the predicated walk below and its scan.
+    const bool predicated = kShort && !sm.crowded && w.n > kThreads / 4;
+    int64_t j = starts_before<CountScan>(a, marks, predicated, sm.count_scan, sm.window, indptr,
+                                         rows, t0, w);
     uint4 run[G::kStageUnits];
     read_run(sm.stage, run);
     T v[kRun * W];
@@ -609,43 +597,64 @@ __device__ __forceinline__ void tile_sum_block(const T* __restrict__ src,
     Acc head_sum[W], acc[W];
 #pragma unroll
     for (int k = 0; k < W; ++k) head_sum[k] = acc[k] = 0;
-    // A segment's total is written when the row after it starts another:
-    // the first such total waits for the scan (it may have begun in an
-    // earlier run); the others began in this run and are complete.
-    auto end_segment = [&](int64_t s) {
-      if (closed < 0) {
-        closed = s;
-#pragma unroll
-        for (int k = 0; k < W; ++k) head_sum[k] = acc[k];
-      } else if (s < segments) {  // always, unless indptr is unsorted
-        store_sum<T, W>(out + s * W, acc);
-      }
-#pragma unroll
-      for (int k = 0; k < W; ++k) acc[k] = 0;
-    };
-    if (!sm.crowded) {
-      // One start per marked row: the segment advances by one at each. A
-      // segment ends in some lane of a warp at nearly every row, so this
-      // stays branch-free for the compiler to predicate.
-      const uint32_t marks = sm.starts[a / 32] >> (a % 32);
+    if (predicated) {
+      // The first start closes the segment open at a, which may have begun
+      // in an earlier run: its sum waits for the scan. Every later start
+      // closes one that began in this run, complete: it is written at once.
+      // A segment ends in some lane of a warp at nearly every row, so the
+      // loop is kept to predicated bit tests rather than branches.
+      const uint32_t first_mark = marks & (0u - marks);
+      const uint32_t later_marks = marks ^ first_mark;
+      T* dst = out + (first + j) * W;  // the segment begun at the first mark
 #pragma unroll
       for (int q = 0; q < kRun; ++q) {
-        if ((marks >> q) & 1u) end_segment(first - 1 + j++);
-#pragma unroll
-        for (int k = 0; k < W; ++k) acc[k] += Num<T>::to_acc(v[q * W + k]);
-      }
-    } else {
-      int next = start(j);
-#pragma unroll
-      for (int q = 0; q < kRun; ++q) {
-        const int r = a + q;
-        if (r == next) {
-          end_segment(first - 1 + j);
-          do next = start(++j);
-          while (next == r);  // rows without segments, zeroed above
+        if ((later_marks >> q) & 1u) {
+          store_sum<T, W>(dst, acc);
+          dst += W;
         }
 #pragma unroll
-        for (int k = 0; k < W; ++k) acc[k] += Num<T>::to_acc(v[q * W + k]);
+        for (int k = 0; k < W; ++k) {
+          head_sum[k] = (first_mark >> q) & 1u ? acc[k] : head_sum[k];
+          acc[k] = (marks >> q) & 1u ? Acc(0) : acc[k];
+          acc[k] += Num<T>::to_acc(v[q * W + k]);
+        }
+      }
+      if (marks) closed = first - 1 + j;
+    } else {
+      // A segment's total is written when the row after it starts another:
+      // the first such total waits for the scan (it may have begun in an
+      // earlier run); the others began in this run and are complete.
+      auto end_segment = [&](int64_t s) {
+        if (closed < 0) {
+          closed = s;
+#pragma unroll
+          for (int k = 0; k < W; ++k) head_sum[k] = acc[k];
+        } else if (s < segments) {  // always, unless indptr is unsorted
+          store_sum<T, W>(out + s * W, acc);
+        }
+#pragma unroll
+        for (int k = 0; k < W; ++k) acc[k] = 0;
+      };
+      if (!sm.crowded) {  // one start per marked row
+#pragma unroll
+        for (int q = 0; q < kRun; ++q) {
+          if ((marks >> q) & 1u) end_segment(first - 1 + j++);
+#pragma unroll
+          for (int k = 0; k < W; ++k) acc[k] += Num<T>::to_acc(v[q * W + k]);
+        }
+      } else {
+        int next = start(j);
+#pragma unroll
+        for (int q = 0; q < kRun; ++q) {
+          const int r = a + q;
+          if (r == next) {
+            end_segment(first - 1 + j);
+            do next = start(++j);
+            while (next == r);  // rows without segments, zeroed above
+          }
+#pragma unroll
+          for (int k = 0; k < W; ++k) acc[k] += Num<T>::to_acc(v[q * W + k]);
+        }
       }
     }
 
@@ -684,14 +693,17 @@ __device__ __forceinline__ void tile_sum_block(const T* __restrict__ src,
 }
 
 // Grid: x = row ranges (one per block, equal sizes, as many as fit on the GPU
-// at once).
-template <typename T, int W>
+// at once). kShort: the segments are short on average, and tiles with many
+// starts take the predicated walk; without it, the kernel keeps to the
+// branches that cost less when starts are rare.
+template <typename T, int W, bool kShort>
 __global__ void __launch_bounds__(kThreads, kTileSumBlocksPerSm)
     tile_sum_kernel(const T* __restrict__ src, const int64_t* __restrict__ indptr,
                     T* __restrict__ out, int64_t rows, int64_t segments, int64_t inner,
                     int64_t rows_per_block, Crossing<typename Num<T>::acc> cross) {
   __shared__ TileSumShared<T, W> sm;
-  tile_sum_block<T, W>(src, indptr, out, rows, segments, inner, rows_per_block, cross, sm);
+  tile_sum_block<T, W, kShort>(src, indptr, out, rows, segments, inner, rows_per_block, cross,
+                               sm);
 }
 
 // segment_gather
@@ -699,133 +711,132 @@ __global__ void __launch_bounds__(kThreads, kTileSumBlocksPerSm)
 template <typename T, int W>
 struct TileGatherShared {
   using G = Geometry<T, W>;
-  using Scan = cub::BlockScan<int, kThreads, cub::BLOCK_SCAN_WARP_SCANS>;
-  using Reduce = cub::BlockReduce<int, kThreads>;
-  union {
-    typename Scan::TempStorage scan;
-    typename Reduce::TempStorage reduce;
-  } prim;
-  int count;
-  int marks[G::kMarks];
-  int row_key[G::kMarks];  // tile row -> segment (0: the one open at the tile start)
+  using CountScan = cub::BlockScan<int, kThreads, cub::BLOCK_SCAN_WARP_SCANS>;
+  // Values of the segments open in a tile, entry i being segment first - 1 + i;
+  // a tile of one-row segments has more than fit, read from src when needed.
+  static constexpr int kValues = kValueBytes / G::kRowBytes;
+  typename CountScan::TempStorage count_scan;
+  int counts[3];
+  int crowded;
+  uint32_t starts[G::kTileRows / 32];
+  int window[kWindow];
+  Pack<T, W> values[kValues];
+  uint4 stage[kThreads * (G::kStageUnits + 1)];
 };
 
-struct LastMark {
-  __device__ __forceinline__ int operator()(int a, int b) const { return b >= 0 ? b : a; }
-};
-
-// Same row ranges as tile_sum, tiles of kMaxRunRows rows per thread at most.
-// walk_starts marks each tile's segment starts; the tile then labels its rows
-// with their segment (run-local, then a block scan carries labels across
-// runs) and writes 16-byte units of the output, so every warp writes
-// contiguous memory. Source rows are re-read by many output rows and mostly
-// come from cache.
+// Same row ranges and tiles as tile_sum, the other way round. Per tile, the
+// window of segment starts marks the rows where segments start, and the values
+// of the segments open in the tile come to shared memory, both read coalesced
+// a tile ahead. Thread g labels its run of kRunRows rows from the marks,
+// writes their values to the stage, and the block stores the tile as
+// contiguous 16-byte units.
 template <typename T, int W>
 __device__ __forceinline__ void tile_gather_block(const T* __restrict__ src,
                                                   const int64_t* __restrict__ indptr,
                                                   T* __restrict__ out, int64_t rows,
-                                                  int64_t segments, int64_t inner,
-                                                  int64_t rows_per_block,
+                                                  int64_t segments, int64_t rows_per_block,
                                                   TileGatherShared<T, W>& sm) {
   using G = Geometry<T, W>;
-  using Scan = typename TileGatherShared<T, W>::Scan;
+  using CountScan = typename TileGatherShared<T, W>::CountScan;
+  using P = Pack<T, W>;
   constexpr int kRun = G::kRunRows;
+  constexpr int kValues = TileGatherShared<T, W>::kValues;
   const int tid = threadIdx.x;
-
-  constexpr int tile_rows = kThreads * kRun;
-  const int g = tid;  // this thread's run
   const int64_t r0 = static_cast<int64_t>(blockIdx.x) * rows_per_block;
   const int64_t r1 = imin(rows, r0 + rows_per_block);
 
-  for (int i = tid; i < G::kMarks; i += kThreads) sm.marks[i] = 0;
-  const int64_t first = block_lower_bound(indptr, segments, rows, r0);
-  int64_t carry =
-      first >= 1 && first <= segments && start_of(indptr, first, rows) > r0 ? first - 1 : segments;
-  int64_t next = first;
-  int64_t expected = starts_per_tile(segments, rows, tile_rows);
+  if (tid < 3) sm.counts[tid] = 0;
+  for (int i = tid; i < G::kTileRows / 32; i += kThreads) sm.starts[i] = 0;
+  // Rows outside every segment (before indptr[0], past indptr[segments]) get zeros.
+  auto value = [&](int64_t s) {
+    return s >= 0 && s < segments ? load_pack<T, W>(src + s * W) : zero_pack<T, W>();
+  };
 
-  for (int64_t t0 = r0; t0 < r1; t0 += tile_rows) {
-    const int64_t t1 = imin(r1, t0 + tile_rows);
-    const int nrows = static_cast<int>(t1 - t0);
-    const int64_t tile_first = next;
-    next = walk_starts<G::kWalkSteps>(indptr, segments, rows, t0, t1, tile_first,
-                                      walk_steps(expected, G::kWalkSteps), sm.marks,
-                                      sm.prim.reduce, sm.count, [](int64_t) {});
-    expected = next - tile_first;
-    auto segment = [&](int key) { return key == 0 ? carry : tile_first + key - 1; };
-
-    // Label rows with segments: the last mark of each run, scanned across
-    // runs, is the label entering the next run.
-    int last = -1;
+  int64_t first = block_lower_bound(indptr, segments, rows, r0);
+  int round = 0;
+  int steps = walk_steps(starts_per_tile(segments, rows, G::kTileRows), kPrefetchSteps);
+  int64_t raw[kPrefetchSteps];
+  P raw_values[kPrefetchSteps];
+  auto prefetch = [&](int64_t from) {  // the starts from `from`, the values from from - 1
+    fetch_starts(indptr, segments, rows, from, steps, raw);
 #pragma unroll
-    for (int j = 0; j < kRun; ++j) {
-      const int m = sm.marks[padded(g * kRun + j)];
-      last = m ? m : last;
-    }
-    int key;
-    Scan(sm.prim.scan).ExclusiveScan(last, key, 0, LastMark());
+    for (int k = 0; k < kPrefetchSteps; ++k)
+      raw_values[k] = k < steps ? value(from - 1 + k * kThreads + tid) : zero_pack<T, W>();
+  };
+  prefetch(first);
+  for (int64_t t0 = r0; t0 < r1; t0 += G::kTileRows) {
+    const int nrows = static_cast<int>(imin(r1, t0 + G::kTileRows) - t0);
+    __syncthreads();  // the previous tile's window, values and stage are read
 #pragma unroll
-    for (int j = 0; j < kRun; ++j) {
-      const int m = sm.marks[padded(g * kRun + j)];
-      if (m) {
-        key = m;
-        sm.marks[padded(g * kRun + j)] = 0;  // only this thread reads it
-      }
-      sm.row_key[padded(g * kRun + j)] = key;
+    for (int k = 0; k < kPrefetchSteps; ++k) {
+      const int i = k * kThreads + tid;
+      if (k < steps && i < kValues) sm.values[i] = raw_values[k];
     }
+    int cached = static_cast<int>(imin(steps * kThreads, kValues));
+    if (tid == 0) sm.crowded = 0;
+    const Window w{first, load_window(indptr, segments, rows, t0, nrows, first, steps, raw,
+                                      sm.window, sm.counts, round)};
+    // Values past the prefetched ones: a tile with more segments than the last.
+    const int wanted = static_cast<int>(imin(w.n + 1, kValues));
+    for (int i = cached + tid; i < wanted; i += kThreads) sm.values[i] = value(first - 1 + i);
+    cached = cached > wanted ? cached : wanted;
+    if (t0 + G::kTileRows < r1) {  // raw and raw_values are free again
+      steps = walk_steps(w.n, kPrefetchSteps);
+      prefetch(first + w.n);
+    }
+    auto start = [&](int64_t i) {
+      return i < w.n ? window_start(sm.window, indptr, rows, t0, w, i) : INT_MAX;
+    };
+    mark_starts(w.n, nrows, start, sm.starts, sm.crowded, [](int64_t) {});
     __syncthreads();
 
-    {
-    constexpr int kUnitRows = 16 / G::kRowBytes;
-    constexpr int kVec = 16 / static_cast<int>(sizeof(T));
-    const int units = (nrows + kUnitRows - 1) / kUnitRows;
-    Pack<T, kVec> buf[G::kStageUnits];
+    // This run's rows [a, a + kRun); segment first - 1 + j is the one open at
+    // row a, and each marked row starts the next.
+    const int a = tid * kRun;
+    constexpr uint32_t kRunMask = kRun == 32 ? ~0u : (1u << kRun) - 1;
+    const uint32_t marks = sm.starts[a / 32] >> (a % 32) & kRunMask;
+    const bool crowded = sm.crowded;
+    int64_t j = starts_before<CountScan>(a, marks, !crowded, sm.count_scan, sm.window, indptr,
+                                         rows, t0, w);
+    // The run's rows, as they go to the stage.
+    union {
+      uint4 units[G::kStageUnits];
+      T v[kRun * W];
+    } run;
+    auto label = [&](int q, const P& value_q) {
 #pragma unroll
-    for (int k = 0; k < G::kStageUnits; ++k) {  // all loads first
-      const int u = k * kThreads + tid;
+      for (int e = 0; e < W; ++e) run.v[q * W + e] = value_q.v[e];
+    };
+    if (!crowded && j + __popc(marks) < cached) {
+      int k = static_cast<int>(j);
 #pragma unroll
-      for (int q = 0; q < kUnitRows; ++q) {
-        const int r = u * kUnitRows + q;
-        Pack<T, W> v = zero_pack<T, W>();
-        if (u < units && r < nrows) {
-          const int64_t s = segment(sm.row_key[padded(r)]);
-          if (s < segments) v = load_pack<T, W>(src + s * W);
-        }
+      for (int q = 0; q < kRun; ++q) {
+        k += (marks >> q) & 1u;
+        label(q, sm.values[k]);
+      }
+    } else {
+      int next = start(j);
 #pragma unroll
-        for (int e = 0; e < W; ++e) buf[k].v[q * W + e] = v.v[e];
+      for (int q = 0; q < kRun; ++q) {
+        while (next <= a + q) next = start(++j);  // skips segments without rows
+        label(q, j < cached ? sm.values[j] : value(first - 1 + j));
       }
     }
-#pragma unroll
-    for (int k = 0; k < G::kStageUnits; ++k) {
-      const int u = k * kThreads + tid;
-      if (u >= units) continue;
-      T* dst = out + (t0 + static_cast<int64_t>(u) * kUnitRows) * W;
-      if ((u + 1) * kUnitRows <= nrows) {
-        store_pack(dst, buf[k]);
-      } else {  // the array's last, partial unit
-#pragma unroll
-        for (int q = 0; q < kUnitRows; ++q) {
-          if (u * kUnitRows + q < nrows) {
-            Pack<T, W> v;
-#pragma unroll
-            for (int e = 0; e < W; ++e) v.v[e] = buf[k].v[q * W + e];
-            store_pack(dst + q * W, v);
-          }
-        }
-      }
-    }
-    }
-    carry = segment(sm.row_key[padded(nrows - 1)]);
+    write_run(sm.stage, run.units);
+    for (int i = tid; i < G::kTileRows / 32; i += kThreads) sm.starts[i] = 0;  // marks were read
+    __syncthreads();
+    store_units<G::kStageUnits>(out + t0 * W, sm.stage, nrows * G::kRowBytes);
+    first += w.n;
   }
 }
 
 template <typename T, int W>
 __global__ void __launch_bounds__(kThreads, kTileBlocksPerSm)
     tile_gather_kernel(const T* __restrict__ src, const int64_t* __restrict__ indptr,
-                       T* __restrict__ out, int64_t rows, int64_t segments, int64_t inner,
+                       T* __restrict__ out, int64_t rows, int64_t segments,
                        int64_t rows_per_block) {
   __shared__ TileGatherShared<T, W> sm;
-  tile_gather_block<T, W>(src, indptr, out, rows, segments, inner, rows_per_block, sm);
+  tile_gather_block<T, W>(src, indptr, out, rows, segments, rows_per_block, sm);
 }
 
 // ---------------------------------------------------------------------------
@@ -1252,18 +1263,18 @@ inline TileSplit tile_split(int64_t rows, int64_t capacity) {
   return {rows_per_block, ceil_div(rows, rows_per_block)};
 }
 
-template <typename T, int W>
+template <typename T, int W, bool kShort>
 cudaError_t launch_tile_sum(const T* src, const int64_t* indptr, T* out, int64_t rows,
                             int64_t segments, void* workspace, cudaStream_t stream) {
   using Acc = typename Num<T>::acc;
   int64_t capacity = 0;
-  cudaError_t err = resident_blocks<&tile_sum_kernel<T, W>>(&capacity);
+  cudaError_t err = resident_blocks<&tile_sum_kernel<T, W, kShort>>(&capacity);
   if (err != cudaSuccess) return err;
-  const TileSplit split = tile_split<Geometry<T, W, kSumMaxRunRows>>(rows, capacity);
+  const TileSplit split = tile_split<Geometry<T, W>>(rows, capacity);
   Crossing<Acc> c;
   err = crossing(workspace, split.blocks, W, &c);
   if (err != cudaSuccess) return err;
-  tile_sum_kernel<T, W><<<static_cast<unsigned>(split.blocks), kThreads, 0, stream>>>(
+  tile_sum_kernel<T, W, kShort><<<static_cast<unsigned>(split.blocks), kThreads, 0, stream>>>(
       src, indptr, out, rows, segments, W, split.rows_per_block, c);
   err = cudaGetLastError();
   if (err != cudaSuccess || split.blocks == 1) return err;
@@ -1279,7 +1290,7 @@ cudaError_t launch_tile_gather(const T* src, const int64_t* indptr, T* out, int6
   if (err != cudaSuccess) return err;
   const TileSplit split = tile_split<Geometry<T, W>>(rows, capacity);
   tile_gather_kernel<T, W><<<static_cast<unsigned>(split.blocks), kThreads, 0, stream>>>(
-      src, indptr, out, rows, segments, W, split.rows_per_block);
+      src, indptr, out, rows, segments, split.rows_per_block);
   return cudaGetLastError();
 }
 
@@ -1356,8 +1367,10 @@ cudaError_t launch_narrow_sum(const T* src, const int64_t* indptr, T* out, int64
   if constexpr (W * sizeof(T) > 16) {
     return cudaErrorInvalidValue;  // not reached: the caller checks the width
   } else {
+    if (inner == W && rows / segments < kShortSegmentRows)
+      return launch_tile_sum<T, W, true>(src, indptr, out, rows, segments, workspace, stream);
     if (inner == W)
-      return launch_tile_sum<T, W>(src, indptr, out, rows, segments, workspace, stream);
+      return launch_tile_sum<T, W, false>(src, indptr, out, rows, segments, workspace, stream);
     return launch_narrow_sum<T, 2 * W>(src, indptr, out, rows, segments, inner, workspace, stream);
   }
 }
