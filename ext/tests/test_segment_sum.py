@@ -110,12 +110,14 @@ def power_law(rows, alpha=1.1, seed=0):
     return keep + ([rows - sum(keep)] if sum(keep) < rows else [])
 
 
-# Lengths that stress how the GPU kernels split work: many short, long, a power law, and
-# one segment longer than any block's share, each with empty segments inside.
+# Lengths that stress how the GPU kernels split work: many short, long, a power law, long
+# on average but mostly short (several segments end inside one read of the long-segment
+# kernels), and one segment longer than any block's share, each with empty segments inside.
 LAWS = {
     "short": [1 + (i * 7) % 16 for i in range(3000)] + [0, 0],
     "long": [0, *(512 + (i * 331) % 1025 for i in range(40)), 0],
     "power": power_law(1 << 16),
+    "lumpy": [3000 + (i * 977) % 5000 if i % 10 == 0 else i % 5 for i in range(200)],
     "giant": [0, 1 << 18, 0],
 }
 

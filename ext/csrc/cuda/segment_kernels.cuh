@@ -45,6 +45,7 @@
 #include <cuda_runtime.h>
 
 #include <cub/block/block_scan.cuh>
+#include <cub/warp/warp_reduce.cuh>
 
 #include <atomic>
 #include <climits>
@@ -890,6 +891,55 @@ __device__ __forceinline__ SegmentRange block_segments(const int64_t* __restrict
 
 // segment_sum
 
+// The end of a stream block: `items` partials, in row order, of the segments
+// that cross a group boundary (item_key[i] the segment or -1; item_val[c *
+// items + i] for column col0 + c). Each run of items of one segment is summed,
+// in group order, by the thread of its first item; the segment goes to out
+// when it lies within the block's rows [r0, r1), else to the workspace for the
+// fix-up kernel. Needs a barrier after the items are written.
+template <typename T>
+__device__ __forceinline__ void finish_items(const int64_t* item_key,
+                                             const typename Num<T>::acc* item_val, int items,
+                                             int cols, int64_t col0, int64_t r0, int64_t r1,
+                                             bool keys, const int64_t* __restrict__ indptr,
+                                             T* __restrict__ out, int64_t rows, int64_t inner,
+                                             const Crossing<typename Num<T>::acc>& cross) {
+  using Acc = typename Num<T>::acc;
+  for (int e = threadIdx.x; e < cols * items; e += kThreads) {
+    const int c = e / items, i = e - c * items;
+    const int64_t key = item_key[i];
+    if (key < 0) continue;
+    int j = i - 1;
+    while (j >= 0 && item_key[j] < 0) --j;
+    if (j >= 0 && item_key[j] == key) continue;
+    Acc total = 0;
+    for (j = i; j < items; ++j) {
+      const int64_t k = item_key[j];
+      if (k == key) total += item_val[c * items + j];
+      else if (k >= 0) break;
+    }
+    const int64_t start = start_of(indptr, key, rows), end = start_of(indptr, key + 1, rows);
+    if (start >= r0 && end <= r1) out[key * inner + col0 + c] = Num<T>::from_acc(total);
+    else if (start < r0) cross.head_val[blockIdx.x * inner + col0 + c] = total;
+    else cross.tail_val[blockIdx.x * inner + col0 + c] = total;
+  }
+  if (keys && threadIdx.x == 0 && cross.head_key != nullptr) {
+    int64_t first = -1, last = -1;
+    for (int i = 0; i < items; ++i) {
+      const int64_t k = item_key[i];
+      if (k >= 0) {
+        if (first < 0) first = k;
+        last = k;
+      }
+    }
+    cross.head_key[blockIdx.x] = first >= 0 && start_of(indptr, first, rows) < r0 ? first : -1;
+    cross.tail_key[blockIdx.x] = last >= 0 && start_of(indptr, last, rows) >= r0 &&
+                                   start_of(indptr, last + 1, rows) > r1
+                               ? last
+                               : -1;
+  }
+}
+
 template <typename T, int W>
 struct StreamSumShared {
   using Acc = typename Num<T>::acc;
@@ -988,44 +1038,8 @@ __device__ __forceinline__ void stream_sum_block(const T* __restrict__ src,
     }
   }
   __syncthreads();
-
-  // Each run of items of one segment is summed, in group order, by the thread
-  // of its first item; the segment goes to out when it lies within the block,
-  // else to the workspace for the fix-up kernel.
-  const int64_t col0 = slab * kThreads * W;
-  for (int e = threadIdx.x; e < cols * items; e += kThreads) {
-    const int c = e / items, i = e - c * items;
-    const int64_t key = sm.item_key[i];
-    if (key < 0) continue;
-    int j = i - 1;
-    while (j >= 0 && sm.item_key[j] < 0) --j;
-    if (j >= 0 && sm.item_key[j] == key) continue;
-    Acc total = 0;
-    for (j = i; j < items; ++j) {
-      const int64_t k = sm.item_key[j];
-      if (k == key) total += sm.item_val[c * items + j];
-      else if (k >= 0) break;
-    }
-    const int64_t start = start_of(indptr, key, rows), end = start_of(indptr, key + 1, rows);
-    if (start >= p.r0 && end <= p.r1) out[key * inner + col0 + c] = Num<T>::from_acc(total);
-    else if (start < p.r0) cross.head_val[blockIdx.x * inner + col0 + c] = total;
-    else cross.tail_val[blockIdx.x * inner + col0 + c] = total;
-  }
-  if (slab == 0 && threadIdx.x == 0 && cross.head_key != nullptr) {
-    int64_t first = -1, last = -1;
-    for (int i = 0; i < items; ++i) {
-      const int64_t k = sm.item_key[i];
-      if (k >= 0) {
-        if (first < 0) first = k;
-        last = k;
-      }
-    }
-    cross.head_key[blockIdx.x] = first >= 0 && start_of(indptr, first, rows) < p.r0 ? first : -1;
-    cross.tail_key[blockIdx.x] = last >= 0 && start_of(indptr, last, rows) >= p.r0 &&
-                                   start_of(indptr, last + 1, rows) > p.r1
-                               ? last
-                               : -1;
-  }
+  finish_items<T>(sm.item_key, sm.item_val, items, cols, slab * kThreads * W, p.r0, p.r1,
+                  slab == 0, indptr, out, rows, inner, cross);
 }
 
 // Grid: x = row ranges (one per block, equal sizes, as many as fit on the GPU
@@ -1041,6 +1055,160 @@ __global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
     stream_sum_block<T, W>(src, indptr, out, rows, segments, inner, group_rows, slab, cross, sm);
     __syncthreads();
   }
+}
+
+// Narrow rows over long segments. A team of kTeam threads owns a contiguous
+// row range and reads it as a copy would: lane l takes the l-th 16-byte unit
+// (R rows) of every kTeam units, kBatch units in flight. Each lane sums its
+// rows of the current segment; where a segment ends, the team adds its lanes'
+// sums with a warp reduction. The caller picks this kernel for segments of
+// kTeam units or more on average, so most steps meet no end at all. Segments
+// that cross a team's ends meet as in stream_sum.
+template <typename Acc, int W>
+struct Partial {
+  Acc v[W];
+};
+
+template <typename Acc, int W>
+struct AddPartials {
+  __device__ __forceinline__ Partial<Acc, W> operator()(const Partial<Acc, W>& a,
+                                                        const Partial<Acc, W>& b) const {
+    Partial<Acc, W> r;
+#pragma unroll
+    for (int k = 0; k < W; ++k) r.v[k] = a.v[k] + b.v[k];
+    return r;
+  }
+};
+
+template <typename T, int W>
+struct TeamSumShared {
+  using Acc = typename Num<T>::acc;
+  using Reduce = cub::WarpReduce<Partial<Acc, W>, kTeam>;
+  static constexpr int kTeams = kThreads / kTeam;
+  typename Reduce::TempStorage reduce[kTeams];
+  int64_t item_key[2 * kTeams];  // as in StreamSumShared, one group per team
+  Acc item_val[2 * kTeams * W];
+};
+
+template <typename T, int W>
+__global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
+    team_sum_kernel(const T* __restrict__ src, const int64_t* __restrict__ indptr,
+                    T* __restrict__ out, int64_t rows, int64_t segments, int64_t team_rows,
+                    Crossing<typename Num<T>::acc> cross) {
+  using Acc = typename Num<T>::acc;
+  using Shared = TeamSumShared<T, W>;
+  using Part = Partial<Acc, W>;
+  constexpr int kVec = 16 / static_cast<int>(sizeof(T));
+  constexpr int R = kVec / W;  // rows per unit
+  constexpr int kStepRows = kTeam * R;
+  constexpr int kTeams = Shared::kTeams;
+  constexpr int kItems = 2 * kTeams;
+  __shared__ Shared sm;
+  const int t = threadIdx.x / kTeam, l = threadIdx.x % kTeam;
+  const int64_t r0 = imin(rows, static_cast<int64_t>(blockIdx.x) * kTeams * team_rows);
+  const int64_t r1 = imin(rows, r0 + kTeams * team_rows);
+  const int64_t a0 = imin(r1, r0 + t * team_rows), a1 = imin(r1, a0 + team_rows);
+  const SegmentRange range = block_segments(indptr, segments, rows, r0, r1);
+
+  int64_t head = -1, tail = -1;
+  Part acc;
+#pragma unroll
+  for (int k = 0; k < W; ++k) acc.v[k] = 0;
+  auto team_total = [&] { return typename Shared::Reduce(sm.reduce[t]).Reduce(acc, AddPartials<Acc, W>()); };
+  auto keep = [&](int item, const Part& total) {  // lane 0 holds the total
+    if (l == 0)
+#pragma unroll
+      for (int k = 0; k < W; ++k) sm.item_val[k * kItems + item] = total.v[k];
+  };
+  auto zero = [&](int64_t e) { store_pack(out + e * W, zero_pack<T, W>()); };
+
+  if (a0 < a1) {
+    // The segment state is the same in every lane: the team's branches agree.
+    int64_t s = segment_at(indptr, segments, rows, a0, range.lo, range.hi);
+    if (l == 0)  // empty segments starting at a0 are this team's to fill
+      for (int64_t e = s - 1; e >= 0 && start_of(indptr, e, rows) == a0; --e) zero(e);
+    bool started = s >= 0 && s < segments && start_of(indptr, s, rows) == a0;
+    int64_t end = end_of(indptr, segments, rows, s);
+
+    for (int64_t b = a0; b < a1; b += kBatch * kStepRows) {
+      uint4 d[kBatch];
+#pragma unroll
+      for (int k = 0; k < kBatch; ++k) {  // all loads first
+        const int64_t u0 = b + k * kStepRows + l * R;
+        const T* p = src + u0 * W;
+        if (u0 + R <= a1)
+          d[k] = *reinterpret_cast<const uint4*>(p);
+        else if (u0 < a1)  // only the very end of src
+          d[k] = load_tail_unit(p, static_cast<int>(a1 - u0) * W);
+        else
+          d[k] = make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int k = 0; k < kBatch; ++k) {
+        const int64_t step0 = b + k * kStepRows;
+        if (step0 >= a1) break;
+        const int64_t step1 = imin(step0 + kStepRows, a1);
+        const int64_t u0 = step0 + l * R;
+        T v[R * W];
+        memcpy(v, &d[k], sizeof(v));
+        auto add_rows = [&](int64_t lo, int64_t hi) {  // this lane's rows in [lo, hi)
+#pragma unroll
+          for (int q = 0; q < R; ++q)
+            if (u0 + q >= lo && u0 + q < hi)
+#pragma unroll
+              for (int c = 0; c < W; ++c) acc.v[c] += Num<T>::to_acc(v[q * W + c]);
+        };
+        if (end >= step1) {  // the common case: no segment ends in this step
+#pragma unroll
+          for (int q = 0; q < R * W; ++q) acc.v[q % W] += Num<T>::to_acc(v[q]);
+          continue;
+        }
+        int64_t lo = step0;
+        while (end < step1) {  // segment s ends at row end - 1
+          add_rows(lo, end);
+          const Part total = team_total();
+          if (s >= 0 && s < segments) {
+            if (started) {
+              if (l == 0) store_sum<T, W>(out + s * W, total.v);
+            } else {  // it began before the team's rows
+              head = s;
+              keep(2 * t, total);
+            }
+          }
+          lo = end;
+          for (++s; s < segments && start_of(indptr, s + 1, rows) <= lo; ++s)
+            if (l == 0) zero(s);
+          end = end_of(indptr, segments, rows, s);
+          started = true;
+#pragma unroll
+          for (int c = 0; c < W; ++c) acc.v[c] = 0;
+        }
+        add_rows(lo, step1);
+      }
+    }
+    // The segment open after the last row.
+    const Part total = team_total();
+    if (s >= 0 && s < segments) {
+      if (started && end == a1) {
+        if (l == 0) store_sum<T, W>(out + s * W, total.v);
+      } else if (started) {
+        tail = s;
+        keep(2 * t + 1, total);
+      } else {
+        head = s;
+        keep(2 * t, total);
+      }
+    }
+    if (a1 == rows)  // empty segments at the very end
+      for (int64_t e = s + 1 + l; e < segments; e += kTeam) zero(e);
+  }
+  if (l == 0) {
+    sm.item_key[2 * t] = head;
+    sm.item_key[2 * t + 1] = tail;
+  }
+  __syncthreads();
+  finish_items<T>(sm.item_key, sm.item_val, kItems, W, 0, r0, r1, true, indptr, out, rows, W,
+                  cross);
 }
 
 // segment_gather
@@ -1336,6 +1504,28 @@ cudaError_t launch_stream_sum(const T* src, const int64_t* indptr, T* out, int64
   return launch_fixup<T>(indptr, out, rows, segments, inner, block_rows, blocks, c, stream);
 }
 
+template <typename T, int W>
+cudaError_t launch_team_sum(const T* src, const int64_t* indptr, T* out, int64_t rows,
+                            int64_t segments, void* workspace, cudaStream_t stream) {
+  using Acc = typename Num<T>::acc;
+  int64_t capacity = 0;
+  cudaError_t err = resident_blocks<&team_sum_kernel<T, W>>(&capacity);
+  if (err != cudaSuccess) return err;
+  constexpr int64_t kStepRows = kTeam * (16 / static_cast<int64_t>(sizeof(T)) / W);
+  constexpr int64_t kTeams = kThreads / kTeam;
+  const int64_t team_rows = unit_rows(rows, capacity * kTeams, kBatch * kStepRows, kStepRows);
+  const int64_t block_rows = team_rows * kTeams;
+  const int64_t blocks = ceil_div(rows, block_rows);
+  Crossing<Acc> c;
+  err = crossing(workspace, blocks, W, &c);
+  if (err != cudaSuccess) return err;
+  team_sum_kernel<T, W><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
+      src, indptr, out, rows, segments, team_rows, c);
+  err = cudaGetLastError();
+  if (err != cudaSuccess || blocks == 1) return err;
+  return launch_fixup<T>(indptr, out, rows, segments, W, block_rows, blocks, c, stream);
+}
+
 template <typename T, int W, int R>
 cudaError_t launch_stream_gather(const T* src, const int64_t* indptr, T* out, int64_t rows,
                                  int64_t segments, int64_t inner, cudaStream_t stream) {
@@ -1367,10 +1557,14 @@ cudaError_t launch_narrow_sum(const T* src, const int64_t* indptr, T* out, int64
   if constexpr (W * sizeof(T) > 16) {
     return cudaErrorInvalidValue;  // not reached: the caller checks the width
   } else {
-    if (inner == W && rows / segments < kShortSegmentRows)
-      return launch_tile_sum<T, W, true>(src, indptr, out, rows, segments, workspace, stream);
-    if (inner == W)
+    if (inner == W) {
+      const int64_t mean_rows = rows / segments;
+      if (mean_rows >= kTeam * (16 / static_cast<int64_t>(sizeof(T)) / W))
+        return launch_team_sum<T, W>(src, indptr, out, rows, segments, workspace, stream);
+      if (mean_rows < kShortSegmentRows)
+        return launch_tile_sum<T, W, true>(src, indptr, out, rows, segments, workspace, stream);
       return launch_tile_sum<T, W, false>(src, indptr, out, rows, segments, workspace, stream);
+    }
     return launch_narrow_sum<T, 2 * W>(src, indptr, out, rows, segments, inner, workspace, stream);
   }
 }
