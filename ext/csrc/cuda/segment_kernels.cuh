@@ -9,8 +9,8 @@
 //
 // Both are memory-bound: the goal is copy bandwidth whatever the segment
 // lengths, so rows, not segments, are the unit of work, and a giant segment is
-// spread over every SM as evenly as a million tiny ones. Two designs share
-// that goal, chosen by row width:
+// spread over every SM as evenly as a million tiny ones. Three designs share
+// that goal, chosen by row width and mean segment length:
 //
 // * Stream kernels (rows wider than 16 bytes, and gathers over long segments).
 //   The rows are cut into equal contiguous ranges, one per group of threads,
@@ -21,20 +21,25 @@
 //   total when the segment's last row has gone by. No thread waits for
 //   another in the loop.
 //
-// * Tile kernels (rows of 16 bytes or less). Streaming one thread per row
-//   range would spread each warp's loads over 32 distant lines, so a block
-//   instead loads contiguous tiles of 16 KB through shared memory, with the
-//   segment starts that fall in the tile beside them, and combines
-//   per-thread runs of rows with a block scan.
+// * Tile kernels (rows of 16 bytes or less, short segments). Streaming one
+//   thread per row range would spread each warp's loads over 32 distant
+//   lines, so a block instead loads contiguous tiles of 16 KB through shared
+//   memory, with the segment starts that fall in the tile beside them, and
+//   combines per-thread runs of rows with a block scan.
+//
+// * Team sum (long segments, rows of up to 256 bytes). A warp owns a row range
+//   and reads it 512 contiguous bytes at a time, as a copy would; its lanes
+//   sum their rows and add up across the warp only where a segment ends.
 //
 // Segments that cross a block boundary are finished by a small fix-up kernel
 // from per-block partials in the caller's workspace. Partials are always added
 // in the same order: results are deterministic.
 //
 // ROCm builds hipify this header, so it keeps to the CUDA runtime, the fp16/bf16
-// headers and cub block primitives (hipcub): no warp intrinsics, no inline PTX,
-// no assumption about the warp size for correctness. Nothing here synchronizes
-// with the host or allocates: the ops can be captured in a CUDA graph.
+// headers and cub block and warp primitives (hipcub): no warp intrinsics, no
+// inline PTX, no assumption about the warp size for correctness (a 32-thread
+// team is a cub logical warp). Nothing here synchronizes with the host or
+// allocates: the ops can be captured in a CUDA graph.
 //
 // indptr is never validated (that would need a device-to-host copy). Every
 // value read from it is clamped into [0, rows]; a malformed indptr gives
@@ -74,6 +79,7 @@ constexpr int kPrefetchSteps = 2;    // tile kernels: the same, for the round re
 constexpr int kMaxRunRows = 32;      // tile kernels: rows per thread and tile, at most
 constexpr int kShortSegmentRows = 64;  // tile sum: mean segment length (rows) that is short
 constexpr int kValueBytes = 8192;    // tile gather: segment values per tile in shared memory
+constexpr int kLabelGatherRows = 64; // wide gathers: mean segment length (rows) that is short
 constexpr int kBatch = 4;            // stream kernels: loads per thread in flight
 constexpr int kMinGroupRows = 32;    // stream kernels: small inputs get fewer, fuller groups
 constexpr int kTeam = 32;            // stream gather: threads that write contiguous rows together
@@ -457,13 +463,30 @@ __device__ __forceinline__ void store_units(T* base, const uint4* stage, int byt
 
 // segment_sum
 
+// W column sums.
+template <typename Acc, int W>
+struct Partial {
+  Acc v[W];
+};
+
+template <typename Acc, int W>
+struct AddPartials {
+  __device__ __forceinline__ Partial<Acc, W> operator()(const Partial<Acc, W>& a,
+                                                        const Partial<Acc, W>& b) const {
+    Partial<Acc, W> r;
+#pragma unroll
+    for (int k = 0; k < W; ++k) r.v[k] = a.v[k] + b.v[k];
+    return r;
+  }
+};
+
 // A run's open partial: the sum of its rows after its last segment start, or
 // of all its rows when none starts in it (closed = false). Combining restarts
 // at a closed right operand, so a segmented sum is a plain scan.
 template <typename Acc, int W>
 struct RunSum {
   int closed;
-  Acc v[W];
+  Partial<Acc, W> sum;
 };
 
 template <typename Acc, int W>
@@ -471,11 +494,7 @@ struct RunSumOp {
   __device__ __forceinline__ RunSum<Acc, W> operator()(const RunSum<Acc, W>& a,
                                                        const RunSum<Acc, W>& b) const {
     if (b.closed) return b;
-    RunSum<Acc, W> r;
-    r.closed = a.closed;
-#pragma unroll
-    for (int k = 0; k < W; ++k) r.v[k] = a.v[k] + b.v[k];
-    return r;
+    return {a.closed, AddPartials<Acc, W>()(a.sum, b.sum)};
   }
 };
 
@@ -531,7 +550,7 @@ __device__ __forceinline__ void tile_sum_block(const T* __restrict__ src,
   if (tid == 0) {
     sm.carry.closed = 0;
 #pragma unroll
-    for (int k = 0; k < W; ++k) sm.carry.v[k] = 0;
+    for (int k = 0; k < W; ++k) sm.carry.sum.v[k] = 0;
   }
 
   int64_t first = block_lower_bound(indptr, segments, rows, r0);
@@ -662,12 +681,12 @@ __device__ __forceinline__ void tile_sum_block(const T* __restrict__ src,
     Item item, before;
     item.closed = closed >= 0;
 #pragma unroll
-    for (int k = 0; k < W; ++k) item.v[k] = acc[k];
+    for (int k = 0; k < W; ++k) item.sum.v[k] = acc[k];
     const Item carry = sm.carry;
     Scan(sm.scan).ExclusiveScan(item, before, carry, RunSumOp<Acc, W>());
     if (closed >= 0) {
 #pragma unroll
-      for (int k = 0; k < W; ++k) head_sum[k] += before.v[k];
+      for (int k = 0; k < W; ++k) head_sum[k] += before.sum.v[k];
       flush(closed, head_sum);
     }
     if (tid == kThreads - 1) sm.carry = RunSumOp<Acc, W>()(before, item);
@@ -683,9 +702,9 @@ __device__ __forceinline__ void tile_sum_block(const T* __restrict__ src,
     if (crossing && open != head) {
       Acc* dst = cross.tail_val + block * inner;
 #pragma unroll
-      for (int k = 0; k < W; ++k) dst[k] = sm.carry.v[k];
+      for (int k = 0; k < W; ++k) dst[k] = sm.carry.sum.v[k];
     } else {
-      flush(open, sm.carry.v);
+      flush(open, sm.carry.sum.v);
     }
   }
   if (tid == 0 && cross.tail_key != nullptr) cross.tail_key[block] = crossing && open != head ? open : -1;
@@ -1057,54 +1076,52 @@ __global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
   }
 }
 
-// Narrow rows over long segments. A team of kTeam threads owns a contiguous
-// row range and reads it as a copy would: lane l takes the l-th 16-byte unit
-// (R rows) of every kTeam units, kBatch units in flight. Each lane sums its
-// rows of the current segment; where a segment ends, the team adds its lanes'
-// sums with a warp reduction. The caller picks this kernel for segments of
-// kTeam units or more on average, so most steps meet no end at all. Segments
-// that cross a team's ends meet as in stream_sum.
-template <typename Acc, int W>
-struct Partial {
-  Acc v[W];
+// Long segments, rows of at most kTeam / 2 16-byte units. A team of kTeam threads
+// owns a contiguous row range and reads it as a copy would, 512 contiguous
+// bytes per step, kBatch steps in flight. Lanes split a step by unit: with U
+// units per row, the RS = kTeam / U lanes of slice c take unit c of the
+// step's rows (R rows per unit when a row is narrower than a unit). Each lane
+// sums its rows of the current segment; where a segment ends, each slice adds
+// its lanes' sums with a warp reduction. The caller picks this kernel for long
+// segments on average, so most steps meet no end at all. Segments that cross
+// a team's ends meet as in stream_sum.
+template <typename T, int kCols, int U>
+struct TeamShape {
+  static constexpr int kVec = 16 / static_cast<int>(sizeof(T));
+  static_assert(U == 1 || kCols == kVec, "a unit is part of one row, or whole rows");
+  static constexpr int R = kVec / kCols;  // rows per unit
+  static constexpr int kInner = kCols * U;
+  static constexpr int RS = kTeam / U;    // lanes per slice
+  static_assert(RS >= 2, "a slice reduces over several lanes");
+  static constexpr int kStepRows = RS * R;
 };
 
-template <typename Acc, int W>
-struct AddPartials {
-  __device__ __forceinline__ Partial<Acc, W> operator()(const Partial<Acc, W>& a,
-                                                        const Partial<Acc, W>& b) const {
-    Partial<Acc, W> r;
-#pragma unroll
-    for (int k = 0; k < W; ++k) r.v[k] = a.v[k] + b.v[k];
-    return r;
-  }
-};
-
-template <typename T, int W>
+template <typename T, int kCols, int U>
 struct TeamSumShared {
   using Acc = typename Num<T>::acc;
-  using Reduce = cub::WarpReduce<Partial<Acc, W>, kTeam>;
+  using Reduce = cub::WarpReduce<Partial<Acc, kCols>, TeamShape<T, kCols, U>::RS>;
   static constexpr int kTeams = kThreads / kTeam;
-  typename Reduce::TempStorage reduce[kTeams];
+  typename Reduce::TempStorage reduce[kThreads / TeamShape<T, kCols, U>::RS];
   int64_t item_key[2 * kTeams];  // as in StreamSumShared, one group per team
-  Acc item_val[2 * kTeams * W];
+  Acc item_val[2 * kTeams * kCols * U];
 };
 
-template <typename T, int W>
+template <typename T, int kCols, int U>
 __global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
     team_sum_kernel(const T* __restrict__ src, const int64_t* __restrict__ indptr,
                     T* __restrict__ out, int64_t rows, int64_t segments, int64_t team_rows,
                     Crossing<typename Num<T>::acc> cross) {
   using Acc = typename Num<T>::acc;
-  using Shared = TeamSumShared<T, W>;
-  using Part = Partial<Acc, W>;
-  constexpr int kVec = 16 / static_cast<int>(sizeof(T));
-  constexpr int R = kVec / W;  // rows per unit
-  constexpr int kStepRows = kTeam * R;
+  using Shape = TeamShape<T, kCols, U>;
+  using Shared = TeamSumShared<T, kCols, U>;
+  using Part = Partial<Acc, kCols>;
+  constexpr int R = Shape::R, RS = Shape::RS, kInner = Shape::kInner;
+  constexpr int kStepRows = Shape::kStepRows;
   constexpr int kTeams = Shared::kTeams;
   constexpr int kItems = 2 * kTeams;
   __shared__ Shared sm;
   const int t = threadIdx.x / kTeam, l = threadIdx.x % kTeam;
+  const int c = l / RS, q = l % RS;  // slice, and lane within it
   const int64_t r0 = imin(rows, static_cast<int64_t>(blockIdx.x) * kTeams * team_rows);
   const int64_t r1 = imin(rows, r0 + kTeams * team_rows);
   const int64_t a0 = imin(r1, r0 + t * team_rows), a1 = imin(r1, a0 + team_rows);
@@ -1113,19 +1130,24 @@ __global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
   int64_t head = -1, tail = -1;
   Part acc;
 #pragma unroll
-  for (int k = 0; k < W; ++k) acc.v[k] = 0;
-  auto team_total = [&] { return typename Shared::Reduce(sm.reduce[t]).Reduce(acc, AddPartials<Acc, W>()); };
-  auto keep = [&](int item, const Part& total) {  // lane 0 holds the total
-    if (l == 0)
-#pragma unroll
-      for (int k = 0; k < W; ++k) sm.item_val[k * kItems + item] = total.v[k];
+  for (int k = 0; k < kCols; ++k) acc.v[k] = 0;
+  auto slice_total = [&] {  // valid in the slice's lane q == 0
+    return typename Shared::Reduce(sm.reduce[threadIdx.x / RS])
+        .Reduce(acc, AddPartials<Acc, kCols>());
   };
-  auto zero = [&](int64_t e) { store_pack(out + e * W, zero_pack<T, W>()); };
+  auto keep = [&](int item, const Part& total) {
+    if (q == 0)
+#pragma unroll
+      for (int k = 0; k < kCols; ++k) sm.item_val[(c * kCols + k) * kItems + item] = total.v[k];
+  };
+  auto zero = [&](int64_t e) {  // this slice's part of segment e
+    store_pack(out + e * kInner + c * kCols, zero_pack<T, kCols>());
+  };
 
   if (a0 < a1) {
     // The segment state is the same in every lane: the team's branches agree.
     int64_t s = segment_at(indptr, segments, rows, a0, range.lo, range.hi);
-    if (l == 0)  // empty segments starting at a0 are this team's to fill
+    if (q == 0)  // empty segments starting at a0 are this team's to fill
       for (int64_t e = s - 1; e >= 0 && start_of(indptr, e, rows) == a0; --e) zero(e);
     bool started = s >= 0 && s < segments && start_of(indptr, s, rows) == a0;
     int64_t end = end_of(indptr, segments, rows, s);
@@ -1134,12 +1156,12 @@ __global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
       uint4 d[kBatch];
 #pragma unroll
       for (int k = 0; k < kBatch; ++k) {  // all loads first
-        const int64_t u0 = b + k * kStepRows + l * R;
-        const T* p = src + u0 * W;
+        const int64_t u0 = b + k * kStepRows + q * R;  // this lane's first row
+        const T* p = src + u0 * kInner + c * kCols;
         if (u0 + R <= a1)
           d[k] = *reinterpret_cast<const uint4*>(p);
         else if (u0 < a1)  // only the very end of src
-          d[k] = load_tail_unit(p, static_cast<int>(a1 - u0) * W);
+          d[k] = load_tail_unit(p, static_cast<int>(a1 - u0) * kCols);
         else
           d[k] = make_uint4(0, 0, 0, 0);
       }
@@ -1148,28 +1170,28 @@ __global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
         const int64_t step0 = b + k * kStepRows;
         if (step0 >= a1) break;
         const int64_t step1 = imin(step0 + kStepRows, a1);
-        const int64_t u0 = step0 + l * R;
-        T v[R * W];
+        const int64_t u0 = step0 + q * R;
+        T v[R * kCols];
         memcpy(v, &d[k], sizeof(v));
         auto add_rows = [&](int64_t lo, int64_t hi) {  // this lane's rows in [lo, hi)
 #pragma unroll
-          for (int q = 0; q < R; ++q)
-            if (u0 + q >= lo && u0 + q < hi)
+          for (int i = 0; i < R; ++i)
+            if (u0 + i >= lo && u0 + i < hi)
 #pragma unroll
-              for (int c = 0; c < W; ++c) acc.v[c] += Num<T>::to_acc(v[q * W + c]);
+              for (int j = 0; j < kCols; ++j) acc.v[j] += Num<T>::to_acc(v[i * kCols + j]);
         };
         if (end >= step1) {  // the common case: no segment ends in this step
 #pragma unroll
-          for (int q = 0; q < R * W; ++q) acc.v[q % W] += Num<T>::to_acc(v[q]);
+          for (int i = 0; i < R * kCols; ++i) acc.v[i % kCols] += Num<T>::to_acc(v[i]);
           continue;
         }
         int64_t lo = step0;
         while (end < step1) {  // segment s ends at row end - 1
           add_rows(lo, end);
-          const Part total = team_total();
+          const Part total = slice_total();
           if (s >= 0 && s < segments) {
             if (started) {
-              if (l == 0) store_sum<T, W>(out + s * W, total.v);
+              if (q == 0) store_sum<T, kCols>(out + s * kInner + c * kCols, total.v);
             } else {  // it began before the team's rows
               head = s;
               keep(2 * t, total);
@@ -1177,20 +1199,20 @@ __global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
           }
           lo = end;
           for (++s; s < segments && start_of(indptr, s + 1, rows) <= lo; ++s)
-            if (l == 0) zero(s);
+            if (q == 0) zero(s);
           end = end_of(indptr, segments, rows, s);
           started = true;
 #pragma unroll
-          for (int c = 0; c < W; ++c) acc.v[c] = 0;
+          for (int j = 0; j < kCols; ++j) acc.v[j] = 0;
         }
         add_rows(lo, step1);
       }
     }
     // The segment open after the last row.
-    const Part total = team_total();
+    const Part total = slice_total();
     if (s >= 0 && s < segments) {
       if (started && end == a1) {
-        if (l == 0) store_sum<T, W>(out + s * W, total.v);
+        if (q == 0) store_sum<T, kCols>(out + s * kInner + c * kCols, total.v);
       } else if (started) {
         tail = s;
         keep(2 * t + 1, total);
@@ -1200,15 +1222,15 @@ __global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
       }
     }
     if (a1 == rows)  // empty segments at the very end
-      for (int64_t e = s + 1 + l; e < segments; e += kTeam) zero(e);
+      for (int64_t e = s + 1 + q; e < segments; e += RS) zero(e);
   }
   if (l == 0) {
     sm.item_key[2 * t] = head;
     sm.item_key[2 * t + 1] = tail;
   }
   __syncthreads();
-  finish_items<T>(sm.item_key, sm.item_val, kItems, W, 0, r0, r1, true, indptr, out, rows, W,
-                  cross);
+  finish_items<T>(sm.item_key, sm.item_val, kItems, kInner, 0, r0, r1, true, indptr, out, rows,
+                  kInner, cross);
 }
 
 // segment_gather
@@ -1286,6 +1308,93 @@ __global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
           if (row0 + k / kCols < a1) out[row0 * inner + k] = o.v[k];
       }
     }
+  }
+}
+
+// Wide rows over short segments. The stream gather's seek is a chain of
+// dependent loads at every segment; here no load waits on another. A block
+// labels a tile of kThreads rows with their segments (a row per thread, from
+// the tile's window of segment starts read a tile ahead, as in the tile
+// kernels), then copies the tile as 16-byte units, each thread with kBatch
+// loads of segment values in flight before its stores.
+struct LabelGatherShared {
+  using CountScan = cub::BlockScan<int, kThreads, cub::BLOCK_SCAN_WARP_SCANS>;
+  typename CountScan::TempStorage count_scan;
+  int counts[3];
+  int crowded;
+  uint32_t starts[kThreads / 32];
+  int window[kWindow];
+  int64_t label[kThreads];  // the segment of each row of the tile
+};
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
+    label_gather_kernel(const T* __restrict__ src, const int64_t* __restrict__ indptr,
+                        T* __restrict__ out, int64_t rows, int64_t segments, int64_t inner,
+                        int64_t rows_per_block) {
+  using CountScan = LabelGatherShared::CountScan;
+  constexpr int kVec = 16 / static_cast<int>(sizeof(T));
+  __shared__ LabelGatherShared sm;
+  const int tid = threadIdx.x;
+  const int units = static_cast<int>(inner / kVec);  // per row
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * rows_per_block;
+  const int64_t r1 = imin(rows, r0 + rows_per_block);
+
+  if (tid < 3) sm.counts[tid] = 0;
+  if (tid < kThreads / 32) sm.starts[tid] = 0;
+  int64_t first = block_lower_bound(indptr, segments, rows, r0);
+  int round = 0;
+  int steps = walk_steps(starts_per_tile(segments, rows, kThreads), kPrefetchSteps);
+  int64_t raw[kPrefetchSteps];
+  fetch_starts(indptr, segments, rows, first, steps, raw);
+  for (int64_t t0 = r0; t0 < r1; t0 += kThreads) {
+    const int nrows = static_cast<int>(imin(r1, t0 + kThreads) - t0);
+    __syncthreads();  // the previous tile's window and labels are read
+    if (tid == 0) sm.crowded = 0;
+    const Window w{first, load_window(indptr, segments, rows, t0, nrows, first, steps, raw,
+                                      sm.window, sm.counts, round)};
+    if (t0 + kThreads < r1) {
+      steps = walk_steps(w.n, kPrefetchSteps);
+      fetch_starts(indptr, segments, rows, first + w.n, steps, raw);
+    }
+    auto start = [&](int64_t i) {
+      return i < w.n ? window_start(sm.window, indptr, rows, t0, w, i) : INT_MAX;
+    };
+    mark_starts(w.n, nrows, start, sm.starts, sm.crowded, [](int64_t) {});
+    __syncthreads();
+
+    // Row tid lies in segment first - 1 + (the starts at or before it).
+    const int mark = static_cast<int>(sm.starts[tid / 32] >> (tid % 32) & 1u);
+    int64_t through;
+    if (!sm.crowded) {
+      int marks_through;
+      CountScan(sm.count_scan).InclusiveSum(mark, marks_through);
+      through = marks_through;
+    } else {
+      through = starts_through(sm.window, indptr, rows, t0, w, tid);
+    }
+    sm.label[tid] = first - 1 + through;
+    __syncthreads();
+    if (tid < kThreads / 32) sm.starts[tid] = 0;  // the marks were read
+
+    const int total = nrows * units;
+    for (int u0 = 0; u0 < total; u0 += kBatch * kThreads) {
+      Pack<T, kVec> v[kBatch];
+      int64_t dst[kBatch];
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b) {  // all loads first
+        const int u = u0 + b * kThreads + tid;
+        const int row = u / units, col = (u - row * units) * kVec;
+        const int64_t s = u < total ? sm.label[row] : -1;
+        v[b] = s >= 0 && s < segments ? load_pack<T, kVec>(src + s * inner + col)
+                                      : zero_pack<T, kVec>();
+        dst[b] = u < total ? (t0 + row) * inner + col : -1;
+      }
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b)
+        if (dst[b] >= 0) store_pack(out + dst[b], v[b]);
+    }
+    first += w.n;
   }
 }
 
@@ -1422,9 +1531,7 @@ struct TileSplit {
   int64_t blocks;
 };
 
-template <typename G>
-inline TileSplit tile_split(int64_t rows, int64_t capacity) {
-  const int64_t tile_rows = G::kTileRows;
+inline TileSplit tile_split(int64_t rows, int64_t capacity, int64_t tile_rows) {
   const int64_t min_rows = imax(8, tile_rows / 4);  // tiny inputs: fewer, fuller blocks
   const int64_t blocks = imax(1, imin(capacity, ceil_div(rows, min_rows)));
   const int64_t rows_per_block = ceil_div(ceil_div(rows, blocks), 8) * 8;
@@ -1438,7 +1545,7 @@ cudaError_t launch_tile_sum(const T* src, const int64_t* indptr, T* out, int64_t
   int64_t capacity = 0;
   cudaError_t err = resident_blocks<&tile_sum_kernel<T, W, kShort>>(&capacity);
   if (err != cudaSuccess) return err;
-  const TileSplit split = tile_split<Geometry<T, W>>(rows, capacity);
+  const TileSplit split = tile_split(rows, capacity, Geometry<T, W>::kTileRows);
   Crossing<Acc> c;
   err = crossing(workspace, split.blocks, W, &c);
   if (err != cudaSuccess) return err;
@@ -1456,7 +1563,7 @@ cudaError_t launch_tile_gather(const T* src, const int64_t* indptr, T* out, int6
   int64_t capacity = 0;
   const cudaError_t err = resident_blocks<&tile_gather_kernel<T, W>>(&capacity);
   if (err != cudaSuccess) return err;
-  const TileSplit split = tile_split<Geometry<T, W>>(rows, capacity);
+  const TileSplit split = tile_split(rows, capacity, Geometry<T, W>::kTileRows);
   tile_gather_kernel<T, W><<<static_cast<unsigned>(split.blocks), kThreads, 0, stream>>>(
       src, indptr, out, rows, segments, split.rows_per_block);
   return cudaGetLastError();
@@ -1504,26 +1611,56 @@ cudaError_t launch_stream_sum(const T* src, const int64_t* indptr, T* out, int64
   return launch_fixup<T>(indptr, out, rows, segments, inner, block_rows, blocks, c, stream);
 }
 
-template <typename T, int W>
+template <typename T, int kCols, int U>
 cudaError_t launch_team_sum(const T* src, const int64_t* indptr, T* out, int64_t rows,
                             int64_t segments, void* workspace, cudaStream_t stream) {
   using Acc = typename Num<T>::acc;
+  using Shape = TeamShape<T, kCols, U>;
   int64_t capacity = 0;
-  cudaError_t err = resident_blocks<&team_sum_kernel<T, W>>(&capacity);
+  cudaError_t err = resident_blocks<&team_sum_kernel<T, kCols, U>>(&capacity);
   if (err != cudaSuccess) return err;
-  constexpr int64_t kStepRows = kTeam * (16 / static_cast<int64_t>(sizeof(T)) / W);
   constexpr int64_t kTeams = kThreads / kTeam;
-  const int64_t team_rows = unit_rows(rows, capacity * kTeams, kBatch * kStepRows, kStepRows);
+  const int64_t team_rows =
+      unit_rows(rows, capacity * kTeams, kBatch * Shape::kStepRows, Shape::kStepRows);
   const int64_t block_rows = team_rows * kTeams;
   const int64_t blocks = ceil_div(rows, block_rows);
   Crossing<Acc> c;
-  err = crossing(workspace, blocks, W, &c);
+  err = crossing(workspace, blocks, Shape::kInner, &c);
   if (err != cudaSuccess) return err;
-  team_sum_kernel<T, W><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
+  team_sum_kernel<T, kCols, U><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
       src, indptr, out, rows, segments, team_rows, c);
   err = cudaGetLastError();
   if (err != cudaSuccess || blocks == 1) return err;
-  return launch_fixup<T>(indptr, out, rows, segments, W, block_rows, blocks, c, stream);
+  return launch_fixup<T>(indptr, out, rows, segments, Shape::kInner, block_rows, blocks, c,
+                         stream);
+}
+
+// Rows of 2 to kTeam / 2 16-byte units (a power of two) over long segments.
+template <typename T, int U = 2>
+cudaError_t launch_wide_team_sum(const T* src, const int64_t* indptr, T* out, int64_t rows,
+                                 int64_t segments, int64_t inner, void* workspace,
+                                 cudaStream_t stream) {
+  constexpr int kVec = 16 / static_cast<int>(sizeof(T));
+  if constexpr (U > kTeam / 2) {
+    return cudaErrorInvalidValue;  // not reached: the caller checks the width
+  } else {
+    if (inner != U * kVec)
+      return launch_wide_team_sum<T, 2 * U>(src, indptr, out, rows, segments, inner, workspace,
+                                            stream);
+    return launch_team_sum<T, kVec, U>(src, indptr, out, rows, segments, workspace, stream);
+  }
+}
+
+template <typename T>
+cudaError_t launch_label_gather(const T* src, const int64_t* indptr, T* out, int64_t rows,
+                                int64_t segments, int64_t inner, cudaStream_t stream) {
+  int64_t capacity = 0;
+  const cudaError_t err = resident_blocks<&label_gather_kernel<T>>(&capacity);
+  if (err != cudaSuccess) return err;
+  const TileSplit split = tile_split(rows, capacity, kThreads);
+  label_gather_kernel<T><<<static_cast<unsigned>(split.blocks), kThreads, 0, stream>>>(
+      src, indptr, out, rows, segments, inner, split.rows_per_block);
+  return cudaGetLastError();
 }
 
 template <typename T, int W, int R>
@@ -1560,7 +1697,7 @@ cudaError_t launch_narrow_sum(const T* src, const int64_t* indptr, T* out, int64
     if (inner == W) {
       const int64_t mean_rows = rows / segments;
       if (mean_rows >= kTeam * (16 / static_cast<int64_t>(sizeof(T)) / W))
-        return launch_team_sum<T, W>(src, indptr, out, rows, segments, workspace, stream);
+        return launch_team_sum<T, W, 1>(src, indptr, out, rows, segments, workspace, stream);
       if (mean_rows < kShortSegmentRows)
         return launch_tile_sum<T, W, true>(src, indptr, out, rows, segments, workspace, stream);
       return launch_tile_sum<T, W, false>(src, indptr, out, rows, segments, workspace, stream);
@@ -1596,6 +1733,16 @@ inline bool narrow_rows(int64_t inner, int64_t elem_size) {
   return inner * elem_size <= 16 && (inner & (inner - 1)) == 0;
 }
 
+// Rows of 2 to kTeam / 2 16-byte units, a power of two: what launch_wide_team_sum
+// takes. Wider rows stream: with one row per step (a slice of one lane) the team
+// sum was slower than the stream sum (H100, bf16, 256 columns: 76-78% of copy
+// bandwidth against 82-83%).
+inline bool unit_rows_of_team(int64_t inner, int64_t elem_size) {
+  const int64_t units = inner * elem_size / 16;
+  return inner * elem_size % 16 == 0 && units >= 2 && units <= kTeam / 2 &&
+         (units & (units - 1)) == 0;
+}
+
 }  // namespace detail
 
 // Scratch bytes segment_sum needs for this shape (0 when it needs none). The
@@ -1625,6 +1772,10 @@ cudaError_t segment_sum(const T* src, const int64_t* indptr, T* out, int64_t row
   if (detail::narrow_rows(inner, sizeof(T)) && detail::aligned(src, 16) &&
       detail::aligned(out, inner * sizeof(T)))
     return detail::launch_narrow_sum<T>(src, indptr, out, rows, segments, inner, workspace, stream);
+  if (detail::unit_rows_of_team(inner, sizeof(T)) && rows / segments >= detail::kTeam &&
+      detail::aligned(src, 16) && detail::aligned(out, 16))
+    return detail::launch_wide_team_sum<T>(src, indptr, out, rows, segments, inner, workspace,
+                                           stream);
   // The sum loads 8 bytes per thread and row: more accumulators per thread
   // would cost the registers that keep blocks resident and loads in flight
   // (measured on an H100: 16-byte loads were 2 to 26 points of copy bandwidth
@@ -1652,9 +1803,12 @@ cudaError_t segment_gather(const T* src, const int64_t* indptr, T* out, int64_t 
   if (detail::narrow_rows(inner, sizeof(T)) && detail::aligned(out, 16) &&
       detail::aligned(src, inner * sizeof(T)))
     return detail::launch_narrow_gather<T>(src, indptr, out, rows, segments, inner, stream);
-  if (inner % kVec == 0 && detail::aligned(src, 16) && detail::aligned(out, 16))
+  if (inner % kVec == 0 && detail::aligned(src, 16) && detail::aligned(out, 16)) {
+    if (rows / segments < detail::kLabelGatherRows)
+      return detail::launch_label_gather<T>(src, indptr, out, rows, segments, inner, stream);
     return detail::launch_stream_gather<T, kVec, 1>(src, indptr, out, rows, segments, inner,
                                                     stream);
+  }
   return detail::launch_stream_gather<T, 1, 1>(src, indptr, out, rows, segments, inner, stream);
 }
 
