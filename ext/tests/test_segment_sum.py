@@ -235,12 +235,13 @@ def test_unchecked_bad_indptr_stays_in_bounds(offsets, inner):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("inner", [1, 4, 64])
-def test_unchecked_shuffled_indptr_stays_in_bounds(dtype, inner):
+@pytest.mark.parametrize("mean_rows", [4, 512])  # the kernels for short and for long segments
+def test_unchecked_shuffled_indptr_stays_in_bounds(dtype, inner, mean_rows):
     """The same over many tiles and blocks: shuffled offsets, some out of range, so
     the kernels see starts out of order, repeated and past the rows."""
     rows = 1 << 17
     generator = torch.Generator().manual_seed(inner)
-    offsets = torch.randint(-8, rows + 8, (rows // 4,), generator=generator)
+    offsets = torch.randint(-8, rows + 8, (rows // mean_rows,), generator=generator)
     indptr = offsets.to("cuda")
     src = torch.ones(rows, inner, device="cuda", dtype=dtype)
     segment_ops.segment_sum(src, indptr)
