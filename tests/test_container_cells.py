@@ -156,6 +156,7 @@ def test_hipify_turns_the_cuda_kernels_into_hip(dist, tmp_path):
     assert any(p.suffix == ".hip" for p in produced), result.stdout
     text = "".join(p.read_text() for p in produced)
     assert "hip/hip_runtime.h" in text and "hipcub/hipcub.hpp" in text
+    assert "<cub/" not in text and "cub::" not in text.replace("hipcub::", "")
     assert '#include "../hip/segment_kernels.cuh"' in text
     assert "hipLaunchKernelGGL" in text and "<<<" not in text
     assert "hipStream_t" in text and "cudaStream_t" not in text

@@ -49,8 +49,9 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+// The headers hipify maps to hipcub (it knows no cub/warp/ header).
+#include <cub/block/block_reduce.cuh>  // brings cub::WarpReduce
 #include <cub/block/block_scan.cuh>
-#include <cub/warp/warp_reduce.cuh>
 
 #include <atomic>
 #include <climits>
