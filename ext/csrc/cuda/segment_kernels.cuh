@@ -12,24 +12,26 @@
 // spread over every SM as evenly as a million tiny ones. Three designs share
 // that goal, chosen by row width and mean segment length:
 //
-// * Stream kernels (rows wider than 16 bytes, and gathers over long segments).
-//   The rows are cut into equal contiguous ranges, one per group of threads,
-//   as many groups as fit on the GPU at once; a group has one thread per
-//   8-byte (sum) or 16-byte (gather) piece of a row. A group finds the segment
-//   open at its first row with one search and streams its rows in order,
-//   several loads in flight per thread, summing in registers and writing each
-//   total when the segment's last row has gone by. No thread waits for
-//   another in the loop.
+// * Team kernels (long segments, rows of up to 256 bytes). A team of 32
+//   threads (a cub logical warp; half a wavefront on ROCm) owns a row range
+//   and reads (sum) or writes (gather) it 512 contiguous bytes at a time, as a
+//   copy would; the sum's lanes add up across the team only where a segment
+//   ends.
 //
-// * Tile kernels (rows of 16 bytes or less, short segments). Streaming one
-//   thread per row range would spread each warp's loads over 32 distant
-//   lines, so a block instead loads contiguous tiles of 16 KB through shared
-//   memory, with the segment starts that fall in the tile beside them, and
-//   combines per-thread runs of rows with a block scan.
+// * Tile kernels (short segments, rows of 16 bytes or less). A block loads
+//   contiguous tiles of 16 KB through shared memory, with the segment starts
+//   that fall in the tile beside them, marks the rows where segments start and
+//   combines per-thread runs of rows with block scans. The label gather does
+//   the same labelling for wider rows.
 //
-// * Team sum (long segments, rows of up to 256 bytes). A warp owns a row range
-//   and reads it 512 contiguous bytes at a time, as a copy would; its lanes
-//   sum their rows and add up across the warp only where a segment ends.
+// * Stream kernels (the rest: the sum over short segments of wider rows, rows
+//   wider than 256 bytes or of other widths). The rows are cut into equal
+//   contiguous ranges, one per group of threads, as many groups as fit on the
+//   GPU at once; a group has one thread per 8-byte (sum) or 16-byte (gather)
+//   piece of a row. A group finds the segment open at its first row with one
+//   search and streams its rows in order, several loads in flight per thread,
+//   summing in registers and writing each total when the segment's last row
+//   has gone by. No thread waits for another in the loop.
 //
 // Segments that cross a block boundary are finished by a small fix-up kernel
 // from per-block partials in the caller's workspace. Partials are always added
@@ -83,7 +85,7 @@ constexpr int kValueBytes = 8192;    // tile gather: segment values per tile in 
 constexpr int kLabelGatherRows = 64; // wide gathers: mean segment length (rows) that is short
 constexpr int kBatch = 4;            // stream kernels: loads per thread in flight
 constexpr int kMinGroupRows = 32;    // stream kernels: small inputs get fewer, fuller groups
-constexpr int kTeam = 32;            // stream gather: threads that write contiguous rows together
+constexpr int kTeam = 32;            // team kernels, stream gather: threads on contiguous rows
 constexpr int kFixupCols = 16;       // columns per fix-up block
 constexpr int64_t kFixupBlocks = 16384;  // fix-up grid size to aim at (most blocks exit at once)
 constexpr int64_t kMaxGridY = 65535;
@@ -635,6 +637,10 @@ __device__ __forceinline__ void tile_sum_block(const T* __restrict__ src,
       // loop is kept to predicated bit tests rather than branches.
       const uint32_t first_mark = marks & (0u - marks);
       const uint32_t later_marks = marks ^ first_mark;
+      // Stores stay below `segments` even for an unsorted indptr: the window
+      // holds only entries s <= segments (first + w.n <= segments + 1), and
+      // the tile marks at most w.n rows, so the last written is first + j +
+      // popc(marks) - 2 <= segments - 1.
       T* dst = out + (first + j) * W;  // the segment begun at the first mark
 #pragma unroll
       for (int q = 0; q < kRun; ++q) {
@@ -745,6 +751,7 @@ struct TileGatherShared {
   // Values of the segments open in a tile, entry i being segment first - 1 + i;
   // a tile of one-row segments has more than fit, read from src when needed.
   static constexpr int kValues = kValueBytes / G::kRowBytes;
+  static_assert(G::kRunRows <= 32 && 32 % G::kRunRows == 0, "a run's starts fit one mask word");
   typename CountScan::TempStorage count_scan;
   int counts[3];
   int crowded;
@@ -853,8 +860,8 @@ __device__ __forceinline__ void tile_gather_block(const T* __restrict__ src,
       }
     }
     write_run(sm.stage, run.units);
-    for (int i = tid; i < G::kTileRows / 32; i += kThreads) sm.starts[i] = 0;  // marks were read
     __syncthreads();
+    for (int i = tid; i < G::kTileRows / 32; i += kThreads) sm.starts[i] = 0;  // marks were read
     store_units<G::kStageUnits>(out + t0 * W, sm.stage, nrows * G::kRowBytes);
     first += w.n;
   }
@@ -1102,9 +1109,33 @@ struct TeamShape {
   static constexpr int R = kVec / kCols;  // rows per unit
   static constexpr int kInner = kCols * U;
   static constexpr int RS = kTeam / U;    // lanes per slice
-  static_assert(RS >= 2, "a slice reduces over several lanes");
+  // A power of two: cub (and rocprim) then reduce with shuffles and no temp
+  // storage, so a team reduces again without a warp barrier in between.
+  static_assert(RS >= 2 && (RS & (RS - 1)) == 0, "a slice is a logical warp");
   static constexpr int kStepRows = RS * R;
 };
+
+// Where a thread of a team kernel works: team t of the block, lane l of the
+// team, lane q of slice c; the block's rows [r0, r1) and the team's [a0, a1).
+struct TeamPlace {
+  int t, l, c, q;
+  int64_t r0, r1, a0, a1;
+};
+
+template <int RS>
+__device__ __forceinline__ TeamPlace team_place(int64_t rows, int64_t team_rows) {
+  constexpr int kTeams = kThreads / kTeam;
+  TeamPlace p;
+  p.t = threadIdx.x / kTeam;
+  p.l = threadIdx.x % kTeam;
+  p.c = p.l / RS;
+  p.q = p.l % RS;
+  p.r0 = imin(rows, static_cast<int64_t>(blockIdx.x) * kTeams * team_rows);
+  p.r1 = imin(rows, p.r0 + kTeams * team_rows);
+  p.a0 = imin(p.r1, p.r0 + p.t * team_rows);
+  p.a1 = imin(p.r1, p.a0 + team_rows);
+  return p;
+}
 
 template <typename T, int kCols, int U>
 struct TeamSumShared {
@@ -1130,11 +1161,9 @@ __global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
   constexpr int kTeams = Shared::kTeams;
   constexpr int kItems = 2 * kTeams;
   __shared__ Shared sm;
-  const int t = threadIdx.x / kTeam, l = threadIdx.x % kTeam;
-  const int c = l / RS, q = l % RS;  // slice, and lane within it
-  const int64_t r0 = imin(rows, static_cast<int64_t>(blockIdx.x) * kTeams * team_rows);
-  const int64_t r1 = imin(rows, r0 + kTeams * team_rows);
-  const int64_t a0 = imin(r1, r0 + t * team_rows), a1 = imin(r1, a0 + team_rows);
+  const TeamPlace at = team_place<RS>(rows, team_rows);
+  const int t = at.t, l = at.l, c = at.c, q = at.q;
+  const int64_t r0 = at.r0, r1 = at.r1, a0 = at.a0, a1 = at.a1;
   const SegmentRange range = block_segments(indptr, segments, rows, r0, r1);
 
   int64_t head = -1, tail = -1;
@@ -1261,20 +1290,18 @@ __device__ __forceinline__ int64_t seek(const int64_t* __restrict__ indptr, int6
 
 // Stores are what the gather moves, and stores want every warp on contiguous
 // memory. So a team of kTeam threads (or one group, if wider) owns a
-// contiguous row range, and its groups take its rows (R at a time) in turn:
-// consecutive groups write consecutive rows. Each thread keeps the current
-// segment's pack in registers, stores it to every row of the segment, and
-// seeks forward when a row leaves it. src is read about once per segment and
-// team, so this is a copy's traffic.
-template <typename T, int W, int R>
+// contiguous row range, and its groups take its rows in turn: consecutive
+// groups write consecutive rows. Each thread keeps the current segment's pack
+// in registers, stores it to every row of the segment, and seeks forward when
+// a row leaves it. src is read about once per segment and team, so this is a
+// copy's traffic.
+template <typename T, int W>
 __global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
     stream_gather_kernel(const T* __restrict__ src, const int64_t* __restrict__ indptr,
                          T* __restrict__ out, int64_t rows, int64_t segments, int64_t inner,
                          int64_t team_rows, int64_t slabs) {
-  static_assert(W % R == 0, "a pack holds whole rows");
-  constexpr int kCols = W / R;  // columns of each row in a pack
   const int tid = threadIdx.x;
-  const int64_t packs = R > 1 ? 1 : inner / W;
+  const int64_t packs = inner / W;
   const int lanes = static_cast<int>(imin(kThreads, packs));
   const int team = lanes >= kTeam ? lanes : kTeam / lanes * lanes;
   const int teams = kThreads / team;
@@ -1287,36 +1314,23 @@ __global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
       block_segments(indptr, segments, rows, r0, imin(rows, r0 + teams * team_rows));
   for (int64_t slab = blockIdx.y; slab < slabs; slab += gridDim.y) {
     if (slab * kThreads + l >= packs) continue;
-    const int64_t col = R > 1 ? 0 : (slab * kThreads + l) * W;
-    const int64_t first = a0 + static_cast<int64_t>(g) * R;
+    const int64_t col = (slab * kThreads + l) * W;
+    const int64_t first = a0 + g;
     if (first >= a1) continue;
     int64_t s = segment_at(indptr, segments, rows, first, range.lo, range.hi);
     int64_t end = end_of(indptr, segments, rows, s);
     auto value = [&](int64_t seg) {
-      return seg >= 0 && seg < segments ? load_pack<T, kCols>(src + seg * inner + col)
-                                        : zero_pack<T, kCols>();
+      return seg >= 0 && seg < segments ? load_pack<T, W>(src + seg * inner + col)
+                                        : zero_pack<T, W>();
     };
-    Pack<T, kCols> v = value(s);
-    for (int64_t row0 = first; row0 < a1; row0 += static_cast<int64_t>(groups) * R) {
-      Pack<T, W> o;
-#pragma unroll
-      for (int q = 0; q < R; ++q) {
-        const int64_t row = row0 + q;
-        if (row >= end && row < a1) {
-          s = seek(indptr, segments, rows, s, row);
-          end = end_of(indptr, segments, rows, s);
-          v = value(s);
-        }
-#pragma unroll
-        for (int k = 0; k < kCols; ++k) o.v[q * kCols + k] = v.v[k];
+    Pack<T, W> v = value(s);
+    for (int64_t row = first; row < a1; row += groups) {
+      if (row >= end) {
+        s = seek(indptr, segments, rows, s, row);
+        end = end_of(indptr, segments, rows, s);
+        v = value(s);
       }
-      if (row0 + R <= a1) {
-        store_pack(out + row0 * inner + col, o);
-      } else {  // the array's last, partial pack
-#pragma unroll
-        for (int k = 0; k < W; ++k)
-          if (row0 + k / kCols < a1) out[row0 * inner + k] = o.v[k];
-      }
+      store_pack(out + row * inner + col, v);
     }
   }
 }
@@ -1405,6 +1419,61 @@ __global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
         if (dst[b] >= 0) store_pack(out + dst[b], v[b]);
     }
     first += w.n;
+  }
+}
+
+// Long segments, rows of at most kTeam / 2 16-byte units: the team sum's
+// split, the other way round. A team writes its row range 512 contiguous bytes
+// per step, each lane its unit of the step: the current segment's value (its
+// slice of it) over the unit's rows. The segment state is the same in every
+// lane; where segments end inside a step, the team seeks the next together.
+template <typename T, int kCols, int U>
+__global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
+    team_gather_kernel(const T* __restrict__ src, const int64_t* __restrict__ indptr,
+                       T* __restrict__ out, int64_t rows, int64_t segments, int64_t team_rows) {
+  using Shape = TeamShape<T, kCols, U>;
+  using P = Pack<T, kCols>;
+  constexpr int R = Shape::R, RS = Shape::RS, kInner = Shape::kInner;
+  constexpr int kStepRows = Shape::kStepRows;
+  const TeamPlace at = team_place<RS>(rows, team_rows);
+  const int c = at.c, q = at.q;
+  const int64_t a0 = at.a0, a1 = at.a1;
+  const SegmentRange range = block_segments(indptr, segments, rows, at.r0, at.r1);
+  if (a0 >= a1) return;
+  auto value = [&](int64_t seg) {  // rows outside every segment get zeros
+    return seg >= 0 && seg < segments ? load_pack<T, kCols>(src + seg * kInner + c * kCols)
+                                      : zero_pack<T, kCols>();
+  };
+
+  int64_t s = segment_at(indptr, segments, rows, a0, range.lo, range.hi);
+  int64_t end = end_of(indptr, segments, rows, s);
+  P v = value(s);
+  for (int64_t step0 = a0; step0 < a1; step0 += kStepRows) {
+    const int64_t step1 = imin(step0 + kStepRows, a1);
+    const int64_t u0 = step0 + q * R;  // this lane's first row
+    P unit[R];
+#pragma unroll
+    for (int i = 0; i < R; ++i) unit[i] = v;
+    while (end < step1) {  // the rows from `end` on lie in later segments
+      const int64_t from = end;
+      // Past s even if indptr is unsorted, so the loop ends.
+      s = imax(seek(indptr, segments, rows, s, from), s + 1);
+      end = end_of(indptr, segments, rows, s);
+      v = value(s);
+#pragma unroll
+      for (int i = 0; i < R; ++i)
+        if (u0 + i >= from) unit[i] = v;
+    }
+    T* dst = out + u0 * kInner + c * kCols;
+    if (u0 + R <= a1) {
+      uint4 w;
+      memcpy(&w, unit, 16);
+      *reinterpret_cast<uint4*>(dst) = w;
+    } else {  // only the very end of out
+#pragma unroll
+      for (int i = 0; i < R; ++i)
+        if (u0 + i < a1) store_pack(dst + i * kInner, unit[i]);
+    }
   }
 }
 
@@ -1580,11 +1649,11 @@ cudaError_t launch_tile_gather(const T* src, const int64_t* indptr, T* out, int6
 }
 
 // Stream kernels: threads per group (lanes), groups per block, column slabs.
-template <int W, int R>
+template <int W>
 struct StreamShape {
   int64_t packs, lanes, groups, slabs, grid_y;
   explicit StreamShape(int64_t inner)
-      : packs(R > 1 ? 1 : inner / W),
+      : packs(inner / W),
         lanes(imin(kThreads, packs)),
         groups(kThreads / lanes),
         slabs(ceil_div(packs, kThreads)),
@@ -1605,7 +1674,7 @@ cudaError_t launch_stream_sum(const T* src, const int64_t* indptr, T* out, int64
   int64_t capacity = 0;
   cudaError_t err = resident_blocks<&stream_sum_kernel<T, W>>(&capacity);
   if (err != cudaSuccess) return err;
-  const StreamShape<W, 1> shape(inner);
+  const StreamShape<W> shape(inner);
   const int64_t units = imax(1, capacity / shape.grid_y) * shape.groups;
   const int64_t group_rows = unit_rows(rows, units, kMinGroupRows, kBatch);
   const int64_t block_rows = group_rows * shape.groups;
@@ -1645,20 +1714,33 @@ cudaError_t launch_team_sum(const T* src, const int64_t* indptr, T* out, int64_t
                          stream);
 }
 
-// Rows of 2 to kTeam / 2 16-byte units (a power of two) over long segments.
-template <typename T, int U = 2>
-cudaError_t launch_wide_team_sum(const T* src, const int64_t* indptr, T* out, int64_t rows,
-                                 int64_t segments, int64_t inner, void* workspace,
-                                 cudaStream_t stream) {
-  constexpr int kVec = 16 / static_cast<int>(sizeof(T));
+// launch(std::integral_constant<int, U>()) for rows of U 16-byte units, U a
+// power of two from 2 to kTeam / 2 (the caller checks).
+template <typename T, int U = 2, typename Launch>
+cudaError_t with_row_units(int64_t inner, Launch&& launch) {
   if constexpr (U > kTeam / 2) {
-    return cudaErrorInvalidValue;  // not reached: the caller checks the width
+    return cudaErrorInvalidValue;  // not reached
   } else {
-    if (inner != U * kVec)
-      return launch_wide_team_sum<T, 2 * U>(src, indptr, out, rows, segments, inner, workspace,
-                                            stream);
-    return launch_team_sum<T, kVec, U>(src, indptr, out, rows, segments, workspace, stream);
+    if (inner != U * (16 / static_cast<int64_t>(sizeof(T))))
+      return with_row_units<T, 2 * U>(inner, launch);
+    return launch(std::integral_constant<int, U>());
   }
+}
+
+template <typename T, int kCols, int U>
+cudaError_t launch_team_gather(const T* src, const int64_t* indptr, T* out, int64_t rows,
+                               int64_t segments, cudaStream_t stream) {
+  using Shape = TeamShape<T, kCols, U>;
+  int64_t capacity = 0;
+  const cudaError_t err = resident_blocks<&team_gather_kernel<T, kCols, U>>(&capacity);
+  if (err != cudaSuccess) return err;
+  constexpr int64_t kTeams = kThreads / kTeam;
+  const int64_t team_rows =
+      unit_rows(rows, capacity * kTeams, kBatch * Shape::kStepRows, Shape::kStepRows);
+  const int64_t blocks = ceil_div(rows, team_rows * kTeams);
+  team_gather_kernel<T, kCols, U><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
+      src, indptr, out, rows, segments, team_rows);
+  return cudaGetLastError();
 }
 
 template <typename T>
@@ -1673,21 +1755,21 @@ cudaError_t launch_label_gather(const T* src, const int64_t* indptr, T* out, int
   return cudaGetLastError();
 }
 
-template <typename T, int W, int R>
+template <typename T, int W>
 cudaError_t launch_stream_gather(const T* src, const int64_t* indptr, T* out, int64_t rows,
                                  int64_t segments, int64_t inner, cudaStream_t stream) {
   int64_t capacity = 0;
-  const cudaError_t err = resident_blocks<&stream_gather_kernel<T, W, R>>(&capacity);
+  const cudaError_t err = resident_blocks<&stream_gather_kernel<T, W>>(&capacity);
   if (err != cudaSuccess) return err;
-  const StreamShape<W, R> shape(inner);
+  const StreamShape<W> shape(inner);
   const int64_t team = shape.lanes >= kTeam ? shape.lanes : kTeam / shape.lanes * shape.lanes;
   const int64_t teams = kThreads / team, groups = team / shape.lanes;
   const int64_t units = imax(1, capacity / shape.grid_y) * teams;
-  const int64_t team_rows = unit_rows(rows, units, kMinGroupRows * groups, groups * R);
+  const int64_t team_rows = unit_rows(rows, units, kMinGroupRows * groups, groups);
   const int64_t blocks = ceil_div(rows, team_rows * teams);
   const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(shape.grid_y));
-  stream_gather_kernel<T, W, R><<<grid, kThreads, 0, stream>>>(src, indptr, out, rows, segments,
-                                                                inner, team_rows, shape.slabs);
+  stream_gather_kernel<T, W><<<grid, kThreads, 0, stream>>>(src, indptr, out, rows, segments,
+                                                             inner, team_rows, shape.slabs);
   return cudaGetLastError();
 }
 
@@ -1716,10 +1798,10 @@ cudaError_t launch_narrow_sum(const T* src, const int64_t* indptr, T* out, int64
   }
 }
 
-// A narrow gather streams when its segments are long: a thread then steps
-// over fewer than one segment start per 16 bytes it writes on average, and the
-// stream kernel writes a copy's traffic; with short segments the tile kernel's
-// shared labels cost less than every thread seeking on its own.
+// A narrow gather goes to the team kernel when its segments are long: a step
+// of 512 bytes then meets less than one segment start on average, and the team
+// writes a copy's traffic; with short segments the tile kernel's shared labels
+// cost less than the team seeking start after start.
 template <typename T, int W = 1>
 cudaError_t launch_narrow_gather(const T* src, const int64_t* indptr, T* out, int64_t rows,
                                  int64_t segments, int64_t inner, cudaStream_t stream) {
@@ -1732,19 +1814,21 @@ cudaError_t launch_narrow_gather(const T* src, const int64_t* indptr, T* out, in
     constexpr int R = kVec / W;  // rows per 16 bytes
     if (rows / segments < static_cast<int64_t>(kTeam) * R)
       return launch_tile_gather<T, W>(src, indptr, out, rows, segments, stream);
-    if constexpr (R > 1)
-      return launch_stream_gather<T, kVec, R>(src, indptr, out, rows, segments, inner, stream);
-    else
-      return launch_stream_gather<T, W, 1>(src, indptr, out, rows, segments, inner, stream);
+    return launch_team_gather<T, W, 1>(src, indptr, out, rows, segments, stream);
   }
+}
+
+// The label gather counts a tile's 16-byte units in int.
+inline bool label_tile_fits(int64_t row_units) {
+  return row_units <= (INT_MAX - kBatch * kThreads) / kThreads;
 }
 
 inline bool narrow_rows(int64_t inner, int64_t elem_size) {
   return inner * elem_size <= 16 && (inner & (inner - 1)) == 0;
 }
 
-// Rows of 2 to kTeam / 2 16-byte units, a power of two: what launch_wide_team_sum
-// takes. Wider rows stream: with one row per step (a slice of one lane) the team
+// Rows of 2 to kTeam / 2 16-byte units, a power of two: what the team kernels
+// take. Wider rows stream: with one row per step (a slice of one lane) the team
 // sum was slower than the stream sum (H100, bf16, 256 columns: 76-78% of copy
 // bandwidth against 82-83%).
 inline bool unit_rows_of_team(int64_t inner, int64_t elem_size) {
@@ -1784,8 +1868,10 @@ cudaError_t segment_sum(const T* src, const int64_t* indptr, T* out, int64_t row
     return detail::launch_narrow_sum<T>(src, indptr, out, rows, segments, inner, workspace, stream);
   if (detail::unit_rows_of_team(inner, sizeof(T)) && rows / segments >= detail::kTeam &&
       detail::aligned(src, 16) && detail::aligned(out, 16))
-    return detail::launch_wide_team_sum<T>(src, indptr, out, rows, segments, inner, workspace,
-                                           stream);
+    return detail::with_row_units<T>(inner, [&](auto units) {
+      return detail::launch_team_sum<T, 16 / sizeof(T), decltype(units)::value>(
+          src, indptr, out, rows, segments, workspace, stream);
+    });
   // The sum loads 8 bytes per thread and row: more accumulators per thread
   // would cost the registers that keep blocks resident and loads in flight
   // (measured on an H100: 16-byte loads were 2 to 26 points of copy bandwidth
@@ -1814,12 +1900,17 @@ cudaError_t segment_gather(const T* src, const int64_t* indptr, T* out, int64_t 
       detail::aligned(src, inner * sizeof(T)))
     return detail::launch_narrow_gather<T>(src, indptr, out, rows, segments, inner, stream);
   if (inner % kVec == 0 && detail::aligned(src, 16) && detail::aligned(out, 16)) {
-    if (rows / segments < detail::kLabelGatherRows)
+    if (rows / segments < detail::kLabelGatherRows && detail::label_tile_fits(inner / kVec))
       return detail::launch_label_gather<T>(src, indptr, out, rows, segments, inner, stream);
-    return detail::launch_stream_gather<T, kVec, 1>(src, indptr, out, rows, segments, inner,
-                                                    stream);
+    if (detail::unit_rows_of_team(inner, sizeof(T)))
+      return detail::with_row_units<T>(inner, [&](auto units) {
+        return detail::launch_team_gather<T, kVec, decltype(units)::value>(src, indptr, out, rows,
+                                                                           segments, stream);
+      });
+    return detail::launch_stream_gather<T, kVec>(src, indptr, out, rows, segments, inner,
+                                                 stream);
   }
-  return detail::launch_stream_gather<T, 1, 1>(src, indptr, out, rows, segments, inner, stream);
+  return detail::launch_stream_gather<T, 1>(src, indptr, out, rows, segments, inner, stream);
 }
 
 }  // namespace segment_ops::cuda
