@@ -86,6 +86,7 @@ constexpr int kLabelGatherRows = 64; // wide gathers: mean segment length (rows)
 constexpr int kBatch = 4;            // stream kernels: loads per thread in flight
 constexpr int kMinGroupRows = 32;    // stream kernels: small inputs get fewer, fuller groups
 constexpr int kTeam = 32;            // team kernels, stream gather: threads on contiguous rows
+constexpr int kTeams = kThreads / kTeam;  // team kernels: teams per block
 constexpr int kFixupCols = 16;       // columns per fix-up block
 constexpr int64_t kFixupBlocks = 16384;  // fix-up grid size to aim at (most blocks exit at once)
 constexpr int64_t kMaxGridY = 65535;
@@ -1124,7 +1125,6 @@ struct TeamPlace {
 
 template <int RS>
 __device__ __forceinline__ TeamPlace team_place(int64_t rows, int64_t team_rows) {
-  constexpr int kTeams = kThreads / kTeam;
   TeamPlace p;
   p.t = threadIdx.x / kTeam;
   p.l = threadIdx.x % kTeam;
@@ -1141,7 +1141,6 @@ template <typename T, int kCols, int U>
 struct TeamSumShared {
   using Acc = typename Num<T>::acc;
   using Reduce = cub::WarpReduce<Partial<Acc, kCols>, TeamShape<T, kCols, U>::RS>;
-  static constexpr int kTeams = kThreads / kTeam;
   typename Reduce::TempStorage reduce[kThreads / TeamShape<T, kCols, U>::RS];
   int64_t item_key[2 * kTeams];  // as in StreamSumShared, one group per team
   Acc item_val[2 * kTeams * kCols * U];
@@ -1158,7 +1157,6 @@ __global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
   using Part = Partial<Acc, kCols>;
   constexpr int R = Shape::R, RS = Shape::RS, kInner = Shape::kInner;
   constexpr int kStepRows = Shape::kStepRows;
-  constexpr int kTeams = Shared::kTeams;
   constexpr int kItems = 2 * kTeams;
   __shared__ Shared sm;
   const TeamPlace at = team_place<RS>(rows, team_rows);
@@ -1698,7 +1696,6 @@ cudaError_t launch_team_sum(const T* src, const int64_t* indptr, T* out, int64_t
   int64_t capacity = 0;
   cudaError_t err = resident_blocks<&team_sum_kernel<T, kCols, U>>(&capacity);
   if (err != cudaSuccess) return err;
-  constexpr int64_t kTeams = kThreads / kTeam;
   const int64_t team_rows =
       unit_rows(rows, capacity * kTeams, kBatch * Shape::kStepRows, Shape::kStepRows);
   const int64_t block_rows = team_rows * kTeams;
@@ -1734,7 +1731,6 @@ cudaError_t launch_team_gather(const T* src, const int64_t* indptr, T* out, int6
   int64_t capacity = 0;
   const cudaError_t err = resident_blocks<&team_gather_kernel<T, kCols, U>>(&capacity);
   if (err != cudaSuccess) return err;
-  constexpr int64_t kTeams = kThreads / kTeam;
   const int64_t team_rows =
       unit_rows(rows, capacity * kTeams, kBatch * Shape::kStepRows, Shape::kStepRows);
   const int64_t blocks = ceil_div(rows, team_rows * kTeams);
@@ -1788,7 +1784,7 @@ cudaError_t launch_narrow_sum(const T* src, const int64_t* indptr, T* out, int64
   } else {
     if (inner == W) {
       const int64_t mean_rows = rows / segments;
-      if (mean_rows >= kTeam * (16 / static_cast<int64_t>(sizeof(T)) / W))
+      if (mean_rows >= TeamShape<T, W, 1>::kStepRows)  // as launch_narrow_gather
         return launch_team_sum<T, W, 1>(src, indptr, out, rows, segments, workspace, stream);
       if (mean_rows < kShortSegmentRows)
         return launch_tile_sum<T, W, true>(src, indptr, out, rows, segments, workspace, stream);
@@ -1810,9 +1806,7 @@ cudaError_t launch_narrow_gather(const T* src, const int64_t* indptr, T* out, in
   } else {
     if (inner != W)
       return launch_narrow_gather<T, 2 * W>(src, indptr, out, rows, segments, inner, stream);
-    constexpr int kVec = 16 / static_cast<int>(sizeof(T));
-    constexpr int R = kVec / W;  // rows per 16 bytes
-    if (rows / segments < static_cast<int64_t>(kTeam) * R)
+    if (rows / segments < TeamShape<T, W, 1>::kStepRows)
       return launch_tile_gather<T, W>(src, indptr, out, rows, segments, stream);
     return launch_team_gather<T, W, 1>(src, indptr, out, rows, segments, stream);
   }
