@@ -222,12 +222,15 @@ def test_bad_input(device, make_args, message, monkeypatch):
     "offsets", [[0, 5, 3, 8], [-7, 2, 8], [0, 4, 1 << 40], [3, 3, 3], [0, -(1 << 40), 8]]
 )
 @pytest.mark.parametrize("inner", [1, 4, 64])
-def test_unchecked_bad_indptr_stays_in_bounds(offsets, inner):
+@pytest.mark.parametrize("backend", segment_ops.ops.BACKENDS)
+def test_unchecked_bad_indptr_stays_in_bounds(offsets, inner, backend):
     """Without the checks a bad indptr gives wrong sums, never an illegal memory access
     (which would poison the CUDA context: the synchronize below would raise)."""
+    if backend == "triton":
+        pytest.importorskip("triton")
     src = torch.ones(8, inner, device="cuda")
     indptr = torch.tensor(offsets, device="cuda")
-    segment_ops.segment_sum(src, indptr)
+    segment_ops.segment_sum(src, indptr, backend=backend)
     segment_ops.segment_gather(src[: indptr.numel() - 1], indptr, 8)
     torch.cuda.synchronize()
 
@@ -236,15 +239,18 @@ def test_unchecked_bad_indptr_stays_in_bounds(offsets, inner):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("inner", [1, 4, 64])
 @pytest.mark.parametrize("mean_rows", [4, 512])  # the kernels for short and for long segments
-def test_unchecked_shuffled_indptr_stays_in_bounds(dtype, inner, mean_rows):
+@pytest.mark.parametrize("backend", segment_ops.ops.BACKENDS)
+def test_unchecked_shuffled_indptr_stays_in_bounds(dtype, inner, mean_rows, backend):
     """The same over many tiles and blocks: shuffled offsets, some out of range, so
     the kernels see starts out of order, repeated and past the rows."""
+    if backend == "triton":
+        pytest.importorskip("triton")
     rows = 1 << 17
     generator = torch.Generator().manual_seed(inner)
     offsets = torch.randint(-8, rows + 8, (rows // mean_rows,), generator=generator)
     indptr = offsets.to("cuda")
     src = torch.ones(rows, inner, device="cuda", dtype=dtype)
-    segment_ops.segment_sum(src, indptr)
+    segment_ops.segment_sum(src, indptr, backend=backend)
     segment_ops.segment_gather(src[: indptr.numel() - 1], indptr, rows)
     torch.cuda.synchronize()
 
