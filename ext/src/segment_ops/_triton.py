@@ -35,6 +35,8 @@ _FANOUT = 32  # probes per step of the per-program search over indptr
 # per row width, dtype and mean segment length. The shapes are the ones that
 # won on an H100 for some case of the benchmark.
 _TILE_SHAPES = [
+    (32, 128, 1),
+    (64, 128, 1),
     (128, 64, 1),
     (256, 64, 1),
     (512, 32, 1),
