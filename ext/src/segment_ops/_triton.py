@@ -137,6 +137,17 @@ def _zero_empty_segments(
 
 
 @triton.jit
+def _tile_mask(row_mask, col_mask, EVEN_COLS: tl.constexpr):
+    """A tile's load mask. Triton vectorizes a masked load only where it can
+    prove the mask constant along the vector; the column mask defeats that
+    (2-byte loads for bf16 rows), so it is left out when columns divide evenly."""
+    if EVEN_COLS:
+        return row_mask[:, None]
+    else:
+        return row_mask[:, None] & col_mask[None, :]
+
+
+@triton.jit
 def _emit_partial(
     indptr_ptr,
     out_ptr,
@@ -180,7 +191,7 @@ def _emit_partial(
 # converts the flagged slots. Every element of src is read once. Sums of
 # segments crossing chunks are combined in arbitrary order (atomics), so
 # their last bits may differ from run to run.
-@triton.jit(do_not_specialize=["rows", "segments", "slots", "length_class"])
+@triton.jit(do_not_specialize=["segments", "slots", "length_class"])
 def _segment_sum_kernel(
     src_ptr,
     indptr_ptr,
@@ -198,6 +209,7 @@ def _segment_sum_kernel(
     BLOCK_COLS: tl.constexpr,
     BLOCK_ROWS: tl.constexpr,
     CHUNK_ROWS: tl.constexpr,
+    EVEN_COLS: tl.constexpr,  # inner is a multiple of BLOCK_COLS
 ):
     acc_type = tl.float64 if IS_FP64 else tl.float32
     flag_ptr = ws_ptr.to(tl.pointer_type(tl.int64), bitcast=True)
@@ -206,7 +218,11 @@ def _segment_sum_kernel(
     nseg = tl.cast(segments, tl.int64)
     c0 = tl.program_id(0).to(tl.int64) * CHUNK_ROWS
     c1 = tl.minimum(c0 + CHUNK_ROWS, rows)
-    cols = tl.program_id(1) * BLOCK_COLS + tl.arange(0, BLOCK_COLS)
+    # Only rows of more than 256 (_MAX_BLOCK_COLS) columns have several column
+    # blocks, all of 256, so the block's first column is program_id(1) * 256
+    # whatever BLOCK_COLS is. Written so, it is a known multiple of 16 and the
+    # loads of narrow rows stay vectorized (program_id(1) * 1 would not be).
+    cols = tl.program_id(1) * 256 + tl.arange(0, BLOCK_COLS)
     col_mask = cols < inner
     tile_rows = tl.arange(0, BLOCK_ROWS)
 
@@ -229,7 +245,7 @@ def _segment_sum_kernel(
     acc = tl.zeros([BLOCK_ROWS, BLOCK_COLS], dtype=acc_type)
     upcoming = tl.load(
         chunk_src + tile_rows.to(tl.int64)[:, None] * inner + cols[None, :],
-        mask=(tile_rows < chunk_len)[:, None] & col_mask[None, :],
+        mask=_tile_mask(tile_rows < chunk_len, col_mask, EVEN_COLS),
         other=0.0,
     )
     for t0 in range(0, chunk_len, BLOCK_ROWS):
@@ -238,7 +254,7 @@ def _segment_sum_kernel(
         ahead = local + BLOCK_ROWS
         upcoming = tl.load(
             chunk_src + ahead.to(tl.int64)[:, None] * inner + cols[None, :],
-            mask=(ahead < chunk_len)[:, None] & col_mask[None, :],
+            mask=_tile_mask(ahead < chunk_len, col_mask, EVEN_COLS),
             other=0.0,
         )
         t_end = tl.minimum(t0 + BLOCK_ROWS, chunk_len)
@@ -386,6 +402,7 @@ def _launch(x: Tensor, indptr: Tensor, out: Tensor) -> None:
         SLOT_ROWS=_SLOT_ROWS,
         FANOUT=_FANOUT,
         BLOCK_COLS=block_cols,
+        EVEN_COLS=inner % block_cols == 0,
     )
     finish_cols = min(block_cols, 32)
     launcher(_finish_kernel)[(triton.cdiv(slots, 128),)](
