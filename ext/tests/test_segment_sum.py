@@ -340,20 +340,22 @@ def test_compile_fullgraph(device):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("layout", ["mixed", "one_huge", "many_tiny", "all_empty", "no_segments"])
+@pytest.mark.parametrize("inner", [2, 5])  # the lane kernel (rows of up to 4 columns), the walk
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_triton_backend(layout, dtype):
+def test_triton_backend(layout, inner, dtype):
     pytest.importorskip("triton")
     indptr = make_indptr(LAYOUTS[layout], "cuda")
-    src = random_src(int(indptr[-1]), (5,), dtype, "cuda")
+    src = random_src(int(indptr[-1]), (inner,), dtype, "cuda")
     assert_matches(segment_ops.segment_sum(src, indptr, backend="triton"), src, indptr)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("law", LAWS)
-@pytest.mark.parametrize("inner", [1, 64, 300])
+@pytest.mark.parametrize("inner", [1, 3, 4, 64, 300])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_triton_laws_and_widths(law, inner, dtype):
-    # The Triton kernel is tuned per mean segment length: each law gets its own tiles.
+    # The Triton kernels are tuned per mean segment length: each law gets its own
+    # tiles. Rows of up to 4 columns take the lane kernel (3: a masked column).
     pytest.importorskip("triton")
     indptr = make_indptr(LAWS[law], "cuda")
     src = random_src(int(indptr[-1]), (inner,), dtype, "cuda")
@@ -375,16 +377,23 @@ def test_triton_eager_call_launches_directly(monkeypatch):
 
 
 @pytest.mark.gpu
-def test_triton_backend_autograd_and_compile():
+@pytest.mark.parametrize("inner", [4, 64])  # the lane kernel, the walk
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_triton_backend_autograd_and_compile(inner, dynamic):
     pytest.importorskip("triton")
     indptr = make_indptr([3, 0, 2], "cuda")
-    src = torch.randn(5, 64, device="cuda", requires_grad=True)
+    src = torch.randn(5, inner, device="cuda", requires_grad=True)
     segment_ops.segment_sum(src, indptr, backend="triton").sum().backward()
     torch.testing.assert_close(src.grad, torch.ones_like(src))
     compiled = torch.compile(
-        lambda x: segment_ops.segment_sum(x, indptr, backend="triton"), fullgraph=True
+        lambda x, i: segment_ops.segment_sum(x, i, backend="triton"),
+        fullgraph=True,
+        dynamic=dynamic,
     )
-    torch.testing.assert_close(compiled(src), segment_ops.segment_sum(src, indptr))
+    torch.testing.assert_close(compiled(src, indptr), segment_ops.segment_sum(src, indptr))
+    longer = make_indptr([3, 0, 2, 4], "cuda")
+    more = torch.randn(9, inner, device="cuda")
+    torch.testing.assert_close(compiled(more, longer), segment_ops.segment_sum(more, longer))
 
 
 @pytest.mark.gpu

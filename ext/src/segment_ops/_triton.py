@@ -116,6 +116,17 @@ def _lower_bound(indptr_ptr, begin, count, rows, target, FANOUT: tl.constexpr):
 
 
 @triton.jit
+def _segments_starting_in(
+    indptr_ptr, c0, rows, nseg, CHUNK_ROWS: tl.constexpr, FANOUT: tl.constexpr
+):
+    """[lo, hi): the segments starting in the chunk of rows at c0 (two searches at once)."""
+    bounds = _lower_bound(
+        indptr_ptr, 0, nseg + 1, rows, c0 + tl.arange(0, 2).to(tl.int64) * CHUNK_ROWS, FANOUT
+    )
+    return tl.min(bounds, axis=0), tl.minimum(tl.max(bounds, axis=0), nseg)
+
+
+@triton.jit
 def _zero_empty_segments(
     indptr_ptr, out_ptr, lo, hi, rows, inner, cols, col_mask, BLOCK: tl.constexpr
 ):
@@ -172,65 +183,33 @@ def _emit_partial(
         tl.store(flag_ptr + slot, seg + 1)
 
 
-# How the work is split, and why: one program per (chunk of CHUNK_ROWS rows,
-# block of BLOCK_COLS columns), whatever the segment lengths. Splitting by
-# rows gives every program the same bytes to read for any length law: one
-# program per segment would idle most of the GPU on one giant segment.
-#
-# A program finds the segments starting in its chunk ([lo, hi), two
-# FANOUT-ary searches over indptr), zeroes the empty ones among them (they
-# own no row, so no walk would write them), then walks its rows one tile at a
-# time, the next tile's load in flight while it adds the current one into a
-# tile-shaped accumulator: until a segment ends, a tile costs what a copy
-# does, with no per-row search and no scan. Where a segment ends, the
-# accumulator and the tile's rows up to the end are reduced over rows (the one
-# cross-thread step), and the walk reads the next segment's end. A segment
-# lying inside the chunk is stored to `out`; one crossing a chunk boundary
-# (at most two per chunk) is added with tl.atomic_add into a zeroed fp32
-# (fp64) workspace slot flagged with the segment id, and _finish_kernel
-# converts the flagged slots. Every element of src is read once. Sums of
-# segments crossing chunks are combined in arbitrary order (atomics), so
-# their last bits may differ from run to run.
-@triton.jit(do_not_specialize=["segments", "slots", "length_class"])
-def _segment_sum_kernel(
+@triton.jit
+def _walk_chunk(
     src_ptr,
     indptr_ptr,
     out_ptr,
-    ws_ptr,
+    part_ptr,
+    flag_ptr,
+    c0,
+    c1,
+    lo,
+    hi,
+    nseg,
     rows,
-    segments,
     inner,
-    slots,
-    length_class,  # autotuning key only: log2 of the mean segment's elements
+    cols,
+    col_mask,
     IS_FP64: tl.constexpr,
-    FLAG_WORDS: tl.constexpr,
     SLOT_ROWS: tl.constexpr,
-    FANOUT: tl.constexpr,
-    BLOCK_COLS: tl.constexpr,
     BLOCK_ROWS: tl.constexpr,
     CHUNK_ROWS: tl.constexpr,
-    EVEN_COLS: tl.constexpr,  # inner is a multiple of BLOCK_COLS
+    EVEN_COLS: tl.constexpr,
 ):
+    """The walk of _segment_sum_kernel (see the comment there) over the rows
+    [c0, c1), given the segments [lo, hi) that start in them."""
     acc_type = tl.float64 if IS_FP64 else tl.float32
-    flag_ptr = ws_ptr.to(tl.pointer_type(tl.int64), bitcast=True)
-    part_ptr = ws_ptr + tl.cast(slots, tl.int64) * FLAG_WORDS
-
-    nseg = tl.cast(segments, tl.int64)
-    c0 = tl.program_id(0).to(tl.int64) * CHUNK_ROWS
-    c1 = tl.minimum(c0 + CHUNK_ROWS, rows)
-    # Only rows of more than 256 (_MAX_BLOCK_COLS) columns have several column
-    # blocks, all of 256, so the block's first column is program_id(1) * 256
-    # whatever BLOCK_COLS is. Written so, it is a known multiple of 16 and the
-    # loads of narrow rows stay vectorized (program_id(1) * 1 would not be).
-    cols = tl.program_id(1) * 256 + tl.arange(0, BLOCK_COLS)
-    col_mask = cols < inner
     tile_rows = tl.arange(0, BLOCK_ROWS)
-
-    bounds = _lower_bound(
-        indptr_ptr, 0, nseg + 1, rows, c0 + tl.arange(0, 2).to(tl.int64) * CHUNK_ROWS, FANOUT
-    )
-    lo = tl.min(bounds, axis=0)
-    hi = tl.minimum(tl.max(bounds, axis=0), nseg)
+    BLOCK_COLS: tl.constexpr = cols.shape[0]
     _zero_empty_segments(indptr_ptr, out_ptr, lo, hi, rows, inner, cols, col_mask, BLOCK_ROWS)
 
     chunk_src = src_ptr + c0 * inner
@@ -303,6 +282,221 @@ def _segment_sum_kernel(
         )
 
 
+# How the work is split, and why: one program per (chunk of CHUNK_ROWS rows,
+# block of BLOCK_COLS columns), whatever the segment lengths. Splitting by
+# rows gives every program the same bytes to read for any length law: one
+# program per segment would idle most of the GPU on one giant segment.
+#
+# A program finds the segments starting in its chunk ([lo, hi), two
+# FANOUT-ary searches over indptr), zeroes the empty ones among them (they
+# own no row, so no walk would write them), then walks its rows one tile at a
+# time, the next tile's load in flight while it adds the current one into a
+# tile-shaped accumulator: until a segment ends, a tile costs what a copy
+# does, with no per-row search and no scan. Where a segment ends, the
+# accumulator and the tile's rows up to the end are reduced over rows (the one
+# cross-thread step), and the walk reads the next segment's end. A segment
+# lying inside the chunk is stored to `out`; one crossing a chunk boundary
+# (at most two per chunk) is added with tl.atomic_add into a zeroed fp32
+# (fp64) workspace slot flagged with the segment id, and _finish_kernel
+# converts the flagged slots. Every element of src is read once. Sums of
+# segments crossing chunks are combined in arbitrary order (atomics), so
+# their last bits may differ from run to run.
+@triton.jit(do_not_specialize=["segments", "slots", "length_class"])
+def _segment_sum_kernel(
+    src_ptr,
+    indptr_ptr,
+    out_ptr,
+    ws_ptr,
+    rows,
+    segments,
+    inner,
+    slots,
+    length_class,  # autotuning key only: log2 of the mean segment's elements
+    IS_FP64: tl.constexpr,
+    FLAG_WORDS: tl.constexpr,
+    SLOT_ROWS: tl.constexpr,
+    FANOUT: tl.constexpr,
+    BLOCK_COLS: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr,
+    CHUNK_ROWS: tl.constexpr,
+    EVEN_COLS: tl.constexpr,  # inner is a multiple of BLOCK_COLS
+):
+    flag_ptr = ws_ptr.to(tl.pointer_type(tl.int64), bitcast=True)
+    part_ptr = ws_ptr + tl.cast(slots, tl.int64) * FLAG_WORDS
+
+    nseg = tl.cast(segments, tl.int64)
+    c0 = tl.program_id(0).to(tl.int64) * CHUNK_ROWS
+    c1 = tl.minimum(c0 + CHUNK_ROWS, rows)
+    # Only rows of more than 256 (_MAX_BLOCK_COLS) columns have several column
+    # blocks, all of 256, so the block's first column is program_id(1) * 256
+    # whatever BLOCK_COLS is. Written so, it is a known multiple of 16 and the
+    # loads of narrow rows stay vectorized (program_id(1) * 1 would not be).
+    cols = tl.program_id(1) * 256 + tl.arange(0, BLOCK_COLS)
+    col_mask = cols < inner
+
+    lo, hi = _segments_starting_in(indptr_ptr, c0, rows, nseg, CHUNK_ROWS, FANOUT)
+    _walk_chunk(
+        src_ptr,
+        indptr_ptr,
+        out_ptr,
+        part_ptr,
+        flag_ptr,
+        c0,
+        c1,
+        lo,
+        hi,
+        nseg,
+        rows,
+        inner,
+        cols,
+        col_mask,
+        IS_FP64,
+        SLOT_ROWS,
+        BLOCK_ROWS,
+        CHUNK_ROWS,
+        EVEN_COLS,
+    )
+
+
+# Rows of up to _LANE_MAX_COLS columns. The walk above reduces a whole tile at
+# every segment end: with short segments of such narrow rows that is more work
+# than the rows' few bytes allow (it ran at 11-42 % of copy bandwidth on an
+# H100). Here one lane owns one segment instead and adds its rows in a loop,
+# so a segment end costs a store; neighbouring lanes read neighbouring bytes,
+# so a warp's loads fall on a few cache lines. A program owns a chunk of rows
+# as in the walk. Where few segments start in it (WALK_ROWS rows or more
+# each, on average) it walks. Otherwise it takes the segments BLOCK_SEGS at a
+# time: those inside the chunk and of at most LANE_ROWS rows go one per lane
+# (the loop runs as long as the block's longest), the others (long ones, and
+# those crossing the chunk's edges) one after another, each summed over its
+# rows in the chunk by the whole program a tile at a time and written as in
+# the walk (crossing parts into the workspace). The row width is a constexpr,
+# so a lane reads a whole row with one load.
+@triton.jit(do_not_specialize=["segments", "slots", "length_class"])
+def _segment_sum_lanes_kernel(
+    src_ptr,
+    indptr_ptr,
+    out_ptr,
+    ws_ptr,
+    rows,
+    segments,
+    slots,
+    length_class,  # autotuning key only: log2 of the mean segment's elements
+    INNER: tl.constexpr,
+    IS_FP64: tl.constexpr,
+    FLAG_WORDS: tl.constexpr,
+    SLOT_ROWS: tl.constexpr,
+    FANOUT: tl.constexpr,
+    BLOCK_COLS: tl.constexpr,
+    BLOCK_SEGS: tl.constexpr,
+    LANE_ROWS: tl.constexpr,
+    ROW_ELEMENTS: tl.constexpr,  # elements per tile of the walk and of long segments
+    CHUNK_ROWS: tl.constexpr,
+    WALK_ROWS: tl.constexpr,  # mean segment length (rows) in a chunk from which it walks
+):
+    BLOCK_ROWS: tl.constexpr = ROW_ELEMENTS // BLOCK_COLS
+    acc_type = tl.float64 if IS_FP64 else tl.float32
+    flag_ptr = ws_ptr.to(tl.pointer_type(tl.int64), bitcast=True)
+    part_ptr = ws_ptr + tl.cast(slots, tl.int64) * FLAG_WORDS
+
+    nseg = tl.cast(segments, tl.int64)
+    c0 = tl.program_id(0).to(tl.int64) * CHUNK_ROWS
+    c1 = tl.minimum(c0 + CHUNK_ROWS, rows)
+    cols = tl.arange(0, BLOCK_COLS)
+    col_mask = cols < INNER
+    even_cols: tl.constexpr = INNER == BLOCK_COLS
+    lanes = tl.arange(0, BLOCK_SEGS).to(tl.int64)
+    tile_rows = tl.arange(0, BLOCK_ROWS)
+
+    lo, hi = _segments_starting_in(indptr_ptr, c0, rows, nseg, CHUNK_ROWS, FANOUT)
+    if (hi - lo) * WALK_ROWS <= c1 - c0:
+        # Few segments start here (inside a long one, or a few long ones):
+        # the walk streams through them faster than lanes would.
+        _walk_chunk(
+            src_ptr,
+            indptr_ptr,
+            out_ptr,
+            part_ptr,
+            flag_ptr,
+            c0,
+            c1,
+            lo,
+            hi,
+            nseg,
+            rows,
+            INNER,
+            cols,
+            col_mask,
+            IS_FP64,
+            SLOT_ROWS,
+            BLOCK_ROWS,
+            CHUNK_ROWS,
+            even_cols,
+        )
+        return
+    # From the segment before the first one starting in the chunk: it holds
+    # row c0 unless it ends there.
+    # (Loops count from 0: with another lower bound, triton loses what it knows
+    # about the alignment of addresses computed in the loop, and the loads are
+    # no longer vectorized.)
+    base = tl.maximum(lo - 1, 0)
+    for block in range(0, tl.cdiv(hi - base, BLOCK_SEGS)):
+        seg = base + block * BLOCK_SEGS + lanes
+        valid = seg < hi
+        start = _indptr_at(indptr_ptr, seg, rows, valid)
+        end = _indptr_at(indptr_ptr, seg + 1, rows, valid)
+        first = tl.maximum(start, c0)
+        count = tl.minimum(end, c1) - first  # rows of the segment in the chunk
+        lane = valid & (start >= c0) & (end <= c1) & (count <= LANE_ROWS)
+        steps = tl.where(lane, count, 0).to(tl.int32)
+        acc = tl.zeros([BLOCK_SEGS, BLOCK_COLS], dtype=acc_type)
+        row_ptr = src_ptr + first[:, None] * INNER + cols[None, :]
+        for k in range(tl.max(steps, axis=0)):
+            acc += tl.load(
+                row_ptr + k * INNER, mask=_tile_mask(k < steps, col_mask, even_cols), other=0.0
+            ).to(acc_type)
+        tl.store(
+            out_ptr + seg[:, None] * INNER + cols[None, :],
+            acc.to(out_ptr.dtype.element_ty),
+            mask=_tile_mask(lane, col_mask, even_cols),
+        )
+        rest = valid & ~lane & (count > 0)
+        for _ in range(tl.sum(rest.to(tl.int32), axis=0)):
+            s = tl.min(tl.where(rest, seg, nseg), axis=0)
+            rest = rest & (seg != s)
+            s_start = _indptr_at(indptr_ptr, s, rows, True)
+            s_end = _indptr_at(indptr_ptr, s + 1, rows, True)
+            a = tl.maximum(s_start, c0)
+            b = tl.minimum(s_end, c1)
+            # Tiles start at a multiple of 16 rows so their loads stay
+            # vectorized; the rows before `a` are loaded and dropped.
+            a16 = a // 16 * 16
+            total = tl.zeros([BLOCK_ROWS, BLOCK_COLS], dtype=acc_type)
+            for t in range(0, tl.cdiv(b - a16, BLOCK_ROWS)):
+                local = a16 + t * BLOCK_ROWS + tile_rows
+                tile = tl.load(
+                    src_ptr + local.to(tl.int64)[:, None] * INNER + cols[None, :],
+                    mask=_tile_mask(local < c1, col_mask, even_cols),
+                    other=0.0,
+                )
+                keep = (local >= a) & (local < b)
+                total += tl.where(keep[:, None], tile.to(acc_type), 0.0)
+            _emit_partial(
+                indptr_ptr,
+                out_ptr,
+                part_ptr,
+                flag_ptr,
+                s,
+                tl.sum(total, axis=0),
+                (s_start >= c0) & (s_end <= c1),
+                rows,
+                INNER,
+                cols,
+                col_mask,
+                SLOT_ROWS,
+            )
+
+
 @triton.jit(do_not_specialize=["segments", "slots"])
 def _finish_kernel(
     ws_ptr,
@@ -348,6 +542,56 @@ _KERNELS = {
 }
 
 
+# Lane kernel: rows of at most _LANE_MAX_COLS columns, whatever the segment
+# lengths. (segments per block, chunk rows, warps, elements per walk tile).
+# One warp and small tiles won on every law but giant segments, where bigger
+# tiles on more warps stream faster; the tiles of a given row width and dtype
+# are autotuned per mean segment length.
+_LANE_MAX_COLS = 4
+_LANE_SHAPES = [
+    (32, 512, 1, 128),
+    (64, 1024, 1, 128),
+    (64, 4096, 1, 256),
+    (64, 16384, 1, 256),
+    (128, 4096, 2, 1024),
+    (64, 8192, 4, 1024),
+]
+# From this mean segment length (elements, log2) on, the multi-warp shapes are
+# tried too. Below it they lost on every law: a mean of a few thousand rows
+# may hide a power law's crowd of short segments.
+_LANE_GIANT_CLASS = 16
+
+
+def _lane_configs() -> list[triton.Config]:
+    return [
+        triton.Config(
+            {
+                "BLOCK_SEGS": segs,
+                "CHUNK_ROWS": chunk,
+                "LANE_ROWS": 32,
+                "ROW_ELEMENTS": elements,
+                "WALK_ROWS": 64,
+            },
+            num_warps=warps,
+        )
+        for segs, chunk, warps, elements in _LANE_SHAPES
+    ]
+
+
+def _prune_lane_configs(configs, named_args, **kwargs) -> list[triton.Config]:
+    if named_args["length_class"] >= _LANE_GIANT_CLASS:
+        return configs
+    return [c for c in configs if c.num_warps == 1]
+
+
+_LANE_KERNEL = triton.autotune(
+    configs=_lane_configs(),
+    key=["INNER", "IS_FP64", "length_class"],
+    prune_configs_by={"early_config_prune": _prune_lane_configs},
+    reset_to_zero=["ws_ptr"],
+)(_segment_sum_lanes_kernel)
+
+
 def _length_class(rows, segments, inner) -> int:
     """log2 of the mean segment's elements (in one column block): shapes only,
     so no sync. 0 while tracing with symbolic sizes."""
@@ -387,23 +631,41 @@ def _launch(x: Tensor, indptr: Tensor, out: Tensor) -> None:
     def grid(meta):
         return (rows // meta["CHUNK_ROWS"] + 1, triton.cdiv(inner, block_cols))
 
-    launcher(_KERNELS[block_cols])[grid](
-        x,
-        indptr,
-        out,
-        ws,
-        rows,
-        segments,
-        inner,
-        slots,
-        _length_class(rows, segments, inner),
-        IS_FP64=is_fp64,
-        FLAG_WORDS=flag_words,
-        SLOT_ROWS=_SLOT_ROWS,
-        FANOUT=_FANOUT,
-        BLOCK_COLS=block_cols,
-        EVEN_COLS=inner % block_cols == 0,
-    )
+    if inner <= _LANE_MAX_COLS:
+        launcher(_LANE_KERNEL)[grid](
+            x,
+            indptr,
+            out,
+            ws,
+            rows,
+            segments,
+            slots,
+            _length_class(rows, segments, inner),
+            INNER=int(inner),  # a constexpr: specializes traced shapes on it
+            IS_FP64=is_fp64,
+            FLAG_WORDS=flag_words,
+            SLOT_ROWS=_SLOT_ROWS,
+            FANOUT=_FANOUT,
+            BLOCK_COLS=block_cols,
+        )
+    else:
+        launcher(_KERNELS[block_cols])[grid](
+            x,
+            indptr,
+            out,
+            ws,
+            rows,
+            segments,
+            inner,
+            slots,
+            _length_class(rows, segments, inner),
+            IS_FP64=is_fp64,
+            FLAG_WORDS=flag_words,
+            SLOT_ROWS=_SLOT_ROWS,
+            FANOUT=_FANOUT,
+            BLOCK_COLS=block_cols,
+            EVEN_COLS=inner % block_cols == 0,
+        )
     finish_cols = min(block_cols, 32)
     launcher(_finish_kernel)[(triton.cdiv(slots, 128),)](
         ws,
