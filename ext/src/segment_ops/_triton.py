@@ -543,10 +543,10 @@ _KERNELS = {
 
 
 # Lane kernel: rows of at most _LANE_MAX_COLS columns, whatever the segment
-# lengths. (segments per block, chunk rows, warps, elements per walk tile).
-# One warp and small tiles won on every law but giant segments, where bigger
-# tiles on more warps stream faster; the tiles of a given row width and dtype
-# are autotuned per mean segment length.
+# lengths. (segments per block, chunk rows, warps, elements per walk tile),
+# autotuned per row width, dtype and mean segment length. On an H100, one warp
+# was best or within 2 points of the best on every law but giant segments,
+# where bigger tiles on more warps stream faster.
 _LANE_MAX_COLS = 4
 _LANE_SHAPES = [
     (32, 512, 1, 128),
@@ -557,8 +557,9 @@ _LANE_SHAPES = [
     (64, 8192, 4, 1024),
 ]
 # From this mean segment length (elements, log2) on, the multi-warp shapes are
-# tried too. Below it they lost on every law: a mean of a few thousand rows
-# may hide a power law's crowd of short segments.
+# tried too. Below it they gain little on long segments and lose up to half the
+# bandwidth on a power law, which can have the same mean (its crowd of short
+# segments), and the config tuned on one is reused for the other.
 _LANE_GIANT_CLASS = 16
 
 
