@@ -555,6 +555,8 @@ _LANE_SHAPES = [
     (64, 16384, 1, 256),
     (128, 4096, 2, 1024),
     (64, 8192, 4, 1024),
+    (64, 16384, 2, 512),
+    (64, 16384, 4, 1024),
 ]
 # From this mean segment length (elements, log2) on, the multi-warp shapes are
 # tried too. Below it they gain little on long segments and lose up to half the
