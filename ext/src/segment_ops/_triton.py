@@ -116,6 +116,14 @@ def _lower_bound(indptr_ptr, begin, count, rows, target, FANOUT: tl.constexpr):
 
 
 @triton.jit
+def _workspace(ws_ptr, slots, FLAG_WORDS: tl.constexpr):
+    """The workspace's two parts: int64 flags (a slot's segment id + 1), then
+    the slots' partial rows."""
+    flag_ptr = ws_ptr.to(tl.pointer_type(tl.int64), bitcast=True)
+    return flag_ptr, ws_ptr + tl.cast(slots, tl.int64) * FLAG_WORDS
+
+
+@triton.jit
 def _segments_starting_in(
     indptr_ptr, c0, rows, nseg, CHUNK_ROWS: tl.constexpr, FANOUT: tl.constexpr
 ):
@@ -321,9 +329,7 @@ def _segment_sum_kernel(
     CHUNK_ROWS: tl.constexpr,
     EVEN_COLS: tl.constexpr,  # inner is a multiple of BLOCK_COLS
 ):
-    flag_ptr = ws_ptr.to(tl.pointer_type(tl.int64), bitcast=True)
-    part_ptr = ws_ptr + tl.cast(slots, tl.int64) * FLAG_WORDS
-
+    flag_ptr, part_ptr = _workspace(ws_ptr, slots, FLAG_WORDS)
     nseg = tl.cast(segments, tl.int64)
     c0 = tl.program_id(0).to(tl.int64) * CHUNK_ROWS
     c1 = tl.minimum(c0 + CHUNK_ROWS, rows)
@@ -396,9 +402,7 @@ def _segment_sum_lanes_kernel(
 ):
     BLOCK_ROWS: tl.constexpr = ROW_ELEMENTS // BLOCK_COLS
     acc_type = tl.float64 if IS_FP64 else tl.float32
-    flag_ptr = ws_ptr.to(tl.pointer_type(tl.int64), bitcast=True)
-    part_ptr = ws_ptr + tl.cast(slots, tl.int64) * FLAG_WORDS
-
+    flag_ptr, part_ptr = _workspace(ws_ptr, slots, FLAG_WORDS)
     nseg = tl.cast(segments, tl.int64)
     c0 = tl.program_id(0).to(tl.int64) * CHUNK_ROWS
     c1 = tl.minimum(c0 + CHUNK_ROWS, rows)
@@ -509,8 +513,7 @@ def _finish_kernel(
     BLOCK_COLS: tl.constexpr,
 ):
     # Flagged workspace slots -> out rows of the segments that crossed chunks.
-    flag_ptr = ws_ptr.to(tl.pointer_type(tl.int64), bitcast=True)
-    part_ptr = ws_ptr + tl.cast(slots, tl.int64) * FLAG_WORDS
+    flag_ptr, part_ptr = _workspace(ws_ptr, slots, FLAG_WORDS)
     slot = tl.program_id(0).to(tl.int64) * BLOCK_SLOTS + tl.arange(0, BLOCK_SLOTS)
     flag = tl.load(flag_ptr + slot, mask=slot < slots, other=0)
     used = flag > 0
@@ -548,6 +551,8 @@ _KERNELS = {
 # was best or within 2 points of the best on every law but giant segments,
 # where bigger tiles on more warps stream faster.
 _LANE_MAX_COLS = 4
+_LANE_ROWS = 32  # longest segment a lane sums on its own
+_WALK_ROWS = 64  # mean segment length (rows) from which a chunk walks
 _LANE_SHAPES = [
     (32, 512, 1, 128),
     (64, 1024, 1, 128),
@@ -568,13 +573,7 @@ _LANE_GIANT_CLASS = 16
 def _lane_configs() -> list[triton.Config]:
     return [
         triton.Config(
-            {
-                "BLOCK_SEGS": segs,
-                "CHUNK_ROWS": chunk,
-                "LANE_ROWS": 32,
-                "ROW_ELEMENTS": elements,
-                "WALK_ROWS": 64,
-            },
+            {"BLOCK_SEGS": segs, "CHUNK_ROWS": chunk, "ROW_ELEMENTS": elements},
             num_warps=warps,
         )
         for segs, chunk, warps, elements in _LANE_SHAPES
@@ -634,6 +633,14 @@ def _launch(x: Tensor, indptr: Tensor, out: Tensor) -> None:
     def grid(meta):
         return (rows // meta["CHUNK_ROWS"] + 1, triton.cdiv(inner, block_cols))
 
+    length_class = _length_class(rows, segments, inner)
+    constants = dict(
+        IS_FP64=is_fp64,
+        FLAG_WORDS=flag_words,
+        SLOT_ROWS=_SLOT_ROWS,
+        FANOUT=_FANOUT,
+        BLOCK_COLS=block_cols,
+    )
     if inner <= _LANE_MAX_COLS:
         launcher(_LANE_KERNEL)[grid](
             x,
@@ -643,13 +650,11 @@ def _launch(x: Tensor, indptr: Tensor, out: Tensor) -> None:
             rows,
             segments,
             slots,
-            _length_class(rows, segments, inner),
+            length_class,
             INNER=int(inner),  # a constexpr: specializes traced shapes on it
-            IS_FP64=is_fp64,
-            FLAG_WORDS=flag_words,
-            SLOT_ROWS=_SLOT_ROWS,
-            FANOUT=_FANOUT,
-            BLOCK_COLS=block_cols,
+            LANE_ROWS=_LANE_ROWS,
+            WALK_ROWS=_WALK_ROWS,
+            **constants,
         )
     else:
         launcher(_KERNELS[block_cols])[grid](
@@ -661,13 +666,9 @@ def _launch(x: Tensor, indptr: Tensor, out: Tensor) -> None:
             segments,
             inner,
             slots,
-            _length_class(rows, segments, inner),
-            IS_FP64=is_fp64,
-            FLAG_WORDS=flag_words,
-            SLOT_ROWS=_SLOT_ROWS,
-            FANOUT=_FANOUT,
-            BLOCK_COLS=block_cols,
+            length_class,
             EVEN_COLS=inner % block_cols == 0,
+            **constants,
         )
     finish_cols = min(block_cols, 32)
     launcher(_finish_kernel)[(triton.cdiv(slots, 128),)](
