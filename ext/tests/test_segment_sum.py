@@ -235,6 +235,36 @@ def test_unchecked_bad_indptr_stays_in_bounds(offsets, inner, backend):
     torch.cuda.synchronize()
 
 
+def spiky(segments):
+    """Short segments and a long one every 100th (33 to 4032 rows): a short mean, and
+    on 2^17 segments some of each kind the CUDA lane sum tells apart (summed by a
+    lane, by a team, by the block)."""
+    return [33 + (i * 389) % 4000 if i % 100 == 99 else 1 + (i * 7) % 16 for i in range(segments)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "lengths",
+    [
+        LAWS["short"],
+        LAWS["power"],
+        spiky(1 << 17),
+        power_law(1 << 21, seed=1),
+        LAYOUTS["mixed"],
+        LAYOUTS["many_tiny"],
+        LAYOUTS["empty_ends"],
+    ],
+    ids=["short", "power", "spiky", "big_power", "mixed", "many_tiny", "empty_ends"],
+)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_sixteen_byte_rows(lengths, dtype):
+    """Rows of exactly 16 bytes over short segments take the CUDA lane sum."""
+    inner = 16 // torch.empty((), dtype=dtype).element_size()
+    indptr = make_indptr(lengths, "cuda")
+    src = random_src(int(indptr[-1]), (inner,), dtype, "cuda")
+    assert_matches(segment_ops.segment_sum(src, indptr), src, indptr)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("inner", [1, 4, 64])
