@@ -766,13 +766,13 @@ constexpr int kBigSlots = 64;    // segments a block sums at the end, at most
 template <typename T, int W>
 struct LaneSumShared {
   using Acc = typename Num<T>::acc;
-  using Reduce = cub::BlockReduce<Acc, kThreads>;
+  using Reduce = cub::BlockReduce<Partial<Acc, W>, kThreads>;
   using TeamLanes = cub::WarpReduce<unsigned, kTeam>;
   using TeamReduce = cub::WarpReduce<Partial<Acc, W>, kTeam>;
   typename Reduce::TempStorage reduce;
   typename TeamLanes::TempStorage lanes[kTeams];
   typename TeamReduce::TempStorage team[kTeams];
-  int nbig;
+  unsigned nbig;
   int64_t big[kBigSlots];
 };
 
@@ -802,16 +802,16 @@ __device__ __forceinline__ void block_rows_sum(const T* __restrict__ src, int64_
                                                typename Num<T>::acc (&total)[W]) {
   using Acc = typename Num<T>::acc;
   using Reduce = typename LaneSumShared<T, W>::Reduce;
-  Acc acc[W];
+  Partial<Acc, W> acc;
 #pragma unroll
-  for (int k = 0; k < W; ++k) acc[k] = 0;
-  rows_share<T, W>(src, a, b, threadIdx.x, kThreads, acc);
+  for (int k = 0; k < W; ++k) acc.v[k] = 0;
+  rows_share<T, W>(src, a, b, threadIdx.x, kThreads, acc.v);
+  const Partial<Acc, W> sum = Reduce(sm.reduce).Reduce(acc, AddPartials<Acc, W>());
+  if (threadIdx.x == 0) {
 #pragma unroll
-  for (int k = 0; k < W; ++k) {
-    const Acc sum = Reduce(sm.reduce).Sum(acc[k]);
-    if (threadIdx.x == 0) total[k] = sum;
-    __syncthreads();  // the temp storage is reused
+    for (int k = 0; k < W; ++k) total[k] = sum.v[k];
   }
+  __syncthreads();  // the temp storage is reused
 }
 
 template <typename T, int W>
@@ -829,7 +829,7 @@ __global__ void __launch_bounds__(kThreads, kTileBlocksPerSm)
   const int64_t r0 = block * rows_per_block, r1 = imin(rows, r0 + rows_per_block);
   // A block's rows hold at most kBigSlots segments longer than this.
   const int64_t big_rows = imax(kTeamRows, ceil_div(rows_per_block, kBigSlots));
-  if (tid == 0) sm.nbig = 0;
+  if (tid == 0) sm.nbig = 0u;
   const int64_t first = block_lower_bound(indptr, segments, rows, r0);  // (a barrier)
   // Segments starting at r1 belong to the next block, except past the last
   // row, where the trailing empty ones are zeroed here.
@@ -849,11 +849,14 @@ __global__ void __launch_bounds__(kThreads, kTileBlocksPerSm)
     for (int i = 0; i < kLaneRound; ++i) {
       const int64_t s = base + i * kTeam + lane;
       const bool in = s < last && s != tail;
-      a[i] = in ? start_of(indptr, s, rows) : 0;
-      e[i] = in ? start_of(indptr, s + 1, rows) : 0;
+      // Into the block's rows (as the block's own sums below): no change for a
+      // valid indptr, and a malformed one cannot hand a lane, team or block
+      // more than the block's rows per segment.
+      a[i] = in ? imax(start_of(indptr, s, rows), r0) : 0;
+      e[i] = in ? imin(start_of(indptr, s + 1, rows), r1) : 0;
       const int64_t len = e[i] - a[i];
       if (len > big_rows) {
-        const int slot = atomicAdd(&sm.nbig, 1);
+        const unsigned slot = atomicAdd(&sm.nbig, 1u);
         if (slot < kBigSlots) sm.big[slot] = s;
         else longs |= 1u << i;  // only an unsorted indptr gets here
       } else if (len > kLaneRows) {
@@ -910,17 +913,17 @@ __global__ void __launch_bounds__(kThreads, kTileBlocksPerSm)
     }
   }
   if (tail >= 0) {
-    block_rows_sum<T, W>(src, start_of(indptr, tail, rows), r1, sm, total);
+    block_rows_sum<T, W>(src, imax(start_of(indptr, tail, rows), r0), r1, sm, total);
     if (tid == 0) {
 #pragma unroll
       for (int k = 0; k < W; ++k) cross.tail_val[block * W + k] = total[k];
     }
   }
-  const int nbig = sm.nbig < kBigSlots ? sm.nbig : kBigSlots;
+  const int nbig = sm.nbig < unsigned{kBigSlots} ? static_cast<int>(sm.nbig) : kBigSlots;
   for (int j = 0; j < nbig; ++j) {
     const int64_t s = sm.big[j];
-    block_rows_sum<T, W>(src, start_of(indptr, s, rows), start_of(indptr, s + 1, rows), sm,
-                         total);
+    block_rows_sum<T, W>(src, imax(start_of(indptr, s, rows), r0),
+                         imin(start_of(indptr, s + 1, rows), r1), sm, total);
     if (tid == 0) store_sum<T, W>(out + s * W, total);
   }
 }
