@@ -1800,42 +1800,49 @@ inline TileSplit tile_split(int64_t rows, int64_t capacity, int64_t tile_rows) {
   return {rows_per_block, ceil_div(rows, rows_per_block)};
 }
 
-template <typename T, int W, bool kShort>
-cudaError_t launch_tile_sum(const T* src, const int64_t* indptr, T* out, int64_t rows,
-                            int64_t segments, void* workspace, cudaStream_t stream) {
-  using Acc = typename Num<T>::acc;
+// The tile and lane sums: equal row ranges over the blocks of kKernel that fit
+// on the GPU at once, and the fix-up for the segments that cross between them.
+// The kernels take different arguments, so `launch(blocks, rows_per_block,
+// crossing)` enqueues kKernel, by name as every launch here is written (the
+// form hipify turns into hipLaunchKernelGGL).
+template <auto kKernel, typename T, int W, typename Launch>
+cudaError_t launch_split_sum(const int64_t* indptr, T* out, int64_t rows, int64_t segments,
+                             int64_t tile_rows, void* workspace, cudaStream_t stream,
+                             const Launch& launch) {
   int64_t capacity = 0;
-  cudaError_t err = resident_blocks<&tile_sum_kernel<T, W, kShort>>(&capacity);
+  cudaError_t err = resident_blocks<kKernel>(&capacity);
   if (err != cudaSuccess) return err;
-  const TileSplit split = tile_split(rows, capacity, Geometry<T, W>::kTileRows);
-  Crossing<Acc> c;
+  const TileSplit split = tile_split(rows, capacity, tile_rows);
+  Crossing<typename Num<T>::acc> c;
   err = crossing(workspace, split.blocks, W, &c);
   if (err != cudaSuccess) return err;
-  tile_sum_kernel<T, W, kShort><<<static_cast<unsigned>(split.blocks), kThreads, 0, stream>>>(
-      src, indptr, out, rows, segments, W, split.rows_per_block, c);
+  launch(static_cast<unsigned>(split.blocks), split.rows_per_block, c);
   err = cudaGetLastError();
   if (err != cudaSuccess || split.blocks == 1) return err;
   return launch_fixup<T>(indptr, out, rows, segments, W, split.rows_per_block, split.blocks, c,
                          stream);
 }
 
+template <typename T, int W, bool kShort>
+cudaError_t launch_tile_sum(const T* src, const int64_t* indptr, T* out, int64_t rows,
+                            int64_t segments, void* workspace, cudaStream_t stream) {
+  return launch_split_sum<&tile_sum_kernel<T, W, kShort>, T, W>(
+      indptr, out, rows, segments, Geometry<T, W>::kTileRows, workspace, stream,
+      [&](unsigned blocks, int64_t rows_per_block, const Crossing<typename Num<T>::acc>& c) {
+        tile_sum_kernel<T, W, kShort><<<blocks, kThreads, 0, stream>>>(
+            src, indptr, out, rows, segments, W, rows_per_block, c);
+      });
+}
+
 template <typename T, int W>
 cudaError_t launch_lane_sum(const T* src, const int64_t* indptr, T* out, int64_t rows,
                             int64_t segments, void* workspace, cudaStream_t stream) {
-  using Acc = typename Num<T>::acc;
-  int64_t capacity = 0;
-  cudaError_t err = resident_blocks<&lane_sum_kernel<T, W>>(&capacity);
-  if (err != cudaSuccess) return err;
-  const TileSplit split = tile_split(rows, capacity, kThreads * 8);
-  Crossing<Acc> c;
-  err = crossing(workspace, split.blocks, W, &c);
-  if (err != cudaSuccess) return err;
-  lane_sum_kernel<T, W><<<static_cast<unsigned>(split.blocks), kThreads, 0, stream>>>(
-      src, indptr, out, rows, segments, split.rows_per_block, c);
-  err = cudaGetLastError();
-  if (err != cudaSuccess || split.blocks == 1) return err;
-  return launch_fixup<T>(indptr, out, rows, segments, W, split.rows_per_block, split.blocks, c,
-                         stream);
+  return launch_split_sum<&lane_sum_kernel<T, W>, T, W>(
+      indptr, out, rows, segments, kThreads * 8, workspace, stream,
+      [&](unsigned blocks, int64_t rows_per_block, const Crossing<typename Num<T>::acc>& c) {
+        lane_sum_kernel<T, W><<<blocks, kThreads, 0, stream>>>(src, indptr, out, rows, segments,
+                                                                rows_per_block, c);
+      });
 }
 
 template <typename T, int W>
