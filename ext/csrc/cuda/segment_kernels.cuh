@@ -1999,11 +1999,11 @@ cudaError_t launch_narrow_sum(const T* src, const int64_t* indptr, T* out, int64
         return launch_team_sum<T, W, 1>(src, indptr, out, rows, segments, workspace, stream);
       // The lane sum on 16-byte rows only, so for mean segments under 32 rows
       // (from 32 on, the team sum above takes them). On an H100, against the
-      // tile sum:
-      // 8 to 27 points of copy bandwidth faster on short segments and within 2
-      // on power laws (fp32, 4 columns: 73-76 % against 65, 62-66 against 63;
-      // bf16, 8 columns: 65 against 38, 35 against 37). On narrower rows it was
-      // faster on short segments too but up to 17 points slower on power laws.
+      // tile sum: 8 to 27 points of copy bandwidth faster on short segments and
+      // within 2 on power laws (fp32, 4 columns: 73-76 % against 65, 62-66
+      // against 63; bf16, 8 columns: 65 against 38, 35 against 37). On narrower
+      // rows it was faster on short segments too but up to 17 points slower on
+      // power laws.
       if (mean_rows < kShortSegmentRows) {
         if constexpr (W * sizeof(T) == 16)
           return launch_lane_sum<T, W>(src, indptr, out, rows, segments, workspace, stream);
