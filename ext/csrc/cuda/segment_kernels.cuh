@@ -228,6 +228,14 @@ __device__ __forceinline__ int64_t end_of(const int64_t* __restrict__ indptr, in
   return s < segments ? start_of(indptr, s + 1, rows) : kNever;
 }
 
+// The segment open at a block's first row r0 that began in an earlier block
+// (its head), or -1; `first` is the first segment starting at or after r0.
+__device__ __forceinline__ int64_t head_segment(const int64_t* __restrict__ indptr,
+                                                int64_t segments, int64_t rows, int64_t r0,
+                                                int64_t first) {
+  return first >= 1 && first <= segments && start_of(indptr, first, rows) > r0 ? first - 1 : -1;
+}
+
 // ---------------------------------------------------------------------------
 // Tile kernels (rows of at most 16 bytes)
 
@@ -571,8 +579,7 @@ __device__ __forceinline__ void tile_sum_block(const T* __restrict__ src,
   int64_t first = block_lower_bound(indptr, segments, rows, r0);
   // The segment open at r0 that began in an earlier block: its partial sum
   // goes to the workspace (head); the fix-up kernel adds it to the owner's.
-  const int64_t head =
-      first >= 1 && first <= segments && start_of(indptr, first, rows) > r0 ? first - 1 : -1;
+  const int64_t head = head_segment(indptr, segments, rows, r0, first);
   if (tid == 0 && cross.head_key != nullptr) cross.head_key[block] = head;
   // Segments before this one were finished by earlier blocks.
   const int64_t own = head >= 0 ? head : first;
@@ -835,9 +842,9 @@ __global__ void __launch_bounds__(kThreads, kTileBlocksPerSm)
   // row, where the trailing empty ones are zeroed here.
   const int64_t last = r1 == rows ? segments : imin(block_lower_bound(indptr, segments, rows, r1),
                                                     segments);
-  const int64_t head =
-      first >= 1 && first <= segments && start_of(indptr, first, rows) > r0 ? first - 1 : -1;
-  const int64_t tail = last > first && end_of(indptr, segments, rows, last - 1) > r1 ? last - 1 : -1;
+  const int64_t head = head_segment(indptr, segments, rows, r0, first);
+  const int64_t tail =
+      last > first && end_of(indptr, segments, rows, last - 1) > r1 ? last - 1 : -1;
   if (tid == 0 && cross.head_key != nullptr) {
     cross.head_key[block] = head;
     cross.tail_key[block] = tail;
