@@ -244,7 +244,7 @@ def spiky(segments):
 
 # name -> segment lengths, built when a test asks: the large ones would otherwise be
 # built at every collection, CPU-only ones included.
-SIXTEEN_BYTE_LAYOUTS = {
+LANE_SUM_LAYOUTS = {
     "short": lambda: LAWS["short"],
     "power": lambda: LAWS["power"],
     "spiky": lambda: spiky(1 << 17),
@@ -255,13 +255,27 @@ SIXTEEN_BYTE_LAYOUTS = {
 }
 
 
+# (dtype, columns): every row width of 4 to 16 bytes each dtype can make.
+LANE_SUM_ROWS = [
+    (dtype, row_bytes // dtype.itemsize)
+    for dtype in DTYPES
+    for row_bytes in (4, 8, 16)
+    if row_bytes >= dtype.itemsize
+]
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("layout", SIXTEEN_BYTE_LAYOUTS)
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_sixteen_byte_rows(layout, dtype):
-    """Rows of exactly 16 bytes over short segments take the CUDA lane sum."""
-    inner = 16 // torch.empty((), dtype=dtype).element_size()
-    indptr = make_indptr(SIXTEEN_BYTE_LAYOUTS[layout](), "cuda")
+@pytest.mark.parametrize("layout", LANE_SUM_LAYOUTS)
+@pytest.mark.parametrize(
+    "dtype, inner",
+    LANE_SUM_ROWS,
+    ids=[f"{d}-{i}cols".replace("torch.", "") for d, i in LANE_SUM_ROWS],
+)
+def test_lane_sum_rows(layout, dtype, inner):
+    """Rows of 4 to 16 bytes over short segments take the CUDA lane sum; rows under
+    16 bytes are read there both row by row (lanes) and as 16-byte units (teams,
+    blocks)."""
+    indptr = make_indptr(LANE_SUM_LAYOUTS[layout](), "cuda")
     src = random_src(int(indptr[-1]), (inner,), dtype, "cuda")
     assert_matches(segment_ops.segment_sum(src, indptr), src, indptr)
 

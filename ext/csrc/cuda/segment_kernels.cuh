@@ -22,9 +22,9 @@
 //   contiguous tiles of 16 KB through shared memory, with the segment starts
 //   that fall in the tile beside them, marks the rows where segments start and
 //   combines per-thread runs of rows with block scans. The label gather does
-//   the same labelling for wider rows. The sum over rows of exactly 16 bytes
-//   uses a lane kernel instead: a thread per short segment, a 16-byte load per
-//   row, teams and blocks for the longer ones.
+//   the same labelling for wider rows. The sum over rows of 4 to 16 bytes
+//   uses a lane kernel instead: a thread per short segment, a load per row,
+//   teams and blocks for the longer ones.
 //
 // * Stream kernels (the rest: the sum over short segments of wider rows, rows
 //   wider than 256 bytes or of other widths). The rows are cut into equal
@@ -752,21 +752,28 @@ __global__ void __launch_bounds__(kThreads, kTileSumBlocksPerSm)
                                sm);
 }
 
-// Lane sum (rows of 16 bytes, short segments): one thread per segment. A
-// block owns an equal range of rows, as in the tile sum, and the segments that
-// start in it. Its teams take those in stripes of kLaneStripe consecutive
-// segments, each team on its own with no block barrier, a lane kLaneRound
-// segments kTeam apart. A lane adds each segment's rows in registers, a 16-byte
-// load per row, kLaneUnroll in flight, so a segment end costs one store (no
-// marks, no scan, no staging). A team sums its segments longer than kLaneRows
-// together, a row per lane; those longer than the block's big_rows are summed
-// by the whole block at the end, as are the segment open at the block's first
-// row (head) and the one open after its last row (tail), which the fix-up
-// kernel finishes. Every sum has a fixed order.
+// Lane sum (rows of 4 to 16 bytes, short segments): one thread per segment.
+// A block owns an equal range of rows, as in the tile sum, and the segments
+// that start in it. Its teams claim those in stripes of kLaneStripe
+// consecutive segments from a block counter, so a team that met long segments
+// takes fewer stripes; a lane takes kLaneRound segments kTeam apart. A lane
+// adds each segment's rows in registers, a load per row, so a segment end
+// costs one store (no marks, no scan, no staging). A team sums its segments
+// longer than kLaneRows together, 16 bytes per lane and load; those longer
+// than the block's big_rows are summed by the whole block at the end, as are
+// the segment open at the block's first row (head) and the one open after its
+// last row (tail), which the fix-up kernel finishes. Which path sums a
+// segment depends on indptr alone, and every path adds in a fixed order: the
+// results are deterministic.
 constexpr int kLaneRows = 32;
 constexpr int kLaneRound = 4;
 constexpr int kLaneStripe = kTeam * kLaneRound;
 constexpr int kLaneUnroll = 4;
+// Rows of at most 4 bytes: rows of each of a lane's segments per step, read
+// side by side. (Wider rows keep one segment at a time: on an H100, side by
+// side cost 16-byte rows 71 -> 42 % of copy bandwidth on short segments, their
+// lines leaving L1 before the next row of the segment is read.)
+constexpr int kLaneSteps = 4;
 constexpr int kTeamRows = 2048;  // a team sums segments of up to this many rows, at least
 constexpr int kBigSlots = 64;    // segments a block sums at the end, at most
 
@@ -780,6 +787,7 @@ struct LaneSumShared {
   typename TeamLanes::TempStorage lanes[kTeams];
   typename TeamReduce::TempStorage team[kTeams];
   unsigned nbig;
+  unsigned next_stripe;
   int64_t big[kBigSlots];
 };
 
@@ -802,6 +810,53 @@ __device__ __forceinline__ void rows_share(const T* __restrict__ src, int64_t a,
   }
 }
 
+// The same for a team or block (stride threads): rows narrower than 16 bytes
+// are read as the 16-byte units that lie wholly inside [a, b), so a warp's load
+// moves 512 bytes whatever the row width, and only the few rows on either side
+// one by one. src is 16-byte aligned.
+template <typename T, int W>
+__device__ __forceinline__ void units_share(const T* __restrict__ src, int64_t a, int64_t b,
+                                            int at, int stride,
+                                            typename Num<T>::acc (&acc)[W]) {
+  constexpr int kUnitRows = 16 / (W * static_cast<int>(sizeof(T)));
+  constexpr int kVec = 16 / static_cast<int>(sizeof(T));
+  // A team or block has threads enough for both sides' rows at once.
+  static_assert(2 * (kUnitRows - 1) <= kTeam, "one row at most per thread beside the units");
+  if constexpr (kUnitRows == 1) {
+    rows_share<T, W>(src, a, b, at, stride, acc);
+  } else {
+    const int64_t qa = ceil_div(a, kUnitRows), qb = b / kUnitRows;  // whole units [qa, qb)
+    if (qa >= qb) {
+      rows_share<T, W>(src, a, b, at, stride, acc);
+      return;
+    }
+    const int64_t head = qa * kUnitRows - a, tail = b - qb * kUnitRows;
+    if (at < head) {
+      const Pack<T, W> p = load_pack<T, W>(src + (a + at) * W);
+#pragma unroll
+      for (int k = 0; k < W; ++k) acc[k] += Num<T>::to_acc(p.v[k]);
+    } else if (at - head < tail) {
+      const Pack<T, W> p = load_pack<T, W>(src + (qb * kUnitRows + at - head) * W);
+#pragma unroll
+      for (int k = 0; k < W; ++k) acc[k] += Num<T>::to_acc(p.v[k]);
+    }
+    for (int64_t q = qa + at; q < qb; q += static_cast<int64_t>(stride) * kLaneUnroll) {
+      Pack<T, kVec> p[kLaneUnroll];
+#pragma unroll
+      for (int u = 0; u < kLaneUnroll; ++u) {
+        const int64_t qu = q + static_cast<int64_t>(u) * stride;
+        p[u] = qu < qb ? load_pack<T, kVec>(src + qu * kUnitRows * W) : zero_pack<T, kVec>();
+      }
+#pragma unroll
+      for (int u = 0; u < kLaneUnroll; ++u)
+#pragma unroll
+        for (int j = 0; j < kUnitRows; ++j)
+#pragma unroll
+          for (int k = 0; k < W; ++k) acc[k] += Num<T>::to_acc(p[u].v[j * W + k]);
+    }
+  }
+}
+
 // Sum of rows [a, b) over the block, in thread 0's `total`.
 template <typename T, int W>
 __device__ __forceinline__ void block_rows_sum(const T* __restrict__ src, int64_t a, int64_t b,
@@ -812,7 +867,7 @@ __device__ __forceinline__ void block_rows_sum(const T* __restrict__ src, int64_
   Partial<Acc, W> acc;
 #pragma unroll
   for (int k = 0; k < W; ++k) acc.v[k] = 0;
-  rows_share<T, W>(src, a, b, threadIdx.x, kThreads, acc.v);
+  units_share<T, W>(src, a, b, threadIdx.x, kThreads, acc.v);
   const Partial<Acc, W> sum = Reduce(sm.reduce).Reduce(acc, AddPartials<Acc, W>());
   if (threadIdx.x == 0) {
 #pragma unroll
@@ -836,7 +891,10 @@ __global__ void __launch_bounds__(kThreads, kTileBlocksPerSm)
   const int64_t r0 = block * rows_per_block, r1 = imin(rows, r0 + rows_per_block);
   // A block's rows hold at most kBigSlots segments longer than this.
   const int64_t big_rows = imax(kTeamRows, ceil_div(rows_per_block, kBigSlots));
-  if (tid == 0) sm.nbig = 0u;
+  if (tid == 0) {
+    sm.nbig = 0u;
+    sm.next_stripe = 0u;
+  }
   const int64_t first = block_lower_bound(indptr, segments, rows, r0);  // (a barrier)
   // Segments starting at r1 belong to the next block, except past the last
   // row, where the trailing empty ones are zeroed here.
@@ -849,7 +907,12 @@ __global__ void __launch_bounds__(kThreads, kTileBlocksPerSm)
     cross.head_key[block] = head;
     cross.tail_key[block] = tail;
   }
-  for (int64_t base = first + t * kLaneStripe; base < last; base += kTeams * kLaneStripe) {
+  for (;;) {  // (2^32 stripes would take an indptr of 4 TiB)
+    unsigned stripe = 0;
+    if (lane == 0) stripe = atomicAdd(&sm.next_stripe, 1u);
+    stripe = cub::ShuffleIndex<kTeam>(stripe, 0, 0xffffffffu);
+    const int64_t base = first + static_cast<int64_t>(stripe) * kLaneStripe;
+    if (base >= last) break;
     int64_t a[kLaneRound], e[kLaneRound];
     unsigned mine = 0, longs = 0;  // bit i: segment i is summed by this lane, by the team
 #pragma unroll
@@ -872,14 +935,46 @@ __global__ void __launch_bounds__(kThreads, kTileBlocksPerSm)
         mine |= 1u << i;
       }
     }
+    if constexpr (W * sizeof(T) <= 4) {
+      // Every segment's loads in flight at once: a lane's few bytes per row
+      // would leave it waiting on one load after another.
+      Acc acc[kLaneRound][W];
+      int len[kLaneRound], longest = 0;
 #pragma unroll
-    for (int i = 0; i < kLaneRound; ++i) {
-      if (!(mine >> i & 1u)) continue;
-      Acc acc[W];
+      for (int i = 0; i < kLaneRound; ++i) {
+        len[i] = mine >> i & 1u ? static_cast<int>(e[i] - a[i]) : 0;
+        longest = len[i] > longest ? len[i] : longest;
 #pragma unroll
-      for (int k = 0; k < W; ++k) acc[k] = 0;
-      rows_share<T, W>(src, a[i], e[i], 0, 1, acc);
-      store_sum<T, W>(out + (base + i * kTeam + lane) * W, acc);
+        for (int k = 0; k < W; ++k) acc[i][k] = 0;
+      }
+      for (int q = 0; q < longest; q += kLaneSteps) {
+        Pack<T, W> p[kLaneRound][kLaneSteps];
+#pragma unroll
+        for (int i = 0; i < kLaneRound; ++i)
+#pragma unroll
+          for (int u = 0; u < kLaneSteps; ++u)
+            p[i][u] = q + u < len[i] ? load_pack<T, W>(src + (a[i] + q + u) * W)
+                                     : zero_pack<T, W>();
+#pragma unroll
+        for (int i = 0; i < kLaneRound; ++i)
+#pragma unroll
+          for (int u = 0; u < kLaneSteps; ++u)
+#pragma unroll
+            for (int k = 0; k < W; ++k) acc[i][k] += Num<T>::to_acc(p[i][u].v[k]);
+      }
+#pragma unroll
+      for (int i = 0; i < kLaneRound; ++i)
+        if (mine >> i & 1u) store_sum<T, W>(out + (base + i * kTeam + lane) * W, acc[i]);
+    } else {
+#pragma unroll
+      for (int i = 0; i < kLaneRound; ++i) {
+        if (!(mine >> i & 1u)) continue;
+        Acc acc[W];
+#pragma unroll
+        for (int k = 0; k < W; ++k) acc[k] = 0;
+        rows_share<T, W>(src, a[i], e[i], 0, 1, acc);
+        store_sum<T, W>(out + (base + i * kTeam + lane) * W, acc);
+      }
     }
     // The team's long segments, one after another in (lane, i) order: the lane
     // holding one hands the team its bounds.
@@ -903,7 +998,7 @@ __global__ void __launch_bounds__(kThreads, kTileBlocksPerSm)
         Part acc;
 #pragma unroll
         for (int k = 0; k < W; ++k) acc.v[k] = 0;
-        rows_share<T, W>(src, sa, sb, lane, kTeam, acc.v);
+        units_share<T, W>(src, sa, sb, lane, kTeam, acc.v);
         const Part sum =
             typename Shared::TeamReduce(sm.team[t]).Reduce(acc, AddPartials<Acc, W>());
         if (lane == 0) store_sum<T, W>(out + (base + i * kTeam + from) * W, sum.v);
@@ -2004,15 +2099,18 @@ cudaError_t launch_narrow_sum(const T* src, const int64_t* indptr, T* out, int64
       const int64_t mean_rows = rows / segments;
       if (mean_rows >= TeamShape<T, W, 1>::kStepRows)  // as launch_narrow_gather
         return launch_team_sum<T, W, 1>(src, indptr, out, rows, segments, workspace, stream);
-      // The lane sum on 16-byte rows only, so for mean segments under 32 rows
-      // (from 32 on, the team sum above takes them). On an H100, against the
-      // tile sum: 8 to 27 points of copy bandwidth faster on short segments and
-      // within 2 on power laws (fp32, 4 columns: 73-76 % against 65, 62-66
-      // against 63; bf16, 8 columns: 65 against 38, 35 against 37). On narrower
-      // rows it was faster on short segments too but up to 17 points slower on
-      // power laws.
+      // The lane sum on rows of 4 to 16 bytes, for mean segments under 64
+      // rows (under 32 on 16-byte rows: the team sum above takes them from
+      // there). On an H100, % of
+      // copy bandwidth against the tile sum (16-byte rows: the lane sum before
+      // its stripes were claimed and its long segments read in units), short
+      // segments then power law: fp32, 1 column 88 against 70, 56 against 59;
+      // bf16, 4 columns 75 against 56, 50 against 53; fp32, 4 columns 72
+      // against 70, 71 against 69. On 2-byte rows it won short segments too
+      // (83 against 56) but lost 11 points on the power law (35 against 46),
+      // so they stay on the tile sum.
       if (mean_rows < kShortSegmentRows) {
-        if constexpr (W * sizeof(T) == 16)
+        if constexpr (W * sizeof(T) >= 4)
           return launch_lane_sum<T, W>(src, indptr, out, rows, segments, workspace, stream);
         else
           return launch_tile_sum<T, W, true>(src, indptr, out, rows, segments, workspace, stream);
