@@ -769,11 +769,16 @@ constexpr int kLaneRows = 32;
 constexpr int kLaneRound = 4;
 constexpr int kLaneStripe = kTeam * kLaneRound;
 constexpr int kLaneUnroll = 4;
-// Rows of at most 4 bytes: rows of each of a lane's segments per step, read
-// side by side. (Wider rows keep one segment at a time: on an H100, side by
-// side cost 16-byte rows 71 -> 42 % of copy bandwidth on short segments, their
-// lines leaving L1 before the next row of the segment is read.)
+// A lane reads kLaneSteps rows of each of kLaneSide of its segments per step:
+// up to 16 bytes of rows per step and segment side by side. More would lose
+// the lines of a segment from L1 before its next rows are read: on an H100,
+// 4 segments of 16-byte rows side by side ran short segments at 42 % of copy
+// bandwidth against 71 % one at a time, 2 of 8-byte rows at 82 against 75.
 constexpr int kLaneSteps = 4;
+template <typename T, int W>
+constexpr int kLaneSide = 16 / (W * static_cast<int>(sizeof(T))) < kLaneRound
+                              ? 16 / (W * static_cast<int>(sizeof(T)))
+                              : kLaneRound;
 constexpr int kTeamRows = 2048;  // a team sums segments of up to this many rows, at least
 constexpr int kBigSlots = 64;    // segments a block sums at the end, at most
 
@@ -935,46 +940,40 @@ __global__ void __launch_bounds__(kThreads, kTileBlocksPerSm)
         mine |= 1u << i;
       }
     }
-    if constexpr (W * sizeof(T) <= 4) {
-      // Every segment's loads in flight at once: a lane's few bytes per row
-      // would leave it waiting on one load after another.
-      Acc acc[kLaneRound][W];
-      int len[kLaneRound], longest = 0;
+    // kLaneSide of the lane's segments at a time, kLaneSteps rows of each per
+    // step: a lane's few bytes per row would leave it waiting on one load
+    // after another.
+    constexpr int kSide = kLaneSide<T, W>;
 #pragma unroll
-      for (int i = 0; i < kLaneRound; ++i) {
-        len[i] = mine >> i & 1u ? static_cast<int>(e[i] - a[i]) : 0;
-        longest = len[i] > longest ? len[i] : longest;
+    for (int i0 = 0; i0 < kLaneRound; i0 += kSide) {
+      Acc acc[kSide][W];
+      int len[kSide], longest = 0;
 #pragma unroll
-        for (int k = 0; k < W; ++k) acc[i][k] = 0;
+      for (int j = 0; j < kSide; ++j) {
+        len[j] = mine >> (i0 + j) & 1u ? static_cast<int>(e[i0 + j] - a[i0 + j]) : 0;
+        longest = len[j] > longest ? len[j] : longest;
+#pragma unroll
+        for (int k = 0; k < W; ++k) acc[j][k] = 0;
       }
       for (int q = 0; q < longest; q += kLaneSteps) {
-        Pack<T, W> p[kLaneRound][kLaneSteps];
+        Pack<T, W> p[kSide][kLaneSteps];
 #pragma unroll
-        for (int i = 0; i < kLaneRound; ++i)
+        for (int j = 0; j < kSide; ++j)
 #pragma unroll
           for (int u = 0; u < kLaneSteps; ++u)
-            p[i][u] = q + u < len[i] ? load_pack<T, W>(src + (a[i] + q + u) * W)
+            p[j][u] = q + u < len[j] ? load_pack<T, W>(src + (a[i0 + j] + q + u) * W)
                                      : zero_pack<T, W>();
 #pragma unroll
-        for (int i = 0; i < kLaneRound; ++i)
+        for (int j = 0; j < kSide; ++j)
 #pragma unroll
           for (int u = 0; u < kLaneSteps; ++u)
 #pragma unroll
-            for (int k = 0; k < W; ++k) acc[i][k] += Num<T>::to_acc(p[i][u].v[k]);
+            for (int k = 0; k < W; ++k) acc[j][k] += Num<T>::to_acc(p[j][u].v[k]);
       }
 #pragma unroll
-      for (int i = 0; i < kLaneRound; ++i)
-        if (mine >> i & 1u) store_sum<T, W>(out + (base + i * kTeam + lane) * W, acc[i]);
-    } else {
-#pragma unroll
-      for (int i = 0; i < kLaneRound; ++i) {
-        if (!(mine >> i & 1u)) continue;
-        Acc acc[W];
-#pragma unroll
-        for (int k = 0; k < W; ++k) acc[k] = 0;
-        rows_share<T, W>(src, a[i], e[i], 0, 1, acc);
-        store_sum<T, W>(out + (base + i * kTeam + lane) * W, acc);
-      }
+      for (int j = 0; j < kSide; ++j)
+        if (mine >> (i0 + j) & 1u)
+          store_sum<T, W>(out + (base + (i0 + j) * kTeam + lane) * W, acc[j]);
     }
     // The team's long segments, one after another in (lane, i) order: the lane
     // holding one hands the team its bounds.
@@ -2099,18 +2098,20 @@ cudaError_t launch_narrow_sum(const T* src, const int64_t* indptr, T* out, int64
       const int64_t mean_rows = rows / segments;
       if (mean_rows >= TeamShape<T, W, 1>::kStepRows)  // as launch_narrow_gather
         return launch_team_sum<T, W, 1>(src, indptr, out, rows, segments, workspace, stream);
-      // The lane sum on rows of 4 to 16 bytes, for mean segments under 64
-      // rows (under 32 on 16-byte rows: the team sum above takes them from
-      // there). On an H100, % of
-      // copy bandwidth against the tile sum (16-byte rows: the lane sum before
-      // its stripes were claimed and its long segments read in units), short
-      // segments then power law: fp32, 1 column 88 against 70, 56 against 59;
-      // bf16, 4 columns 75 against 56, 50 against 53; fp32, 4 columns 72
-      // against 70, 71 against 69. On 2-byte rows it won short segments too
-      // (83 against 56) but lost 11 points on the power law (35 against 46),
-      // so they stay on the tile sum.
+      // The lane sum on rows of 4 to 16 bytes (of 4 elements or more for the
+      // 2-byte types), for mean segments under 64 rows (under 32 on 16-byte
+      // rows: the team sum above takes them from there). On an H100, % of
+      // copy bandwidth against the tile sum, short segments then power law:
+      // fp32, 1 column 88 against 70, 56 against 59; fp32, 2 columns 84
+      // against 71, 69 against 66; bf16, 4 columns 82 against 56, 49 against
+      // 53; fp32, 4 columns 75 against 70, 69 against 69 (16-byte rows took
+      // the lane sum before: against it without kLaneSide, claimed stripes and
+      // units). bf16 rows of 1 or 2 columns stay on the tile sum: the lane sum
+      // won short segments (83 against 56 and 62) but lost 11 and 15 points on
+      // the power law (35 against 46, 39 against 54), its loop bound by the
+      // instructions that convert narrow half rows.
       if (mean_rows < kShortSegmentRows) {
-        if constexpr (W * sizeof(T) >= 4)
+        if constexpr (W * sizeof(T) >= 4 && (sizeof(T) >= 4 || W >= 4))
           return launch_lane_sum<T, W>(src, indptr, out, rows, segments, workspace, stream);
         else
           return launch_tile_sum<T, W, true>(src, indptr, out, rows, segments, workspace, stream);
