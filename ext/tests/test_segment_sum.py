@@ -272,9 +272,9 @@ LANE_SUM_ROWS = [
     ids=[f"{d}-{i}cols".replace("torch.", "") for d, i in LANE_SUM_ROWS],
 )
 def test_lane_sum_rows(layout, dtype, inner):
-    """Rows of 4 to 16 bytes over short segments take the CUDA lane sum; rows under
-    16 bytes are read there both row by row (lanes) and as 16-byte units (teams,
-    blocks)."""
+    """Rows of 4 to 16 bytes over short segments take the CUDA lane sum (half types:
+    rows of 4 columns or more; their 2-column rows take the tile sum); rows under 16
+    bytes are read there both row by row (lanes) and as 16-byte units (teams, blocks)."""
     indptr = make_indptr(LANE_SUM_LAYOUTS[layout](), "cuda")
     src = random_src(int(indptr[-1]), (inner,), dtype, "cuda")
     assert_matches(segment_ops.segment_sum(src, indptr), src, indptr)
