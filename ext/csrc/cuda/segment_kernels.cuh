@@ -81,13 +81,14 @@ constexpr int kStreamBlocksPerSm = 4;
 // adds the current ones: twice the bytes in flight for the registers of 4
 // blocks per SM. The half types' loop is bound by instructions more than by
 // bytes: they gain from 6 blocks per SM instead, with no registers left to
-// prefetch (5 blocks were slower). On an H100, % of copy bandwidth against a
-// batch loaded after the last was added, at 4 blocks per SM, short segments
-// then power law: fp32, 32 columns 84.6 against 81.1, 80.6 against 76.4;
-// fp32, 256 columns 86.4 against 85.0, 87.3 against 84.4; bf16, 32 columns
-// 72.3 against 67.7, 63.3 against 60.9. bf16 rows of 256 columns lose 3 to 4
-// points on every law (long segments 78.0 against 82.3): 6 blocks suit rows
-// narrower than that.
+// prefetch (5 blocks were slower; at 6, 4-element packs spill 28 bytes on
+// sm_90). On an H100, % of copy bandwidth against a batch loaded after the
+// last was added, at 4 blocks per SM, short segments then power law: fp32, 32
+// columns 84.6 against 81.1, 80.6 against 76.4; fp32, 256 columns 86.4
+// against 85.0, 87.3 against 84.4; bf16, 32 columns 72.3 against 67.7, 63.3
+// against 60.9. bf16 rows of 256 columns lose 2.6 to 4.3 points, depending on
+// the law (long segments 78.0 against 82.3): 6 blocks suit rows narrower than
+// that.
 template <typename T>
 constexpr bool kStreamSumPrefetch = sizeof(T) >= 4;
 template <typename T>
