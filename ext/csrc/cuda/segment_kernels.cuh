@@ -2138,7 +2138,7 @@ cudaError_t launch_narrow_sum(const T* src, const int64_t* indptr, T* out, int64
       // the power law (35 against 46, 39 against 54), its loop bound by the
       // instructions that convert narrow half rows.
       if (mean_rows < kShortSegmentRows) {
-        if constexpr (W * sizeof(T) >= 4 && (sizeof(T) >= 4 || W >= 4))
+        if constexpr (sizeof(T) >= 4 || W >= 4)
           return launch_lane_sum<T, W>(src, indptr, out, rows, segments, workspace, stream);
         else
           return launch_tile_sum<T, W, true>(src, indptr, out, rows, segments, workspace, stream);
