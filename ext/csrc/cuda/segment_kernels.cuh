@@ -81,18 +81,21 @@ constexpr int kStreamBlocksPerSm = 4;
 // adds the current ones: twice the bytes in flight for the registers of 4
 // blocks per SM. The half types' loop is bound by instructions more than by
 // bytes: they gain from 6 blocks per SM instead, with no registers left to
-// prefetch (5 blocks were slower; at 6, 4-element packs spill 28 bytes on
-// sm_90). On an H100, % of copy bandwidth against a batch loaded after the
+// prefetch (5 blocks were slower; at 6, 4-element packs spill 16 bytes on
+// sm_90; a prefetch at 4 blocks was slower on 5 of 6 bf16 cases, by up to 5.1
+// points). On an H100, % of copy bandwidth against a batch loaded after the
 // last was added, at 4 blocks per SM, short segments then power law: fp32, 32
 // columns 84.6 against 81.1, 80.6 against 76.4; fp32, 256 columns 86.4
 // against 85.0, 87.3 against 84.4; bf16, 32 columns 72.3 against 67.7, 63.3
-// against 60.9. bf16 rows of 256 columns lose 2.6 to 4.3 points, depending on
-// the law (long segments 78.0 against 82.3): 6 blocks suit rows narrower than
-// that.
+// against 60.9.
 template <typename T>
 constexpr bool kStreamSumPrefetch = sizeof(T) >= 4;
 template <typename T>
 constexpr int kStreamSumBlocksPerSm = kStreamSumPrefetch<T> ? kStreamBlocksPerSm : 6;
+// Half-type rows of this many bytes or more stay at kStreamBlocksPerSm: at 6
+// blocks, bf16 rows of 256 columns were 2.6 to 4.3 points slower, depending
+// on the law (H100, long segments 78.0 against 82.3).
+constexpr int64_t kStreamSumWideRowBytes = 512;
 constexpr int kThreadBytes = 64;     // tile kernels: src bytes per thread and tile (16 KB tiles)
 constexpr int kWindow = 4096;        // tile kernels: segment starts per tile kept in shared memory
 constexpr int kWindowSteps = 4;      // tile kernels: indptr entries per thread and round
@@ -163,13 +166,80 @@ __device__ __forceinline__ void store_pack(T* p, const Pack<T, W>& v) {
   *reinterpret_cast<Pack<T, W>*>(p) = v;
 }
 
-// Stores W accumulators as the W elements at p.
+// A pack as 32-bit words, for packs of whole words. Loads and adds by words
+// read the half types two elements at a time: a half-type Pack is kept one
+// element per register, and costs a register move per element and row.
+template <typename T, int W>
+constexpr bool kWholeWords = W * sizeof(T) % 4 == 0;
+
+template <typename T, int W>
+struct alignas(sizeof(T) * W) Words {
+  uint32_t w[W * sizeof(T) / 4];
+};
+
+template <typename T, int W>
+using RawPack = std::conditional_t<kWholeWords<T, W>, Words<T, W>, Pack<T, W>>;
+
+template <typename T, int W>
+__device__ __forceinline__ RawPack<T, W> load_raw(const T* p) {
+  return *reinterpret_cast<const RawPack<T, W>*>(p);
+}
+
+// Element e of T values packed in 32-bit words, in the accumulation type: a
+// half type is converted straight from its word, not first moved into a
+// register of its own.
+template <typename T>
+__device__ __forceinline__ typename Num<T>::acc word_elem(const uint32_t* w, int e) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    // A bf16 is the high half of the float it stands for.
+    return __uint_as_float(e % 2 ? w[e / 2] & 0xffff0000u : w[e / 2] << 16);
+  } else if constexpr (std::is_same_v<T, __half>) {
+    __half2 h;
+    memcpy(&h, &w[e / 2], sizeof(h));
+    return e % 2 ? __high2float(h) : __low2float(h);
+  } else if constexpr (std::is_same_v<T, float>) {
+    return __uint_as_float(w[e]);
+  } else {
+    return __hiloint2double(static_cast<int>(w[2 * e + 1]), static_cast<int>(w[2 * e]));
+  }
+}
+
+// acc[e % W] += element e of the N elements in d.
+template <typename T, int W, int N = W>
+__device__ __forceinline__ void add_raw(typename Num<T>::acc (&acc)[W], const RawPack<T, N>& d) {
+  static_assert(N % W == 0, "whole rows");
+#pragma unroll
+  for (int e = 0; e < N; ++e) {
+    if constexpr (kWholeWords<T, N>)
+      acc[e % W] += word_elem<T>(d.w, e);
+    else
+      acc[e % W] += Num<T>::to_acc(d.v[e]);
+  }
+}
+
+// Stores W accumulators as the W elements at p: the half types in pairs, so
+// the store stays one vector store.
 template <typename T, int W>
 __device__ __forceinline__ void store_sum(T* p, const typename Num<T>::acc (&v)[W]) {
-  Pack<T, W> o;
+  if constexpr (sizeof(T) == 2 && W % 2 == 0) {
+    Words<T, W> o;
 #pragma unroll
-  for (int k = 0; k < W; ++k) o.v[k] = Num<T>::from_acc(v[k]);
-  store_pack(p, o);
+    for (int i = 0; i < W / 2; ++i) {
+      if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+        const __nv_bfloat162 h = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
+        memcpy(&o.w[i], &h, sizeof(h));
+      } else {
+        const __half2 h = __floats2half2_rn(v[2 * i], v[2 * i + 1]);
+        memcpy(&o.w[i], &h, sizeof(h));
+      }
+    }
+    *reinterpret_cast<Words<T, W>*>(p) = o;
+  } else {
+    Pack<T, W> o;
+#pragma unroll
+    for (int k = 0; k < W; ++k) o.v[k] = Num<T>::from_acc(v[k]);
+    store_pack(p, o);
+  }
 }
 
 template <typename T, int W>
@@ -649,7 +719,7 @@ __device__ __forceinline__ void tile_sum_block(const T* __restrict__ src,
                                          rows, t0, w);
     uint4 run[G::kStageUnits];
     read_run(sm.stage, run);
-    T v[kRun * W];
+    uint32_t v[sizeof(run) / 4];  // the rows' elements, read by word_elem
     memcpy(v, run, sizeof(v));
     int64_t closed = -1;  // the segment that ends first in this run
     Acc head_sum[W], acc[W];
@@ -678,7 +748,7 @@ __device__ __forceinline__ void tile_sum_block(const T* __restrict__ src,
         for (int k = 0; k < W; ++k) {
           head_sum[k] = (first_mark >> q) & 1u ? acc[k] : head_sum[k];
           acc[k] = (marks >> q) & 1u ? Acc(0) : acc[k];
-          acc[k] += Num<T>::to_acc(v[q * W + k]);
+          acc[k] += word_elem<T>(v, q * W + k);
         }
       }
       if (marks) closed = first - 1 + j;
@@ -702,7 +772,7 @@ __device__ __forceinline__ void tile_sum_block(const T* __restrict__ src,
         for (int q = 0; q < kRun; ++q) {
           if ((marks >> q) & 1u) end_segment(first - 1 + j++);
 #pragma unroll
-          for (int k = 0; k < W; ++k) acc[k] += Num<T>::to_acc(v[q * W + k]);
+          for (int k = 0; k < W; ++k) acc[k] += word_elem<T>(v, q * W + k);
         }
       } else {
         int next = start(j);
@@ -715,7 +785,7 @@ __device__ __forceinline__ void tile_sum_block(const T* __restrict__ src,
             while (next == r);  // rows without segments, zeroed above
           }
 #pragma unroll
-          for (int k = 0; k < W; ++k) acc[k] += Num<T>::to_acc(v[q * W + k]);
+          for (int k = 0; k < W; ++k) acc[k] += word_elem<T>(v, q * W + k);
         }
       }
     }
@@ -818,16 +888,14 @@ __device__ __forceinline__ void rows_share(const T* __restrict__ src, int64_t a,
                                            int at, int stride,
                                            typename Num<T>::acc (&acc)[W]) {
   for (int64_t r = a + at; r < b; r += static_cast<int64_t>(stride) * kLaneUnroll) {
-    Pack<T, W> p[kLaneUnroll];
+    RawPack<T, W> p[kLaneUnroll];
 #pragma unroll
     for (int u = 0; u < kLaneUnroll; ++u) {
       const int64_t ru = r + static_cast<int64_t>(u) * stride;
-      p[u] = ru < b ? load_pack<T, W>(src + ru * W) : zero_pack<T, W>();
+      p[u] = ru < b ? load_raw<T, W>(src + ru * W) : RawPack<T, W>{};
     }
 #pragma unroll
-    for (int u = 0; u < kLaneUnroll; ++u)
-#pragma unroll
-      for (int k = 0; k < W; ++k) acc[k] += Num<T>::to_acc(p[u].v[k]);
+    for (int u = 0; u < kLaneUnroll; ++u) add_raw<T, W>(acc, p[u]);
   }
 }
 
@@ -853,27 +921,19 @@ __device__ __forceinline__ void units_share(const T* __restrict__ src, int64_t a
     }
     const int64_t head = qa * kUnitRows - a, tail = b - qb * kUnitRows;
     if (at < head) {
-      const Pack<T, W> p = load_pack<T, W>(src + (a + at) * W);
-#pragma unroll
-      for (int k = 0; k < W; ++k) acc[k] += Num<T>::to_acc(p.v[k]);
+      add_raw<T, W>(acc, load_raw<T, W>(src + (a + at) * W));
     } else if (at - head < tail) {
-      const Pack<T, W> p = load_pack<T, W>(src + (qb * kUnitRows + at - head) * W);
-#pragma unroll
-      for (int k = 0; k < W; ++k) acc[k] += Num<T>::to_acc(p.v[k]);
+      add_raw<T, W>(acc, load_raw<T, W>(src + (qb * kUnitRows + at - head) * W));
     }
     for (int64_t q = qa + at; q < qb; q += static_cast<int64_t>(stride) * kLaneUnroll) {
-      Pack<T, kVec> p[kLaneUnroll];
+      RawPack<T, kVec> p[kLaneUnroll];
 #pragma unroll
       for (int u = 0; u < kLaneUnroll; ++u) {
         const int64_t qu = q + static_cast<int64_t>(u) * stride;
-        p[u] = qu < qb ? load_pack<T, kVec>(src + qu * kUnitRows * W) : zero_pack<T, kVec>();
+        p[u] = qu < qb ? load_raw<T, kVec>(src + qu * kUnitRows * W) : RawPack<T, kVec>{};
       }
 #pragma unroll
-      for (int u = 0; u < kLaneUnroll; ++u)
-#pragma unroll
-        for (int j = 0; j < kUnitRows; ++j)
-#pragma unroll
-          for (int k = 0; k < W; ++k) acc[k] += Num<T>::to_acc(p[u].v[j * W + k]);
+      for (int u = 0; u < kLaneUnroll; ++u) add_raw<T, W, kVec>(acc, p[u]);
     }
   }
 }
@@ -972,19 +1032,17 @@ __global__ void __launch_bounds__(kThreads, kTileBlocksPerSm)
         for (int k = 0; k < W; ++k) acc[j][k] = 0;
       }
       for (int q = 0; q < longest; q += kLaneSteps) {
-        Pack<T, W> p[kSide][kLaneSteps];
+        RawPack<T, W> p[kSide][kLaneSteps];
 #pragma unroll
         for (int j = 0; j < kSide; ++j)
 #pragma unroll
           for (int u = 0; u < kLaneSteps; ++u)
-            p[j][u] = q + u < len[j] ? load_pack<T, W>(src + (a[i0 + j] + q + u) * W)
-                                     : zero_pack<T, W>();
+            p[j][u] = q + u < len[j] ? load_raw<T, W>(src + (a[i0 + j] + q + u) * W)
+                                     : RawPack<T, W>{};
 #pragma unroll
         for (int j = 0; j < kSide; ++j)
 #pragma unroll
-          for (int u = 0; u < kLaneSteps; ++u)
-#pragma unroll
-            for (int k = 0; k < W; ++k) acc[j][k] += Num<T>::to_acc(p[j][u].v[k]);
+          for (int u = 0; u < kLaneSteps; ++u) add_raw<T, W>(acc[j], p[j][u]);
       }
 #pragma unroll
       for (int j = 0; j < kSide; ++j)
@@ -1326,20 +1384,32 @@ __device__ __forceinline__ void stream_sum_block(const T* __restrict__ src,
     bool started = s >= 0 && s < segments && start_of(indptr, s, rows) == p.g0;
     int64_t end = end_of(indptr, segments, rows, s);
 
-    auto load_batch = [&](Pack<T, W>(&d)[kBatch], int64_t r) {
-#pragma unroll
-      for (int b = 0; b < kBatch; ++b)
-        d[b] = r + b < p.g1 ? load_pack<T, W>(src + (r + b) * inner + p.col) : zero_pack<T, W>();
-    };
-    Pack<T, W> d[kBatch];
-    load_batch(d, p.g0);
-    for (int64_t r = p.g0; r < p.g1; r += kBatch) {
-      Pack<T, W> next[kBatch];
-      if constexpr (kStreamSumPrefetch<T>) load_batch(next, r + kBatch);
+    // Rows are reached by stepping a pointer: no 64-bit multiply per row.
+    const T* at = src + p.g0 * inner + p.col;
+    // Rows past the group's last are not loaded. A prefetched batch is
+    // zero-filled there instead: a skipped load would keep the registers' old
+    // values alive across the copy to d (fp32 was up to 6.6 points of copy
+    // bandwidth slower on an H100).
+    auto load_batch = [&](RawPack<T, W>(&d)[kBatch], const T* q, int n) {
 #pragma unroll
       for (int b = 0; b < kBatch; ++b) {
+        if constexpr (kStreamSumPrefetch<T>)
+          d[b] = b < n ? load_raw<T, W>(q + b * inner) : RawPack<T, W>{};
+        else if (b < n)
+          d[b] = load_raw<T, W>(q + b * inner);
+      }
+    };
+    auto batch_rows = [&](int64_t r) { return static_cast<int>(imax(0, imin(p.g1 - r, kBatch))); };
+    RawPack<T, W> d[kBatch] = {};
+    RawPack<T, W> next[kBatch] = {};
+    load_batch(d, at, batch_rows(p.g0));
+    for (int64_t r = p.g0; r < p.g1; r += kBatch, at += kBatch * inner) {
+      const int n = batch_rows(r);
+      if constexpr (kStreamSumPrefetch<T>) load_batch(next, at + kBatch * inner, batch_rows(r + kBatch));
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b) {
+        if (b >= n) break;
         const int64_t row = r + b;
-        if (row >= p.g1) break;
         if (row == end) {  // the segment before this row is complete
           if (s >= 0 && s < segments) {
             if (started) {
@@ -1355,14 +1425,13 @@ __device__ __forceinline__ void stream_sum_block(const T* __restrict__ src,
 #pragma unroll
           for (int k = 0; k < kCols; ++k) acc[k] = 0;
         }
-#pragma unroll
-        for (int k = 0; k < kCols; ++k) acc[k] += Num<T>::to_acc(d[b].v[k]);
+        add_raw<T, W>(acc, d[b]);
       }
       if constexpr (kStreamSumPrefetch<T>) {
 #pragma unroll
         for (int b = 0; b < kBatch; ++b) d[b] = next[b];
       } else {
-        load_batch(d, r + kBatch);
+        load_batch(d, at + kBatch * inner, batch_rows(r + kBatch));
       }
     }
     // The segment open after the last row.
@@ -1395,8 +1464,8 @@ __device__ __forceinline__ void stream_sum_block(const T* __restrict__ src,
 // Grid: x = row ranges (one per block, equal sizes, as many as fit on the GPU
 // at once), y = column slabs of kThreads packs (only rows wider than
 // kThreads * W elements have more than one).
-template <typename T, int W>
-__global__ void __launch_bounds__(kThreads, kStreamSumBlocksPerSm<T>)
+template <typename T, int W, int kBlocksPerSm>
+__global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     stream_sum_kernel(const T* __restrict__ src, const int64_t* __restrict__ indptr,
                       T* __restrict__ out, int64_t rows, int64_t segments, int64_t inner,
                       int64_t group_rows, int64_t slabs, Crossing<typename Num<T>::acc> cross) {
@@ -1521,18 +1590,18 @@ __global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
         if (step0 >= a1) break;
         const int64_t step1 = imin(step0 + kStepRows, a1);
         const int64_t u0 = step0 + q * R;
-        T v[R * kCols];
+        uint32_t v[sizeof(d[k]) / 4];  // the unit's elements, read by word_elem
         memcpy(v, &d[k], sizeof(v));
         auto add_rows = [&](int64_t lo, int64_t hi) {  // this lane's rows in [lo, hi)
 #pragma unroll
           for (int i = 0; i < R; ++i)
             if (u0 + i >= lo && u0 + i < hi)
 #pragma unroll
-              for (int j = 0; j < kCols; ++j) acc.v[j] += Num<T>::to_acc(v[i * kCols + j]);
+              for (int j = 0; j < kCols; ++j) acc.v[j] += word_elem<T>(v, i * kCols + j);
         };
         if (end >= step1) {  // the common case: no segment ends in this step
 #pragma unroll
-          for (int i = 0; i < R * kCols; ++i) acc.v[i % kCols] += Num<T>::to_acc(v[i]);
+          for (int i = 0; i < R * kCols; ++i) acc.v[i % kCols] += word_elem<T>(v, i);
           continue;
         }
         int64_t lo = step0;
@@ -2003,13 +2072,13 @@ inline int64_t unit_rows(int64_t rows, int64_t units, int64_t min_rows, int64_t 
   return ceil_div(imax(min_rows, ceil_div(rows, units)), step) * step;
 }
 
-template <typename T, int W>
-cudaError_t launch_stream_sum(const T* src, const int64_t* indptr, T* out, int64_t rows,
-                              int64_t segments, int64_t inner, void* workspace,
-                              cudaStream_t stream) {
+template <typename T, int W, int kBlocksPerSm>
+cudaError_t launch_stream_sum_with(const T* src, const int64_t* indptr, T* out, int64_t rows,
+                                   int64_t segments, int64_t inner, void* workspace,
+                                   cudaStream_t stream) {
   using Acc = typename Num<T>::acc;
   int64_t capacity = 0;
-  cudaError_t err = resident_blocks<&stream_sum_kernel<T, W>>(&capacity);
+  cudaError_t err = resident_blocks<&stream_sum_kernel<T, W, kBlocksPerSm>>(&capacity);
   if (err != cudaSuccess) return err;
   const StreamShape<W> shape(inner);
   const int64_t units = imax(1, capacity / shape.grid_y) * shape.groups;
@@ -2020,11 +2089,22 @@ cudaError_t launch_stream_sum(const T* src, const int64_t* indptr, T* out, int64
   err = crossing(workspace, blocks, inner, &c);
   if (err != cudaSuccess) return err;
   const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(shape.grid_y));
-  stream_sum_kernel<T, W><<<grid, kThreads, 0, stream>>>(
+  stream_sum_kernel<T, W, kBlocksPerSm><<<grid, kThreads, 0, stream>>>(
       src, indptr, out, rows, segments, inner, group_rows, shape.slabs, c);
   err = cudaGetLastError();
   if (err != cudaSuccess || blocks == 1) return err;
   return launch_fixup<T>(indptr, out, rows, segments, inner, block_rows, blocks, c, stream);
+}
+
+template <typename T, int W>
+cudaError_t launch_stream_sum(const T* src, const int64_t* indptr, T* out, int64_t rows,
+                              int64_t segments, int64_t inner, void* workspace,
+                              cudaStream_t stream) {
+  if (!kStreamSumPrefetch<T> && inner * static_cast<int64_t>(sizeof(T)) >= kStreamSumWideRowBytes)
+    return launch_stream_sum_with<T, W, kStreamBlocksPerSm>(src, indptr, out, rows, segments,
+                                                            inner, workspace, stream);
+  return launch_stream_sum_with<T, W, kStreamSumBlocksPerSm<T>>(src, indptr, out, rows, segments,
+                                                                inner, workspace, stream);
 }
 
 template <typename T, int kCols, int U>
@@ -2131,12 +2211,13 @@ cudaError_t launch_narrow_sum(const T* src, const int64_t* indptr, T* out, int64
       // copy bandwidth against the tile sum, short segments then power law:
       // fp32, 1 column 88 against 70, 56 against 59; fp32, 2 columns 84
       // against 71, 69 against 66; bf16, 4 columns 82 against 56, 49 against
-      // 53; fp32, 4 columns 75 against 70, 69 against 69 (16-byte rows took
-      // the lane sum before: against it without kLaneSide, claimed stripes and
-      // units). bf16 rows of 1 or 2 columns stay on the tile sum: the lane sum
-      // won short segments (83 against 56 and 62) but lost 11 and 15 points on
-      // the power law (35 against 46, 39 against 54), its loop bound by the
-      // instructions that convert narrow half rows.
+      // 53 (62 since word_elem); fp32, 4 columns 75 against 70, 69 against 69
+      // (16-byte rows took the lane sum before: against it without kLaneSide,
+      // claimed stripes and units). bf16 rows of 1 or 2 columns stay on the
+      // tile sum: the lane sum won short segments (83 against 56 and 62) but
+      // lost 11 and 15 points on the power law (35 against 46, 39 against 54),
+      // its loop bound by the instructions that convert narrow half rows
+      // (measured before word_elem).
       if (mean_rows < kShortSegmentRows) {
         if constexpr (sizeof(T) >= 4 || W >= 4)
           return launch_lane_sum<T, W>(src, indptr, out, rows, segments, workspace, stream);
