@@ -92,9 +92,9 @@ template <typename T>
 constexpr bool kStreamSumPrefetch = sizeof(T) >= 4;
 template <typename T>
 constexpr int kStreamSumBlocksPerSm = kStreamSumPrefetch<T> ? kStreamBlocksPerSm : 6;
-// Half-type rows of this many bytes or more stay at kStreamBlocksPerSm: at 6
-// blocks, bf16 rows of 256 columns were 2.6 to 4.3 points slower, depending
-// on the law (H100, long segments 78.0 against 82.3).
+// Rows of this many bytes or more run at kStreamBlocksPerSm whatever the type:
+// at 6 blocks, bf16 rows of 256 columns were 2.6 to 4.3 points slower,
+// depending on the law (H100, long segments 78.0 against 82.3).
 constexpr int64_t kStreamSumWideRowBytes = 512;
 constexpr int kThreadBytes = 64;     // tile kernels: src bytes per thread and tile (16 KB tiles)
 constexpr int kWindow = 4096;        // tile kernels: segment starts per tile kept in shared memory
@@ -2100,7 +2100,7 @@ template <typename T, int W>
 cudaError_t launch_stream_sum(const T* src, const int64_t* indptr, T* out, int64_t rows,
                               int64_t segments, int64_t inner, void* workspace,
                               cudaStream_t stream) {
-  if (!kStreamSumPrefetch<T> && inner * static_cast<int64_t>(sizeof(T)) >= kStreamSumWideRowBytes)
+  if (inner * static_cast<int64_t>(sizeof(T)) >= kStreamSumWideRowBytes)
     return launch_stream_sum_with<T, W, kStreamBlocksPerSm>(src, indptr, out, rows, segments,
                                                             inner, workspace, stream);
   return launch_stream_sum_with<T, W, kStreamSumBlocksPerSm<T>>(src, indptr, out, rows, segments,
@@ -2214,10 +2214,10 @@ cudaError_t launch_narrow_sum(const T* src, const int64_t* indptr, T* out, int64
       // 53 (62 since word_elem); fp32, 4 columns 75 against 70, 69 against 69
       // (16-byte rows took the lane sum before: against it without kLaneSide,
       // claimed stripes and units). bf16 rows of 1 or 2 columns stay on the
-      // tile sum: the lane sum won short segments (83 against 56 and 62) but
-      // lost 11 and 15 points on the power law (35 against 46, 39 against 54),
-      // its loop bound by the instructions that convert narrow half rows
-      // (measured before word_elem).
+      // tile sum: with word_elem in both, the lane sum wins short segments (79
+      // against 55, 85 against 62) but loses 13 and 7 points on the power law
+      // (31 against 44, 45 against 52), and the mean length cannot tell the
+      // two laws apart.
       if (mean_rows < kShortSegmentRows) {
         if constexpr (sizeof(T) >= 4 || W >= 4)
           return launch_lane_sum<T, W>(src, indptr, out, rows, segments, workspace, stream);
