@@ -108,7 +108,8 @@ constexpr int kBatch = 4;            // stream kernels: loads per thread in flig
 constexpr int kMinGroupRows = 32;    // stream kernels: small inputs get fewer, fuller groups
 constexpr int kTeam = 32;            // team kernels, stream gather: threads on contiguous rows
 constexpr int kTeams = kThreads / kTeam;  // team kernels: teams per block
-constexpr int kFixupCols = 16;       // columns per fix-up block
+constexpr int kFixupCols = 16;       // fix-up: columns per block, at least, over long segments
+constexpr int kFixupParts = 32;      // fix-up: threads per column, at most
 constexpr int64_t kFixupBlocks = 16384;  // fix-up grid size to aim at (most blocks exit at once)
 constexpr int64_t kMaxGridY = 65535;
 constexpr int kMaxDevices = 64;
@@ -1346,7 +1347,7 @@ struct StreamSumShared {
   Acc item_val[2 * kThreads * W];
 };
 
-template <typename T, int W>
+template <typename T, int W, int kBlocksPerSm>
 __device__ __forceinline__ void stream_sum_block(const T* __restrict__ src,
                                                  const int64_t* __restrict__ indptr,
                                                  T* __restrict__ out, int64_t rows,
@@ -1383,6 +1384,11 @@ __device__ __forceinline__ void stream_sum_block(const T* __restrict__ src,
       store_pack(out + e * inner + p.col, zero_pack<T, kCols>());
     bool started = s >= 0 && s < segments && start_of(indptr, s, rows) == p.g0;
     int64_t end = end_of(indptr, segments, rows, s);
+    // The end of the segment after s, read a segment ahead where the registers
+    // allow: read where s ends, the group would wait on it with no rows in
+    // flight.
+    constexpr bool kReadAhead = kBlocksPerSm <= kStreamBlocksPerSm;
+    int64_t end_after = kReadAhead ? end_of(indptr, segments, rows, s + 1) : 0;
 
     // Rows are reached by stepping a pointer: no 64-bit multiply per row.
     const T* at = src + p.g0 * inner + p.col;
@@ -1418,9 +1424,17 @@ __device__ __forceinline__ void stream_sum_block(const T* __restrict__ src,
               keep_head(s);
             }
           }
-          for (++s; s < segments && start_of(indptr, s + 1, rows) <= row; ++s)
-            store_pack(out + s * inner + p.col, zero_pack<T, kCols>());
-          end = end_of(indptr, segments, rows, s);
+          if constexpr (kReadAhead) {
+            for (++s; s < segments && end_after <= row;
+                 end_after = end_of(indptr, segments, rows, ++s))
+              store_pack(out + s * inner + p.col, zero_pack<T, kCols>());  // without rows
+            end = end_after;
+            end_after = end_of(indptr, segments, rows, s + 1);
+          } else {
+            for (++s; s < segments && start_of(indptr, s + 1, rows) <= row; ++s)
+              store_pack(out + s * inner + p.col, zero_pack<T, kCols>());
+            end = end_of(indptr, segments, rows, s);
+          }
           started = true;
 #pragma unroll
           for (int k = 0; k < kCols; ++k) acc[k] = 0;
@@ -1471,7 +1485,8 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
                       int64_t group_rows, int64_t slabs, Crossing<typename Num<T>::acc> cross) {
   __shared__ StreamSumShared<T, W> sm;
   for (int64_t slab = blockIdx.y; slab < slabs; slab += gridDim.y) {
-    stream_sum_block<T, W>(src, indptr, out, rows, segments, inner, group_rows, slab, cross, sm);
+    stream_sum_block<T, W, kBlocksPerSm>(src, indptr, out, rows, segments, inner, group_rows,
+                                         slab, cross, sm);
     __syncthreads();
   }
 }
@@ -1860,12 +1875,13 @@ __global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
 // ---------------------------------------------------------------------------
 // Crossing segments, for both designs
 
-// Finishes the segments that cross block boundaries. Block x handles the
-// segment whose last partial block x holds (its tail) for kFixupCols columns:
-// it adds the heads of the following blocks the segment spans, split over
-// kThreads / kFixupCols threads per column and reduced in a fixed order. A
-// giant segment thus costs one read of blocks x inner partials, spread over
-// inner / kFixupCols blocks.
+// Finishes the segments that cross block boundaries. Block (x, y) handles the
+// segment whose last partial block x holds (its tail), for the y-th share of
+// the columns, up to kThreads columns per pass: it adds the heads of the
+// following blocks the segment spans, with the threads left over per column
+// (up to kFixupParts), reduced in a fixed order. A giant segment thus costs
+// one read of blocks x inner partials, spread over the y blocks (launch_fixup
+// asks for several only where segments span several blocks).
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
     segment_sum_fixup_kernel(const int64_t* __restrict__ indptr, T* __restrict__ out,
@@ -1880,23 +1896,27 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t end = start_of(indptr, s + 1, rows);
   const int64_t last = imin(blocks - 1, (imax(end, 1) - 1) / rows_per_block);
   const int64_t n = imax(0, last - b);  // blocks after b that hold part of s
-  const int cols = static_cast<int>(imin(kFixupCols, inner));
-  const int parts = kThreads / cols;
+  const int64_t share = ceil_div(inner, static_cast<int64_t>(gridDim.y));
+  const int64_t k0 = static_cast<int64_t>(blockIdx.y) * share, k1 = imin(inner, k0 + share);
+  const int cols = static_cast<int>(imin(share, kThreads));
+  const int parts = static_cast<int>(imin(kThreads / cols, kFixupParts));
   const int tid = threadIdx.x, c = tid % cols, j = tid / cols;
-  for (int64_t c0 = static_cast<int64_t>(blockIdx.y) * kFixupCols; c0 < inner;
-       c0 += static_cast<int64_t>(gridDim.y) * kFixupCols) {
+  for (int64_t c0 = k0; c0 < k1; c0 += cols) {
     const int64_t k = c0 + c;
     Acc acc = 0;
-    if (j < parts && k < inner) {
+    if (j < parts && k < k1) {
 #pragma unroll 4
       for (int64_t i = j; i < n; i += parts) {
+        // Key and value issued together (a head's value is in the workspace
+        // whether or not it is s's): one wait on memory per load, not two.
         const int64_t bb = b + 1 + i;
-        if (cross.head_key[bb] == s) acc += cross.head_val[bb * inner + k];
+        const Acc v = cross.head_val[bb * inner + k];
+        acc += cross.head_key[bb] == s ? v : Acc(0);
       }
     }
     part[tid] = acc;
     __syncthreads();
-    if (tid < cols && k < inner) {
+    if (tid < cols && k < k1) {
       Acc total = cross.tail_val[b * inner + k];
       for (int q = 0; q < parts; ++q) total += part[q * cols + tid];
       out[s * inner + k] = Num<T>::from_acc(total);
@@ -1975,8 +1995,15 @@ template <typename T>
 inline cudaError_t launch_fixup(const int64_t* indptr, T* out, int64_t rows, int64_t segments,
                                 int64_t inner, int64_t block_rows, int64_t blocks,
                                 const Crossing<typename Num<T>::acc>& c, cudaStream_t stream) {
+  // Several y blocks per tail only where a mean segment spans two blocks or
+  // more, so some span many: a block adds a few heads as fast alone, and a
+  // grid of blocks that mostly find nothing to add takes waves of them. On an
+  // H100, fp32 rows of 256 columns in 1024-row segments (one block's rows)
+  // were 80 % of copy bandwidth with 16 y blocks, 92 % with one.
+  const bool spanning = rows / segments >= 2 * block_rows;
   const int64_t fixup_y =
-      imin(imin(ceil_div(inner, kFixupCols), kMaxGridY), imax(1, kFixupBlocks / blocks));
+      spanning ? imin(imin(ceil_div(inner, kFixupCols), kMaxGridY), imax(1, kFixupBlocks / blocks))
+               : 1;
   const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(fixup_y));
   segment_sum_fixup_kernel<T><<<grid, kThreads, 0, stream>>>(
       indptr, out, rows, segments, inner, block_rows, blocks, c);
