@@ -78,24 +78,19 @@ constexpr int kTileBlocksPerSm = 4;
 constexpr int kTileSumBlocksPerSm = 3;
 constexpr int kStreamBlocksPerSm = 4;
 // The stream sum loads the next kBatch rows of 4- and 8-byte types while it
-// adds the current ones: twice the bytes in flight for the registers of 4
-// blocks per SM. The half types' loop is bound by instructions more than by
-// bytes: they gain from 6 blocks per SM instead, with no registers left to
-// prefetch (5 blocks were slower; at 6, 4-element packs spill 16 bytes on
-// sm_90; a prefetch at 4 blocks was slower on 5 of 6 bf16 cases, by up to 5.1
-// points). On an H100, % of copy bandwidth against a batch loaded after the
-// last was added, at 4 blocks per SM, short segments then power law: fp32, 32
-// columns 84.6 against 81.1, 80.6 against 76.4; fp32, 256 columns 86.4
-// against 85.0, 87.3 against 84.4; bf16, 32 columns 72.3 against 67.7, 63.3
-// against 60.9.
+// adds the current ones: twice the bytes in flight for the registers of
+// kStreamBlocksPerSm blocks per SM. On an H100, % of copy bandwidth against a
+// batch loaded after the last was added, short segments then power law:
+// fp32, 32 columns 84.6 against 81.1, 80.6 against 76.4; fp32, 256 columns
+// 86.4 against 85.0, 87.3 against 84.4. The half types, whose adds take more
+// instructions, lost with a prefetch (bf16 by up to 5.1 points); they load
+// kHalfSumBatch rows after the adds instead, the same registers. Against 6
+// blocks per SM without reading the next segment end ahead (what they ran
+// before), bf16, short segments: 32 columns 74.3 against 72.3, 64 columns
+// 78.5 against 75.3, 128 columns 82.0 against 78.0; power law, 64 columns
+// 72.9 against 72.1, 32 columns 65.0 against 66.7 (the one loss).
 template <typename T>
 constexpr bool kStreamSumPrefetch = sizeof(T) >= 4;
-template <typename T>
-constexpr int kStreamSumBlocksPerSm = kStreamSumPrefetch<T> ? kStreamBlocksPerSm : 6;
-// Rows of this many bytes or more run at kStreamBlocksPerSm whatever the type:
-// at 6 blocks, bf16 rows of 256 columns were 2.6 to 4.3 points slower,
-// depending on the law (H100, long segments 78.0 against 82.3).
-constexpr int64_t kStreamSumWideRowBytes = 512;
 constexpr int kThreadBytes = 64;     // tile kernels: src bytes per thread and tile (16 KB tiles)
 constexpr int kWindow = 4096;        // tile kernels: segment starts per tile kept in shared memory
 constexpr int kWindowSteps = 4;      // tile kernels: indptr entries per thread and round
@@ -105,6 +100,7 @@ constexpr int kShortSegmentRows = 64;  // tile sum: mean segment length (rows) t
 constexpr int kValueBytes = 8192;    // tile gather: segment values per tile in shared memory
 constexpr int kLabelGatherRows = 64; // wide gathers: mean segment length (rows) that is short
 constexpr int kBatch = 4;            // stream kernels: loads per thread in flight
+constexpr int kHalfSumBatch = 2 * kBatch;  // stream sum of the half types: rows per batch
 constexpr int kMinGroupRows = 32;    // stream kernels: small inputs get fewer, fuller groups
 constexpr int kTeam = 32;            // team kernels, stream gather: threads on contiguous rows
 constexpr int kTeams = kThreads / kTeam;  // team kernels: teams per block
@@ -1347,7 +1343,7 @@ struct StreamSumShared {
   Acc item_val[2 * kThreads * W];
 };
 
-template <typename T, int W, int kBlocksPerSm>
+template <typename T, int W>
 __device__ __forceinline__ void stream_sum_block(const T* __restrict__ src,
                                                  const int64_t* __restrict__ indptr,
                                                  T* __restrict__ out, int64_t rows,
@@ -1356,6 +1352,7 @@ __device__ __forceinline__ void stream_sum_block(const T* __restrict__ src,
                                                  const Crossing<typename Num<T>::acc>& cross,
                                                  StreamSumShared<T, W>& sm) {
   using Acc = typename Num<T>::acc;
+  constexpr int kRows = kStreamSumPrefetch<T> ? kBatch : kHalfSumBatch;  // rows per batch
   constexpr int kCols = W;  // columns each thread sums
   const Place p = place(rows, inner, W, group_rows, slab);
   const SegmentRange range = block_segments(indptr, segments, rows, p.r0, p.r1);
@@ -1384,11 +1381,11 @@ __device__ __forceinline__ void stream_sum_block(const T* __restrict__ src,
       store_pack(out + e * inner + p.col, zero_pack<T, kCols>());
     bool started = s >= 0 && s < segments && start_of(indptr, s, rows) == p.g0;
     int64_t end = end_of(indptr, segments, rows, s);
-    // The end of the segment after s, read a segment ahead where the registers
-    // allow: read where s ends, the group would wait on it with no rows in
-    // flight.
-    constexpr bool kReadAhead = kBlocksPerSm <= kStreamBlocksPerSm;
-    int64_t end_after = kReadAhead ? end_of(indptr, segments, rows, s + 1) : 0;
+    // The end of the segment after s, read a segment ahead: read where s ends,
+    // the group would wait on it with no rows in flight (H100, fp32, 8
+    // columns: short segments 71.5 % of copy bandwidth against 68.8, power law
+    // 63.1 against 60.6).
+    int64_t end_after = end_of(indptr, segments, rows, s + 1);
 
     // Rows are reached by stepping a pointer: no 64-bit multiply per row.
     const T* at = src + p.g0 * inner + p.col;
@@ -1396,24 +1393,25 @@ __device__ __forceinline__ void stream_sum_block(const T* __restrict__ src,
     // zero-filled there instead: a skipped load would keep the registers' old
     // values alive across the copy to d (fp32 was up to 6.6 points of copy
     // bandwidth slower on an H100).
-    auto load_batch = [&](RawPack<T, W>(&d)[kBatch], const T* q, int n) {
+    auto load_batch = [&](RawPack<T, W>(&d)[kRows], const T* q, int n) {
 #pragma unroll
-      for (int b = 0; b < kBatch; ++b) {
+      for (int b = 0; b < kRows; ++b) {
         if constexpr (kStreamSumPrefetch<T>)
           d[b] = b < n ? load_raw<T, W>(q + b * inner) : RawPack<T, W>{};
         else if (b < n)
           d[b] = load_raw<T, W>(q + b * inner);
       }
     };
-    auto batch_rows = [&](int64_t r) { return static_cast<int>(imax(0, imin(p.g1 - r, kBatch))); };
-    RawPack<T, W> d[kBatch] = {};
-    RawPack<T, W> next[kBatch] = {};
+    auto batch_rows = [&](int64_t r) { return static_cast<int>(imax(0, imin(p.g1 - r, kRows))); };
+    RawPack<T, W> d[kRows] = {};
+    RawPack<T, W> next[kRows] = {};
     load_batch(d, at, batch_rows(p.g0));
-    for (int64_t r = p.g0; r < p.g1; r += kBatch, at += kBatch * inner) {
+    for (int64_t r = p.g0; r < p.g1; r += kRows, at += kRows * inner) {
       const int n = batch_rows(r);
-      if constexpr (kStreamSumPrefetch<T>) load_batch(next, at + kBatch * inner, batch_rows(r + kBatch));
+      if constexpr (kStreamSumPrefetch<T>)
+        load_batch(next, at + kRows * inner, batch_rows(r + kRows));
 #pragma unroll
-      for (int b = 0; b < kBatch; ++b) {
+      for (int b = 0; b < kRows; ++b) {
         if (b >= n) break;
         const int64_t row = r + b;
         if (row == end) {  // the segment before this row is complete
@@ -1424,17 +1422,11 @@ __device__ __forceinline__ void stream_sum_block(const T* __restrict__ src,
               keep_head(s);
             }
           }
-          if constexpr (kReadAhead) {
-            for (++s; s < segments && end_after <= row;
-                 end_after = end_of(indptr, segments, rows, ++s))
-              store_pack(out + s * inner + p.col, zero_pack<T, kCols>());  // without rows
-            end = end_after;
-            end_after = end_of(indptr, segments, rows, s + 1);
-          } else {
-            for (++s; s < segments && start_of(indptr, s + 1, rows) <= row; ++s)
-              store_pack(out + s * inner + p.col, zero_pack<T, kCols>());
-            end = end_of(indptr, segments, rows, s);
-          }
+          for (++s; s < segments && end_after <= row;
+               end_after = end_of(indptr, segments, rows, ++s))
+            store_pack(out + s * inner + p.col, zero_pack<T, kCols>());  // without rows
+          end = end_after;
+          end_after = end_of(indptr, segments, rows, s + 1);
           started = true;
 #pragma unroll
           for (int k = 0; k < kCols; ++k) acc[k] = 0;
@@ -1443,9 +1435,9 @@ __device__ __forceinline__ void stream_sum_block(const T* __restrict__ src,
       }
       if constexpr (kStreamSumPrefetch<T>) {
 #pragma unroll
-        for (int b = 0; b < kBatch; ++b) d[b] = next[b];
+        for (int b = 0; b < kRows; ++b) d[b] = next[b];
       } else {
-        load_batch(d, at + kBatch * inner, batch_rows(r + kBatch));
+        load_batch(d, at + kRows * inner, batch_rows(r + kRows));
       }
     }
     // The segment open after the last row.
@@ -1478,15 +1470,14 @@ __device__ __forceinline__ void stream_sum_block(const T* __restrict__ src,
 // Grid: x = row ranges (one per block, equal sizes, as many as fit on the GPU
 // at once), y = column slabs of kThreads packs (only rows wider than
 // kThreads * W elements have more than one).
-template <typename T, int W, int kBlocksPerSm>
-__global__ void __launch_bounds__(kThreads, kBlocksPerSm)
+template <typename T, int W>
+__global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
     stream_sum_kernel(const T* __restrict__ src, const int64_t* __restrict__ indptr,
                       T* __restrict__ out, int64_t rows, int64_t segments, int64_t inner,
                       int64_t group_rows, int64_t slabs, Crossing<typename Num<T>::acc> cross) {
   __shared__ StreamSumShared<T, W> sm;
   for (int64_t slab = blockIdx.y; slab < slabs; slab += gridDim.y) {
-    stream_sum_block<T, W, kBlocksPerSm>(src, indptr, out, rows, segments, inner, group_rows,
-                                         slab, cross, sm);
+    stream_sum_block<T, W>(src, indptr, out, rows, segments, inner, group_rows, slab, cross, sm);
     __syncthreads();
   }
 }
@@ -2099,13 +2090,13 @@ inline int64_t unit_rows(int64_t rows, int64_t units, int64_t min_rows, int64_t 
   return ceil_div(imax(min_rows, ceil_div(rows, units)), step) * step;
 }
 
-template <typename T, int W, int kBlocksPerSm>
-cudaError_t launch_stream_sum_with(const T* src, const int64_t* indptr, T* out, int64_t rows,
-                                   int64_t segments, int64_t inner, void* workspace,
-                                   cudaStream_t stream) {
+template <typename T, int W>
+cudaError_t launch_stream_sum(const T* src, const int64_t* indptr, T* out, int64_t rows,
+                              int64_t segments, int64_t inner, void* workspace,
+                              cudaStream_t stream) {
   using Acc = typename Num<T>::acc;
   int64_t capacity = 0;
-  cudaError_t err = resident_blocks<&stream_sum_kernel<T, W, kBlocksPerSm>>(&capacity);
+  cudaError_t err = resident_blocks<&stream_sum_kernel<T, W>>(&capacity);
   if (err != cudaSuccess) return err;
   const StreamShape<W> shape(inner);
   const int64_t units = imax(1, capacity / shape.grid_y) * shape.groups;
@@ -2116,22 +2107,11 @@ cudaError_t launch_stream_sum_with(const T* src, const int64_t* indptr, T* out, 
   err = crossing(workspace, blocks, inner, &c);
   if (err != cudaSuccess) return err;
   const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(shape.grid_y));
-  stream_sum_kernel<T, W, kBlocksPerSm><<<grid, kThreads, 0, stream>>>(
-      src, indptr, out, rows, segments, inner, group_rows, shape.slabs, c);
+  stream_sum_kernel<T, W><<<grid, kThreads, 0, stream>>>(src, indptr, out, rows, segments, inner,
+                                                          group_rows, shape.slabs, c);
   err = cudaGetLastError();
   if (err != cudaSuccess || blocks == 1) return err;
   return launch_fixup<T>(indptr, out, rows, segments, inner, block_rows, blocks, c, stream);
-}
-
-template <typename T, int W>
-cudaError_t launch_stream_sum(const T* src, const int64_t* indptr, T* out, int64_t rows,
-                              int64_t segments, int64_t inner, void* workspace,
-                              cudaStream_t stream) {
-  if (inner * static_cast<int64_t>(sizeof(T)) >= kStreamSumWideRowBytes)
-    return launch_stream_sum_with<T, W, kStreamBlocksPerSm>(src, indptr, out, rows, segments,
-                                                            inner, workspace, stream);
-  return launch_stream_sum_with<T, W, kStreamSumBlocksPerSm<T>>(src, indptr, out, rows, segments,
-                                                                inner, workspace, stream);
 }
 
 template <typename T, int kCols, int U>
