@@ -1986,15 +1986,16 @@ template <typename T>
 inline cudaError_t launch_fixup(const int64_t* indptr, T* out, int64_t rows, int64_t segments,
                                 int64_t inner, int64_t block_rows, int64_t blocks,
                                 const Crossing<typename Num<T>::acc>& c, cudaStream_t stream) {
-  // Several y blocks per tail only where a mean segment spans two blocks or
-  // more, so some span many: a block adds a few heads as fast alone, and a
-  // grid of blocks that mostly find nothing to add takes waves of them. On an
-  // H100, fp32 rows of 256 columns in 1024-row segments (one block's rows)
-  // were 80 % of copy bandwidth with 16 y blocks, 92 % with one.
+  // Where a mean segment spans two blocks or more, some span many: y blocks
+  // of kFixupCols columns share their heads. Else a tail has a head or two to
+  // add, and a y block per kThreads columns adds them in one pass: more would
+  // be blocks that mostly find nothing to add, and take waves of them (on an
+  // H100, fp32 rows of 256 columns in 1024-row segments, one block's rows,
+  // were 80 % of copy bandwidth with 16 y blocks, 92 % with one).
   const bool spanning = rows / segments >= 2 * block_rows;
   const int64_t fixup_y =
-      spanning ? imin(imin(ceil_div(inner, kFixupCols), kMaxGridY), imax(1, kFixupBlocks / blocks))
-               : 1;
+      imin(imin(ceil_div(inner, spanning ? kFixupCols : kThreads), kMaxGridY),
+           imax(1, kFixupBlocks / blocks));
   const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(fixup_y));
   segment_sum_fixup_kernel<T><<<grid, kThreads, 0, stream>>>(
       indptr, out, rows, segments, inner, block_rows, blocks, c);
