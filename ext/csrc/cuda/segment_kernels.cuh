@@ -1872,7 +1872,8 @@ __global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
 // following blocks the segment spans, with the threads left over per column
 // (up to kFixupParts), reduced in a fixed order. A giant segment thus costs
 // one read of blocks x inner partials, spread over the y blocks (launch_fixup
-// asks for several only where segments span several blocks).
+// asks for one per kThreads columns, and more only where segments span
+// several blocks).
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
     segment_sum_fixup_kernel(const int64_t* __restrict__ indptr, T* __restrict__ out,
