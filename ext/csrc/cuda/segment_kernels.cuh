@@ -29,11 +29,12 @@
 // * Stream kernels (the rest: the sum over short segments of wider rows, rows
 //   wider than 256 bytes or of other widths). The rows are cut into equal
 //   contiguous ranges, one per group of threads, as many groups as fit on the
-//   GPU at once; a group has one thread per 8-byte (sum) or 16-byte (gather)
-//   piece of a row. A group finds the segment open at its first row with one
-//   search and streams its rows in order, several loads in flight per thread,
-//   summing in registers and writing each total when the segment's last row
-//   has gone by. No thread waits for another in the loop.
+//   GPU at once (several times as many for the gather: kStreamGatherWaves); a
+//   group has one thread per 8-byte (sum) or 16-byte (gather) piece of a row.
+//   A group finds the segment open at its first row with one search and
+//   streams its rows in order, several loads in flight per thread, summing in
+//   registers and writing each total when the segment's last row has gone by.
+//   No thread waits for another in the loop.
 //
 // Segments that cross a block boundary are finished by a small fix-up kernel
 // from per-block partials in the caller's workspace. Partials are always added
@@ -104,6 +105,28 @@ constexpr int kHalfSumBatch = 2 * kBatch;  // stream sum of the half types: rows
 constexpr int kMinGroupRows = 32;    // stream kernels: small inputs get fewer, fuller groups
 constexpr int kTeam = 32;            // team kernels, stream gather: threads on contiguous rows
 constexpr int kTeams = kThreads / kTeam;  // team kernels: teams per block
+// The gathers launch several waves of blocks, so that blocks that finish early
+// are followed by more: with one wave, blocks finished so unevenly that a
+// quarter of the warp slots sat idle (Nsight Compute on an H100, tile gather,
+// bf16, power law: 39 % achieved occupancy of 50 %). More waves cost each
+// block's start (a search of indptr, a first read not ahead). % of copy
+// bandwidth on an H100 against one wave:
+// * tile gather, 4: power law, fp32 and bf16, 1 column 64.0 -> 69.3 and
+//   51.6 -> 61.3; short segments, fp32, 1 column 83.2 -> 81.4 (8: 79.8).
+// * team gather, 4: long segments, fp32 and bf16, 1 column 89.4 -> 95.9 and
+//   87.7 -> 93.5. With 8, 32-256-row segments, fp32, 1 column lost 61.8 ->
+//   58.0; with 16, long ones fell to 84.9.
+// * label gather, 16: power law, fp32, 32 columns 81.8 -> 91.0, bf16, 64
+//   columns 79.4 -> 88.7; short segments, bf16, 32 columns 76.2 -> 75.9.
+// * stream gather, 8: long segments, 256 columns, fp32 87.1 -> 94.7, bf16
+//   88.9 -> 96.5.
+// The sums keep one wave: with two, the stream sum lost 2 to 6 points (more
+// segments cross blocks), and the lane and tile sums won only on the power
+// law.
+constexpr int kTileGatherWaves = 4;
+constexpr int kTeamGatherWaves = 4;
+constexpr int kLabelGatherWaves = 16;
+constexpr int kStreamGatherWaves = 8;
 constexpr int kFixupCols = 16;       // fix-up: columns per block, at least, over long segments
 constexpr int kFixupParts = 32;      // fix-up: threads per column, at most
 constexpr int64_t kFixupBlocks = 16384;  // fix-up grid size to aim at (most blocks exit at once)
@@ -857,7 +880,12 @@ constexpr int kLaneUnroll = 4;
 // the lines of a segment from L1 before its next rows are read: on an H100,
 // 4 segments of 16-byte rows side by side ran short segments at 42 % of copy
 // bandwidth against 71 % one at a time, 2 of 8-byte rows at 82 against 75.
-constexpr int kLaneSteps = 4;
+// A 16-byte row goes one segment at a time, so it takes 8 rows per step, not
+// 4: fp32 rows of 4 columns, short segments 74.6 -> 78.5 % and power law
+// 70.1 -> 76.5 %; bf16 rows of 8 columns 72.8 -> 76.6 % and 68.1 -> 69.8 %.
+// Narrower rows lost with 8 (fp32, 1 column, short segments: 88 -> 83 %).
+template <typename T, int W>
+constexpr int kLaneSteps = W * sizeof(T) == 16 ? 8 : 4;
 template <typename T, int W>
 constexpr int kLaneSide = 16 / (W * static_cast<int>(sizeof(T))) < kLaneRound
                               ? 16 / (W * static_cast<int>(sizeof(T)))
@@ -1017,6 +1045,7 @@ __global__ void __launch_bounds__(kThreads, kTileBlocksPerSm)
     // step: a lane's few bytes per row would leave it waiting on one load
     // after another.
     constexpr int kSide = kLaneSide<T, W>;
+    constexpr int kSteps = kLaneSteps<T, W>;
 #pragma unroll
     for (int i0 = 0; i0 < kLaneRound; i0 += kSide) {
       Acc acc[kSide][W];
@@ -1028,18 +1057,18 @@ __global__ void __launch_bounds__(kThreads, kTileBlocksPerSm)
 #pragma unroll
         for (int k = 0; k < W; ++k) acc[j][k] = 0;
       }
-      for (int q = 0; q < longest; q += kLaneSteps) {
-        RawPack<T, W> p[kSide][kLaneSteps];
+      for (int q = 0; q < longest; q += kSteps) {
+        RawPack<T, W> p[kSide][kSteps];
 #pragma unroll
         for (int j = 0; j < kSide; ++j)
 #pragma unroll
-          for (int u = 0; u < kLaneSteps; ++u)
+          for (int u = 0; u < kSteps; ++u)
             p[j][u] = q + u < len[j] ? load_raw<T, W>(src + (a[i0 + j] + q + u) * W)
                                      : RawPack<T, W>{};
 #pragma unroll
         for (int j = 0; j < kSide; ++j)
 #pragma unroll
-          for (int u = 0; u < kLaneSteps; ++u) add_raw<T, W>(acc[j], p[j][u]);
+          for (int u = 0; u < kSteps; ++u) add_raw<T, W>(acc[j], p[j][u]);
       }
 #pragma unroll
       for (int j = 0; j < kSide; ++j)
@@ -1119,12 +1148,12 @@ struct TileGatherShared {
   uint4 stage[kThreads * (G::kStageUnits + 1)];
 };
 
-// Same row ranges and tiles as tile_sum, the other way round. Per tile, the
-// window of segment starts marks the rows where segments start, and the values
-// of the segments open in the tile come to shared memory, both read coalesced
-// a tile ahead. Thread g labels its run of kRunRows rows from the marks,
-// writes their values to the stage, and the block stores the tile as
-// contiguous 16-byte units.
+// Row ranges (kTileGatherWaves times as many) and tiles as in tile_sum, the
+// other way round. Per tile, the window of segment starts marks the rows where
+// segments start, and the values of the segments open in the tile come to
+// shared memory, both read coalesced a tile ahead. Thread g labels its run of
+// kRunRows rows from the marks, writes their values to the stage, and the
+// block stores the tile as contiguous 16-byte units.
 template <typename T, int W>
 __device__ __forceinline__ void tile_gather_block(const T* __restrict__ src,
                                                   const int64_t* __restrict__ indptr,
@@ -1873,7 +1902,7 @@ __global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
 // (up to kFixupParts), reduced in a fixed order. A giant segment thus costs
 // one read of blocks x inner partials, spread over the y blocks (launch_fixup
 // asks for one per kThreads columns, and more only where segments span
-// several blocks).
+// several blocks: two per block spanned).
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
     segment_sum_fixup_kernel(const int64_t* __restrict__ indptr, T* __restrict__ out,
@@ -1987,16 +2016,20 @@ template <typename T>
 inline cudaError_t launch_fixup(const int64_t* indptr, T* out, int64_t rows, int64_t segments,
                                 int64_t inner, int64_t block_rows, int64_t blocks,
                                 const Crossing<typename Num<T>::acc>& c, cudaStream_t stream) {
-  // Where a mean segment spans two blocks or more, some span many: y blocks
-  // of kFixupCols columns share their heads. Else a tail has a head or two to
-  // add, and a y block per kThreads columns adds them in one pass: more would
-  // be blocks that mostly find nothing to add, and take waves of them (on an
-  // H100, fp32 rows of 256 columns in 1024-row segments, one block's rows,
-  // were 80 % of copy bandwidth with 16 y blocks, 92 % with one).
-  const bool spanning = rows / segments >= 2 * block_rows;
-  const int64_t fixup_y =
-      imin(imin(ceil_div(inner, spanning ? kFixupCols : kThreads), kMaxGridY),
-           imax(1, kFixupBlocks / blocks));
+  // A tail has a head or two to add unless a mean segment spans two blocks
+  // or more: a y block per kThreads columns adds them in one pass, and more
+  // would be blocks that mostly find nothing to add, and take waves of them
+  // (on an H100, fp32 rows of 256 columns in 1024-row segments, one block's
+  // rows, were 80 % of copy bandwidth with 16 y blocks, 92 % with one).
+  // Where segments span more, two y blocks per block spanned, of kFixupCols
+  // columns at least, share their heads: fp32 rows of 1024 columns in
+  // 1024-row segments, two blocks' rows, were 78 % with 64 y blocks, 92 %
+  // with 4.
+  const int64_t spans = rows / segments / block_rows;
+  const int64_t passes = ceil_div(inner, kThreads);
+  const int64_t wanted =
+      spans >= 2 ? imax(passes, imin(ceil_div(inner, kFixupCols), 2 * spans)) : passes;
+  const int64_t fixup_y = imin(imin(wanted, kMaxGridY), imax(1, kFixupBlocks / blocks));
   const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(fixup_y));
   segment_sum_fixup_kernel<T><<<grid, kThreads, 0, stream>>>(
       indptr, out, rows, segments, inner, block_rows, blocks, c);
@@ -2068,7 +2101,8 @@ cudaError_t launch_tile_gather(const T* src, const int64_t* indptr, T* out, int6
   int64_t capacity = 0;
   const cudaError_t err = resident_blocks<&tile_gather_kernel<T, W>>(&capacity);
   if (err != cudaSuccess) return err;
-  const TileSplit split = tile_split(rows, capacity, Geometry<T, W>::kTileRows);
+  const TileSplit split =
+      tile_split(rows, capacity * kTileGatherWaves, Geometry<T, W>::kTileRows);
   tile_gather_kernel<T, W><<<static_cast<unsigned>(split.blocks), kThreads, 0, stream>>>(
       src, indptr, out, rows, segments, split.rows_per_block);
   return cudaGetLastError();
@@ -2160,7 +2194,8 @@ cudaError_t launch_team_gather(const T* src, const int64_t* indptr, T* out, int6
   const cudaError_t err = resident_blocks<&team_gather_kernel<T, kCols, U>>(&capacity);
   if (err != cudaSuccess) return err;
   const int64_t team_rows =
-      unit_rows(rows, capacity * kTeams, kBatch * Shape::kStepRows, Shape::kStepRows);
+      unit_rows(rows, capacity * kTeamGatherWaves * kTeams, kBatch * Shape::kStepRows,
+                Shape::kStepRows);
   const int64_t blocks = ceil_div(rows, team_rows * kTeams);
   team_gather_kernel<T, kCols, U><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
       src, indptr, out, rows, segments, team_rows);
@@ -2173,7 +2208,7 @@ cudaError_t launch_label_gather(const T* src, const int64_t* indptr, T* out, int
   int64_t capacity = 0;
   const cudaError_t err = resident_blocks<&label_gather_kernel<T>>(&capacity);
   if (err != cudaSuccess) return err;
-  const TileSplit split = tile_split(rows, capacity, kThreads);
+  const TileSplit split = tile_split(rows, capacity * kLabelGatherWaves, kThreads);
   label_gather_kernel<T><<<static_cast<unsigned>(split.blocks), kThreads, 0, stream>>>(
       src, indptr, out, rows, segments, inner, split.rows_per_block);
   return cudaGetLastError();
@@ -2188,7 +2223,7 @@ cudaError_t launch_stream_gather(const T* src, const int64_t* indptr, T* out, in
   const StreamShape<W> shape(inner);
   const int64_t team = shape.lanes >= kTeam ? shape.lanes : kTeam / shape.lanes * shape.lanes;
   const int64_t teams = kThreads / team, groups = team / shape.lanes;
-  const int64_t units = imax(1, capacity / shape.grid_y) * teams;
+  const int64_t units = imax(1, capacity * kStreamGatherWaves / shape.grid_y) * teams;
   const int64_t team_rows = unit_rows(rows, units, kMinGroupRows * groups, groups);
   const int64_t blocks = ceil_div(rows, team_rows * teams);
   const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(shape.grid_y));
