@@ -22,12 +22,14 @@
 //   contiguous tiles of 16 KB through shared memory, with the segment starts
 //   that fall in the tile beside them, marks the rows where segments start and
 //   combines per-thread runs of rows with block scans. The label gather does
-//   the same labelling for wider rows. The sum over rows of 4 to 16 bytes
+//   the same labelling for wider rows, whatever the segment lengths (the team
+//   gather takes long segments of rows it fits). The sum over rows of 4 to 16 bytes
 //   uses a lane kernel instead: a thread per short segment, a load per row,
 //   teams and blocks for the longer ones.
 //
 // * Stream kernels (the rest: the sum over short segments of wider rows, rows
-//   wider than 256 bytes or of other widths). The rows are cut into equal
+//   wider than 256 bytes or of other widths; the gather of rows that are not
+//   whole 16-byte units). The rows are cut into equal
 //   contiguous ranges, one per group of threads, as many groups as fit on the
 //   GPU at once (several times as many for the gather: kStreamGatherWaves); a
 //   group has one thread per 8-byte (sum) or 16-byte (gather) piece of a row.
@@ -99,7 +101,7 @@ constexpr int kPrefetchSteps = 2;    // tile kernels: the same, for the round re
 constexpr int kMaxRunRows = 32;      // tile kernels: rows per thread and tile, at most
 constexpr int kShortSegmentRows = 64;  // tile sum: mean segment length (rows) that is short
 constexpr int kValueBytes = 8192;    // tile gather: segment values per tile in shared memory
-constexpr int kLabelGatherRows = 64; // wide gathers: mean segment length (rows) that is short
+constexpr int kLabelGatherRows = 64; // team-shaped gathers: mean segment length that is short
 constexpr int kBatch = 4;            // stream kernels: loads per thread in flight
 constexpr int kHalfSumBatch = 2 * kBatch;  // stream sum of the half types: rows per batch
 constexpr int kMinGroupRows = 32;    // stream kernels: small inputs get fewer, fuller groups
@@ -118,8 +120,8 @@ constexpr int kTeams = kThreads / kTeam;  // team kernels: teams per block
 //   58.0; with 16, long ones fell to 84.9.
 // * label gather, 16: power law, fp32, 32 columns 81.8 -> 91.0, bf16, 64
 //   columns 79.4 -> 88.7; short segments, bf16, 32 columns 76.2 -> 75.9.
-// * stream gather, 8: long segments, 256 columns, fp32 87.1 -> 94.7, bf16
-//   88.9 -> 96.5.
+// * stream gather, 8: long segments, 256 columns (rows it took then), fp32
+//   87.1 -> 94.7, bf16 88.9 -> 96.5.
 // The sums keep one wave: with two, the stream sum lost 2 to 6 points (more
 // segments cross blocks), and the lane and tile sums won only on the power
 // law.
@@ -1757,12 +1759,12 @@ __global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
   }
 }
 
-// Wide rows over short segments. The stream gather's seek is a chain of
-// dependent loads at every segment; here no load waits on another. A block
-// labels a tile of kLabelTileRows rows with their segments (kLabelRows per
-// thread, from the tile's window of segment starts read a tile ahead, as in
-// the tile kernels), then copies the tile as 16-byte units, each thread with
-// kBatch loads of segment values in flight before its stores.
+// Rows of whole 16-byte units wider than 16 bytes. The stream gather's seek is
+// a chain of dependent loads at every segment; here no load waits on another.
+// A block labels a tile of kLabelTileRows rows with their segments (kLabelRows
+// per thread, from the tile's window of segment starts read a tile ahead, as
+// in the tile kernels), then copies the tile as 16-byte units, each thread
+// with kBatch loads of segment values in flight before its stores.
 //
 // A tile's labelling costs barriers and a scan whatever the row width, so
 // narrow rows want tiles of many rows. On an H100, % of copy bandwidth with 4
@@ -2309,10 +2311,12 @@ cudaError_t launch_narrow_sum(const T* src, const int64_t* indptr, T* out, int64
   }
 }
 
-// A narrow gather goes to the team kernel when its segments are long: a step
-// of 512 bytes then meets less than one segment start on average, and the team
-// writes a copy's traffic; with short segments the tile kernel's shared labels
-// cost less than the team seeking start after start.
+// A narrow gather goes to the team kernel when its segments are long: two
+// steps of 512 bytes then meet less than one segment start on average, and the
+// team writes a copy's traffic; with shorter segments the tile kernel's shared
+// labels cost less than the team seeking start after start (on an H100, % of
+// copy bandwidth, 32-256-row segments, fp32, 1 column 62.5 -> 83.9 and bf16,
+// 2 columns 54.0 -> 83.8 with the threshold at two steps, not one).
 template <typename T, int W = 1>
 cudaError_t launch_narrow_gather(const T* src, const int64_t* indptr, T* out, int64_t rows,
                                  int64_t segments, int64_t inner, cudaStream_t stream) {
@@ -2321,7 +2325,7 @@ cudaError_t launch_narrow_gather(const T* src, const int64_t* indptr, T* out, in
   } else {
     if (inner != W)
       return launch_narrow_gather<T, 2 * W>(src, indptr, out, rows, segments, inner, stream);
-    if (rows / segments < TeamShape<T, W, 1>::kStepRows)
+    if (rows / segments < 2 * TeamShape<T, W, 1>::kStepRows)
       return launch_tile_gather<T, W>(src, indptr, out, rows, segments, stream);
     return launch_team_gather<T, W, 1>(src, indptr, out, rows, segments, stream);
   }
@@ -2409,9 +2413,17 @@ cudaError_t segment_gather(const T* src, const int64_t* indptr, T* out, int64_t 
       detail::aligned(src, inner * sizeof(T)))
     return detail::launch_narrow_gather<T>(src, indptr, out, rows, segments, inner, stream);
   if (inner % kVec == 0 && detail::aligned(src, 16) && detail::aligned(out, 16)) {
-    if (rows / segments < detail::kLabelGatherRows && detail::label_tile_fits(inner / kVec))
+    // The label gather's cost is per tile, not per segment: it takes every
+    // length but the long segments of rows the team gather fits. Against the
+    // stream gather on an H100, % of copy bandwidth: long segments, fp32, 40
+    // columns 66.7 -> 102.7, 256 columns 93.0 -> 99.7, 1000 columns 91.0 ->
+    // 99.8; bf16, 3000 columns 70.0 -> 94.3; one segment, fp32, 256 columns
+    // 93.9 -> 107.7; 32-256-row segments, fp32, 40 columns 66.4 -> 97.9.
+    const bool team = detail::unit_rows_of_team(inner, sizeof(T));
+    if ((!team || rows / segments < detail::kLabelGatherRows) &&
+        detail::label_tile_fits(inner / kVec))
       return detail::launch_label_gather<T>(src, indptr, out, rows, segments, inner, stream);
-    if (detail::unit_rows_of_team(inner, sizeof(T)))
+    if (team)
       return detail::with_row_units<T>(inner, [&](auto units) {
         return detail::launch_team_gather<T, kVec, decltype(units)::value>(src, indptr, out, rows,
                                                                            segments, stream);
