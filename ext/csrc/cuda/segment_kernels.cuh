@@ -23,20 +23,20 @@
 //   that fall in the tile beside them, marks the rows where segments start and
 //   combines per-thread runs of rows with block scans. The label gather does
 //   the same labelling for wider rows, whatever the segment lengths (the team
-//   gather takes long segments of rows it fits). The sum over rows of 4 to 16 bytes
-//   uses a lane kernel instead: a thread per short segment, a load per row,
-//   teams and blocks for the longer ones.
+//   gather takes long segments of rows it fits). The sum over rows of 4 to 16
+//   bytes uses a lane kernel instead: a thread per short segment, a load per
+//   row, teams and blocks for the longer ones.
 //
 // * Stream kernels (the rest: the sum over short segments of wider rows, rows
 //   wider than 256 bytes or of other widths; the gather of rows that are not
-//   whole 16-byte units). The rows are cut into equal
-//   contiguous ranges, one per group of threads, as many groups as fit on the
-//   GPU at once (several times as many for the gather: kStreamGatherWaves); a
-//   group has one thread per 8-byte (sum) or 16-byte (gather) piece of a row.
-//   A group finds the segment open at its first row with one search and
-//   streams its rows in order, several loads in flight per thread, summing in
-//   registers and writing each total when the segment's last row has gone by.
-//   No thread waits for another in the loop.
+//   whole 16-byte units). The rows are cut into equal contiguous ranges, one
+//   per group of threads, as many groups as fit on the GPU at once (several
+//   times as many for the gather: kStreamGatherWaves); a group has one thread
+//   per 8-byte (sum) or 16-byte (gather) piece of a row. A group finds the
+//   segment open at its first row with one search and streams its rows in
+//   order, several loads in flight per thread, summing in registers and
+//   writing each total when the segment's last row has gone by. No thread
+//   waits for another in the loop.
 //
 // Segments that cross a block boundary are finished by a small fix-up kernel
 // from per-block partials in the caller's workspace. Partials are always added
