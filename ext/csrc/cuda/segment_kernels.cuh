@@ -2284,7 +2284,7 @@ cudaError_t launch_narrow_sum(const T* src, const int64_t* indptr, T* out, int64
   } else {
     if (inner == W) {
       const int64_t mean_rows = rows / segments;
-      if (mean_rows >= TeamShape<T, W, 1>::kStepRows)  // as launch_narrow_gather
+      if (mean_rows >= TeamShape<T, W, 1>::kStepRows)  // the gather waits for two steps
         return launch_team_sum<T, W, 1>(src, indptr, out, rows, segments, workspace, stream);
       // The lane sum on rows of 4 to 16 bytes (of 4 elements or more for the
       // 2-byte types), for mean segments under 64 rows (under 32 on 16-byte
