@@ -120,6 +120,11 @@ constexpr int kTeams = kThreads / kTeam;  // team kernels: teams per block
 //   58.0; with 16, long ones fell to 84.9.
 // * label gather, 16: power law, fp32, 32 columns 81.8 -> 91.0, bf16, 64
 //   columns 79.4 -> 88.7; short segments, bf16, 32 columns 76.2 -> 75.9.
+//   Rows of 64 bytes or less take 8 (against 16, with tiles of 1024 rows):
+//   short segments, fp32, 8 columns 80.1 -> 84.4, bf16, 32 columns 85.1 ->
+//   86.9; power law 84.6 -> 86.5 and 89.3 -> 88.6. Wider rows lost with 8:
+//   bf16, 40 columns, short segments 86.4 -> 85.5, 32-256-row segments 95.7
+//   -> 92.4.
 // * stream gather, 8: long segments, 256 columns (rows it took then), fp32
 //   87.1 -> 94.7, bf16 88.9 -> 96.5.
 // The sums keep one wave: with two, the stream sum lost 2 to 6 points (more
@@ -128,6 +133,8 @@ constexpr int kTeams = kThreads / kTeam;  // team kernels: teams per block
 constexpr int kTileGatherWaves = 4;
 constexpr int kTeamGatherWaves = 4;
 constexpr int kLabelGatherWaves = 16;
+constexpr int kNarrowLabelGatherWaves = 8;  // rows of at most kNarrowLabelBytes
+constexpr int64_t kNarrowLabelBytes = 64;
 constexpr int kStreamGatherWaves = 8;
 constexpr int kFixupCols = 16;       // fix-up: columns per block, at least, over long segments
 constexpr int kFixupParts = 32;      // fix-up: threads per column, at most
@@ -639,7 +646,15 @@ struct RunSumOp {
 template <typename T, int W>
 struct TileSumShared {
   using Acc = typename Num<T>::acc;
-  using Scan = cub::BlockScan<RunSum<Acc, W>, kThreads, cub::BLOCK_SCAN_WARP_SCANS>;
+  // A run's sum of one float scans with cub's default, raking scan, wider ones
+  // with warp scans. On an H100, % of copy bandwidth, bf16, 1 column: short
+  // segments 56.2 -> 58.8, power law 44.2 -> 45.7, 32-256-row segments 48.6
+  // -> 51.8; 2 columns lost with the raking scan (short segments 64.3 -> 58.5,
+  // power law 54.2 -> 50.6). (hipify maps neither the raking enumerator nor
+  // the algorithm's type: the default names it.)
+  using Scan =
+      std::conditional_t<sizeof(RunSum<Acc, W>) <= 8, cub::BlockScan<RunSum<Acc, W>, kThreads>,
+                         cub::BlockScan<RunSum<Acc, W>, kThreads, cub::BLOCK_SCAN_WARP_SCANS>>;
   using CountScan = cub::BlockScan<int, kThreads, cub::BLOCK_SCAN_WARP_SCANS>;
   typename Scan::TempStorage scan;
   typename CountScan::TempStorage count_scan;  // its own: no barrier between the two scans
@@ -2245,7 +2260,10 @@ cudaError_t launch_label_gather(const T* src, const int64_t* indptr, T* out, int
   int64_t capacity = 0;
   const cudaError_t err = resident_blocks<&label_gather_kernel<T>>(&capacity);
   if (err != cudaSuccess) return err;
-  const TileSplit split = tile_split(rows, capacity * kLabelGatherWaves, kThreads);
+  const int64_t waves = inner * static_cast<int64_t>(sizeof(T)) <= kNarrowLabelBytes
+                            ? kNarrowLabelGatherWaves
+                            : kLabelGatherWaves;
+  const TileSplit split = tile_split(rows, capacity * waves, kThreads);
   label_gather_kernel<T><<<static_cast<unsigned>(split.blocks), kThreads, 0, stream>>>(
       src, indptr, out, rows, segments, inner, split.rows_per_block);
   return cudaGetLastError();
