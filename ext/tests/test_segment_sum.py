@@ -265,6 +265,39 @@ LANE_SUM_ROWS = [
 ]
 
 
+def lengths_over(rows, pattern):
+    """`pattern` repeated until it covers at least `rows` rows."""
+    out, total = [], 0
+    while total < rows:
+        out += pattern
+        total += sum(pattern)
+    return out
+
+
+# name -> segment lengths over at least 2^24 rows, enough bytes on rows of 1 or 2
+# columns for the CUDA sum to sample indptr and pick the lane or the tile sum: short
+# segments and a power law with every third segment empty take the lane sum, the power
+# law the tile sum.
+GATED_LAWS = {
+    "short": lambda: lengths_over(1 << 24, [1 + (i * 7) % 16 for i in range(4096)]),
+    "power": lambda: power_law(1 << 24, seed=2),
+    "power_with_empties": lambda: [
+        0 if i % 3 == 0 else n for i, n in enumerate(power_law(1 << 24, seed=3))
+    ],
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("law", GATED_LAWS)
+@pytest.mark.parametrize(
+    "dtype, inner", [(torch.float32, 1), (torch.bfloat16, 1), (torch.bfloat16, 2)]
+)
+def test_gated_narrow_sums(law, dtype, inner):
+    indptr = make_indptr(GATED_LAWS[law](), "cuda")
+    src = random_src(int(indptr[-1]), (inner,), dtype, "cuda")
+    assert_matches(segment_ops.segment_sum(src, indptr), src, indptr)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("layout", LANE_SUM_LAYOUTS)
 @pytest.mark.parametrize(
@@ -274,8 +307,9 @@ LANE_SUM_ROWS = [
 )
 def test_lane_sum_rows(layout, dtype, inner):
     """Rows of 4 to 16 bytes over short segments take the CUDA lane sum (half types:
-    rows of 4 columns or more; their 2-column rows take the tile sum); rows under 16
-    bytes are read there both row by row (lanes) and as 16-byte units (teams, blocks)."""
+    rows of 4 columns or more; under 32 MiB their 2-column rows take the tile sum); rows
+    under 16 bytes are read there both row by row (lanes) and as 16-byte units (teams,
+    blocks)."""
     indptr = make_indptr(LANE_SUM_LAYOUTS[layout](), "cuda")
     src = random_src(int(indptr[-1]), (inner,), dtype, "cuda")
     assert_matches(segment_ops.segment_sum(src, indptr), src, indptr)

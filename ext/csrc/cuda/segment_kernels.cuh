@@ -23,9 +23,10 @@
 //   that fall in the tile beside them, marks the rows where segments start and
 //   combines per-thread runs of rows with block scans. The label gather does
 //   the same labelling for wider rows, whatever the segment lengths (the team
-//   gather takes long segments of rows it fits). The sum over rows of 4 to 16
+//   gather takes long segments of rows it fits). The sum over rows of 8 to 16
 //   bytes uses a lane kernel instead: a thread per short segment, a load per
-//   row, teams and blocks for the longer ones.
+//   row, teams and blocks for the longer ones. On narrower rows a sample of
+//   indptr picks one of the two (TailGate).
 //
 // * Stream kernels (the rest: the sum over short segments of wider rows, rows
 //   wider than 256 bytes or of other widths; the gather of rows that are not
@@ -868,6 +869,65 @@ __device__ __forceinline__ void tile_sum_block(const T* __restrict__ src,
     for (int64_t s = imax(open + 1, 0) + tid; s < segments; s += kThreads) zero(s);
 }
 
+// Rows of 4 bytes or less have two sums for short segments, and which one is
+// faster depends on how the lengths spread, not on their mean. The lane sum
+// (a thread per segment, below) wins while the segments stay short, but a
+// warp of lanes runs as long as its longest segment; the tile sum pays the
+// same for every row, except that rows starting several segments (empty
+// ones) take its slow path. The host cannot look at indptr without waiting
+// for the device, so it launches both kernels, each with a gate; every block
+// of either samples indptr the same way, and only the kernel the sample picks
+// does the work. The other one's blocks just leave nothing for the fix-up.
+// % of copy bandwidth on an H100, lane against tile sum, bf16, 1 column, then
+// fp32, 1 column: short segments 81.0 against 58.8, 86.4 against 69.5; power
+// law 35.6 against 45.4, 54.2 against 58.5; power law with 30 % of the
+// segments empty 36.9 against 22.9, 56.4 against 31.4; short segments with 1
+// % of 64-512 rows 74.3 against 57.6, 83.8 against 67.0.
+// Smaller inputs skip the gate: the second kernel and its fix-up would cost
+// more than the better kernel saves (H100, bf16, 1 column, short segments
+// then power law: at 2 MiB 33.9 -> 22.8 and 38.8 -> 23.3 % of copy
+// bandwidth; at 32 MiB 34.8 -> 42.4 and 30.1 -> 26.3). They keep the lane sum
+// on 4-byte types and the tile sum on 2-byte ones.
+enum class TailGate { kAny, kShortTail, kLongTail };
+constexpr int64_t kGateMinBytes = int64_t{32} << 20;
+constexpr int kLaneRows = 32;    // lane sum: segments it leaves to its teams
+constexpr int kTailSamples = 4;  // segments sampled per thread
+
+// Whether the sample picks the tile sum: 1 in 40 of the segments or more are
+// longer than kLaneRows / 2, and fewer than 1 in 10 are empty. The same
+// answer in every block (barriers).
+__device__ __forceinline__ bool long_tailed(const int64_t* __restrict__ indptr, int64_t segments,
+                                            int64_t rows) {
+  constexpr int kSamples = kThreads * kTailSamples;
+  __shared__ int tally[2];  // long, empty
+  if (threadIdx.x == 0) tally[0] = tally[1] = 0;
+  __syncthreads();
+  int longs = 0, empties = 0;
+#pragma unroll
+  for (int k = 0; k < kTailSamples; ++k) {
+    const int64_t s = segments * (k * kThreads + static_cast<int>(threadIdx.x)) / kSamples;
+    const int64_t len = start_of(indptr, s + 1, rows) - start_of(indptr, s, rows);
+    longs += len > kLaneRows / 2;
+    empties += len == 0;
+  }
+  if (longs > 0) atomicAdd(&tally[0], longs);
+  if (empties > 0) atomicAdd(&tally[1], empties);
+  __syncthreads();
+  return tally[0] * 40 >= kSamples && tally[1] * 10 < kSamples;
+}
+
+// Whether this block's kernel is gated out; if so, it marks its block as
+// crossing nothing, for the fix-up that follows it.
+template <typename Acc>
+__device__ __forceinline__ bool gated_out(TailGate gate, const int64_t* __restrict__ indptr,
+                                          int64_t segments, int64_t rows,
+                                          const Crossing<Acc>& cross) {
+  if (gate == TailGate::kAny) return false;
+  if (long_tailed(indptr, segments, rows) == (gate == TailGate::kLongTail)) return false;
+  if (threadIdx.x == 0 && cross.tail_key != nullptr) cross.tail_key[blockIdx.x] = -1;
+  return true;
+}
+
 // Grid: x = row ranges (one per block, equal sizes, as many as fit on the GPU
 // at once). kShort: the segments are short on average, and tiles with many
 // starts take the predicated walk; without it, the kernel keeps to the
@@ -876,13 +936,15 @@ template <typename T, int W, bool kShort>
 __global__ void __launch_bounds__(kThreads, kTileSumBlocksPerSm)
     tile_sum_kernel(const T* __restrict__ src, const int64_t* __restrict__ indptr,
                     T* __restrict__ out, int64_t rows, int64_t segments, int64_t inner,
-                    int64_t rows_per_block, Crossing<typename Num<T>::acc> cross) {
+                    int64_t rows_per_block, Crossing<typename Num<T>::acc> cross,
+                    TailGate gate) {
   __shared__ TileSumShared<T, W> sm;
+  if (gated_out(gate, indptr, segments, rows, cross)) return;
   tile_sum_block<T, W, kShort>(src, indptr, out, rows, segments, inner, rows_per_block, cross,
                                sm);
 }
 
-// Lane sum (rows of 4 to 16 bytes, short segments): one thread per segment.
+// Lane sum (rows of 16 bytes or less, short segments): one thread per segment.
 // A block owns an equal range of rows, as in the tile sum, and the segments
 // that start in it. Its teams claim those in stripes of kLaneStripe
 // consecutive segments from a block counter, so a team that met long segments
@@ -895,7 +957,6 @@ __global__ void __launch_bounds__(kThreads, kTileSumBlocksPerSm)
 // last row (tail), which the fix-up kernel finishes. Which path sums a
 // segment depends on indptr alone, and every path adds in a fixed order: the
 // results are deterministic.
-constexpr int kLaneRows = 32;
 constexpr int kLaneRound = 4;
 constexpr int kLaneStripe = kTeam * kLaneRound;
 constexpr int kLaneUnroll = 4;
@@ -1010,12 +1071,13 @@ template <typename T, int W>
 __global__ void __launch_bounds__(kThreads, kTileBlocksPerSm)
     lane_sum_kernel(const T* __restrict__ src, const int64_t* __restrict__ indptr,
                     T* __restrict__ out, int64_t rows, int64_t segments, int64_t rows_per_block,
-                    Crossing<typename Num<T>::acc> cross) {
+                    Crossing<typename Num<T>::acc> cross, TailGate gate) {
   using Acc = typename Num<T>::acc;
   using Part = Partial<Acc, W>;
   using Shared = LaneSumShared<T, W>;
   static_assert(kTeam <= 32, "a team's lanes are bits of an unsigned");
   __shared__ Shared sm;
+  if (gated_out(gate, indptr, segments, rows, cross)) return;
   const int tid = threadIdx.x, t = tid / kTeam, lane = tid % kTeam;
   const int64_t block = blockIdx.x;
   const int64_t r0 = block * rows_per_block, r1 = imin(rows, r0 + rows_per_block);
@@ -1070,25 +1132,44 @@ __global__ void __launch_bounds__(kThreads, kTileBlocksPerSm)
     // after another.
     constexpr int kSide = kLaneSide<T, W>;
     constexpr int kSteps = kLaneSteps<T, W>;
+    // Rows of 4 bytes or less (four segments side by side) step a pointer and
+    // a count per segment instead of recomputing 64-bit addresses, which took
+    // most of the loop's instructions (Nsight Compute, fp32, 1 column: 67 of
+    // 115 per step). On an H100, % of copy bandwidth: fp32, 1 column, power
+    // law 50.7 -> 53.9, short segments 84.3 -> 83.5; bf16, 1 column, short
+    // segments 77.4 -> 79.0, half of them empty 58.5 -> 64.7. Wider rows lost
+    // (fp32, 4 columns, short segments 79.3 -> 75.4).
+    constexpr bool kStepped = kSide == 4;
 #pragma unroll
     for (int i0 = 0; i0 < kLaneRound; i0 += kSide) {
       Acc acc[kSide][W];
+      const T* at[kSide];
       int len[kSide], longest = 0;
 #pragma unroll
       for (int j = 0; j < kSide; ++j) {
         len[j] = mine >> (i0 + j) & 1u ? static_cast<int>(e[i0 + j] - a[i0 + j]) : 0;
         longest = len[j] > longest ? len[j] : longest;
+        at[j] = src + a[i0 + j] * W;
 #pragma unroll
         for (int k = 0; k < W; ++k) acc[j][k] = 0;
       }
       for (int q = 0; q < longest; q += kSteps) {
         RawPack<T, W> p[kSide][kSteps];
 #pragma unroll
-        for (int j = 0; j < kSide; ++j)
+        for (int j = 0; j < kSide; ++j) {
 #pragma unroll
-          for (int u = 0; u < kSteps; ++u)
-            p[j][u] = q + u < len[j] ? load_raw<T, W>(src + (a[i0 + j] + q + u) * W)
-                                     : RawPack<T, W>{};
+          for (int u = 0; u < kSteps; ++u) {
+            if constexpr (kStepped)
+              p[j][u] = u < len[j] ? load_raw<T, W>(at[j] + u * W) : RawPack<T, W>{};
+            else
+              p[j][u] = q + u < len[j] ? load_raw<T, W>(src + (a[i0 + j] + q + u) * W)
+                                       : RawPack<T, W>{};
+          }
+          if constexpr (kStepped) {
+            at[j] += kSteps * W;
+            len[j] -= kSteps;
+          }
+        }
 #pragma unroll
         for (int j = 0; j < kSide; ++j)
 #pragma unroll
@@ -2127,23 +2208,25 @@ cudaError_t launch_split_sum(const int64_t* indptr, T* out, int64_t rows, int64_
 
 template <typename T, int W, bool kShort>
 cudaError_t launch_tile_sum(const T* src, const int64_t* indptr, T* out, int64_t rows,
-                            int64_t segments, void* workspace, cudaStream_t stream) {
+                            int64_t segments, void* workspace, cudaStream_t stream,
+                            TailGate gate = TailGate::kAny) {
   return launch_split_sum<&tile_sum_kernel<T, W, kShort>, T, W>(
       indptr, out, rows, segments, Geometry<T, W>::kTileRows, workspace, stream,
       [&](unsigned blocks, int64_t rows_per_block, const Crossing<typename Num<T>::acc>& c) {
         tile_sum_kernel<T, W, kShort><<<blocks, kThreads, 0, stream>>>(
-            src, indptr, out, rows, segments, W, rows_per_block, c);
+            src, indptr, out, rows, segments, W, rows_per_block, c, gate);
       });
 }
 
 template <typename T, int W>
 cudaError_t launch_lane_sum(const T* src, const int64_t* indptr, T* out, int64_t rows,
-                            int64_t segments, void* workspace, cudaStream_t stream) {
+                            int64_t segments, void* workspace, cudaStream_t stream,
+                            TailGate gate = TailGate::kAny) {
   return launch_split_sum<&lane_sum_kernel<T, W>, T, W>(
       indptr, out, rows, segments, kThreads * 8, workspace, stream,
       [&](unsigned blocks, int64_t rows_per_block, const Crossing<typename Num<T>::acc>& c) {
         lane_sum_kernel<T, W><<<blocks, kThreads, 0, stream>>>(src, indptr, out, rows, segments,
-                                                                rows_per_block, c);
+                                                                rows_per_block, c, gate);
       });
 }
 
@@ -2304,20 +2387,25 @@ cudaError_t launch_narrow_sum(const T* src, const int64_t* indptr, T* out, int64
       const int64_t mean_rows = rows / segments;
       if (mean_rows >= TeamShape<T, W, 1>::kStepRows)  // the gather waits for two steps
         return launch_team_sum<T, W, 1>(src, indptr, out, rows, segments, workspace, stream);
-      // The lane sum on rows of 4 to 16 bytes (of 4 elements or more for the
-      // 2-byte types), for mean segments under 64 rows (under 32 on 16-byte
-      // rows: the team sum above takes them from there). On an H100, % of
-      // copy bandwidth against the tile sum, short segments then power law:
-      // fp32, 1 column 88 against 70, 56 against 59; fp32, 2 columns 84
-      // against 71, 69 against 66; bf16, 4 columns 82 against 56, 49 against
-      // 53 (62 since word_elem); fp32, 4 columns 75 against 70, 69 against 69
-      // (16-byte rows took the lane sum before: against it without kLaneSide,
-      // claimed stripes and units). bf16 rows of 1 or 2 columns stay on the
-      // tile sum: with word_elem in both, the lane sum wins short segments (79
-      // against 55, 85 against 62) but loses 13 and 7 points on the power law
-      // (31 against 44, 45 against 52), and the mean length cannot tell the
-      // two laws apart.
+      // Mean segments under 64 rows (under 32 on 16-byte rows: the team sum
+      // above takes them from there): the lane sum on rows of 8 to 16 bytes;
+      // on narrower rows the lane or the tile sum, as a sample of indptr
+      // decides (TailGate), and under kGateMinBytes as the element size
+      // does. On an H100, % of copy bandwidth against the tile
+      // sum, short segments then power law: fp32, 2 columns 84 against 71, 69
+      // against 66; bf16, 4 columns 82 against 56, 62 against 53; fp32, 4
+      // columns 75 against 70, 69 against 69 (16-byte rows took the lane sum
+      // before: against it without kLaneSide, claimed stripes and units).
       if (mean_rows < kShortSegmentRows) {
+        if constexpr (W * sizeof(T) <= 4) {
+          if (rows * W * static_cast<int64_t>(sizeof(T)) >= kGateMinBytes) {
+            const cudaError_t err = launch_lane_sum<T, W>(
+                src, indptr, out, rows, segments, workspace, stream, TailGate::kShortTail);
+            if (err != cudaSuccess) return err;
+            return launch_tile_sum<T, W, true>(src, indptr, out, rows, segments, workspace,
+                                               stream, TailGate::kLongTail);
+          }
+        }
         if constexpr (sizeof(T) >= 4 || W >= 4)
           return launch_lane_sum<T, W>(src, indptr, out, rows, segments, workspace, stream);
         else
@@ -2384,8 +2472,9 @@ inline int64_t segment_sum_workspace_bytes(int64_t rows, int64_t segments, int64
 }
 
 // out[segments, inner] = per-segment sums of src[rows, inner] (contiguous,
-// row-major). Enqueues one or two kernels on `stream` (or one memset when
-// rows == 0) and returns the launch error.
+// row-major). Enqueues up to four kernels on `stream` (two sums gated by a
+// sample of indptr, each with its fix-up, on rows of 4 bytes or less; one
+// memset when rows == 0) and returns the launch error.
 template <typename T>
 cudaError_t segment_sum(const T* src, const int64_t* indptr, T* out, int64_t rows,
                         int64_t segments, int64_t inner, void* workspace, cudaStream_t stream) {
