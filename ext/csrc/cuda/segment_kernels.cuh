@@ -23,10 +23,11 @@
 //   that fall in the tile beside them, marks the rows where segments start and
 //   combines per-thread runs of rows with block scans. The label gather does
 //   the same labelling for wider rows, whatever the segment lengths (the team
-//   gather takes long segments of rows it fits). The sum over rows of 8 to 16
+//   gather takes long segments of rows it fits). The sum over rows of 4 to 16
 //   bytes uses a lane kernel instead: a thread per short segment, a load per
-//   row, teams and blocks for the longer ones. On narrower rows a sample of
-//   indptr picks one of the two (TailGate).
+//   row, teams and blocks for the longer ones. On rows of 1 or 2 columns of a
+//   2-byte type a sample of indptr picks one of the two (TailGate), or on
+//   small inputs the tile sum.
 //
 // * Stream kernels (the rest: the sum over short segments of wider rows, rows
 //   wider than 256 bytes or of other widths; the gather of rows that are not
@@ -869,8 +870,9 @@ __device__ __forceinline__ void tile_sum_block(const T* __restrict__ src,
     for (int64_t s = imax(open + 1, 0) + tid; s < segments; s += kThreads) zero(s);
 }
 
-// Rows of 4 bytes or less have two sums for short segments, and which one is
-// faster depends on how the lengths spread, not on their mean. The lane sum
+// Rows of 2-byte types of 1 or 2 columns have two sums for short segments,
+// and which one is faster depends on how the lengths spread, not on their
+// mean. The lane sum
 // (a thread per segment, below) wins while the segments stay short, but a
 // warp of lanes runs as long as its longest segment; the tile sum pays the
 // same for every row, except that rows starting several segments (empty
@@ -882,12 +884,16 @@ __device__ __forceinline__ void tile_sum_block(const T* __restrict__ src,
 // fp32, 1 column: short segments 81.0 against 58.8, 86.4 against 69.5; power
 // law 35.6 against 45.4, 54.2 against 58.5; power law with 30 % of the
 // segments empty 36.9 against 22.9, 56.4 against 31.4; short segments with 1
-// % of 64-512 rows 74.3 against 57.6, 83.8 against 67.0.
+// % of 64-512 rows 74.3 against 57.6, 83.8 against 67.0. fp32 rows of 1
+// column keep the lane sum: on them the gate's second kernel and fix-up cost
+// about what the tile sum saves on the power law (gated against the lane
+// sum: short segments 81.9 against 85.9, power law 57.2 against 54.0, half
+// empty 77.2 against 80.1).
 // Smaller inputs skip the gate: the second kernel and its fix-up would cost
 // more than the better kernel saves (H100, bf16, 1 column, short segments
 // then power law: at 2 MiB 33.9 -> 22.8 and 38.8 -> 23.3 % of copy
-// bandwidth; at 32 MiB 34.8 -> 42.4 and 30.1 -> 26.3). They keep the lane sum
-// on 4-byte types and the tile sum on 2-byte ones.
+// bandwidth; at 32 MiB 34.8 -> 42.4 and 30.1 -> 26.3). They keep the tile
+// sum.
 enum class TailGate { kAny, kShortTail, kLongTail };
 constexpr int64_t kGateMinBytes = int64_t{32} << 20;
 constexpr int kLaneRows = 32;    // lane sum: segments it leaves to its teams
@@ -2388,16 +2394,16 @@ cudaError_t launch_narrow_sum(const T* src, const int64_t* indptr, T* out, int64
       if (mean_rows >= TeamShape<T, W, 1>::kStepRows)  // the gather waits for two steps
         return launch_team_sum<T, W, 1>(src, indptr, out, rows, segments, workspace, stream);
       // Mean segments under 64 rows (under 32 on 16-byte rows: the team sum
-      // above takes them from there): the lane sum on rows of 8 to 16 bytes;
-      // on narrower rows the lane or the tile sum, as a sample of indptr
-      // decides (TailGate), and under kGateMinBytes as the element size
-      // does. On an H100, % of copy bandwidth against the tile
+      // above takes them from there): the lane sum on rows of 4 to 16 bytes;
+      // on 2-byte types in rows of 1 or 2 columns the lane or the tile sum, as
+      // a sample of indptr decides (TailGate), and under kGateMinBytes the
+      // tile sum. On an H100, % of copy bandwidth against the tile
       // sum, short segments then power law: fp32, 2 columns 84 against 71, 69
       // against 66; bf16, 4 columns 82 against 56, 62 against 53; fp32, 4
       // columns 75 against 70, 69 against 69 (16-byte rows took the lane sum
       // before: against it without kLaneSide, claimed stripes and units).
       if (mean_rows < kShortSegmentRows) {
-        if constexpr (W * sizeof(T) <= 4) {
+        if constexpr (sizeof(T) == 2 && W <= 2) {
           if (rows * W * static_cast<int64_t>(sizeof(T)) >= kGateMinBytes) {
             const cudaError_t err = launch_lane_sum<T, W>(
                 src, indptr, out, rows, segments, workspace, stream, TailGate::kShortTail);
@@ -2473,8 +2479,8 @@ inline int64_t segment_sum_workspace_bytes(int64_t rows, int64_t segments, int64
 
 // out[segments, inner] = per-segment sums of src[rows, inner] (contiguous,
 // row-major). Enqueues up to four kernels on `stream` (two sums gated by a
-// sample of indptr, each with its fix-up, on rows of 4 bytes or less; one
-// memset when rows == 0) and returns the launch error.
+// sample of indptr, each with its fix-up, on 2-byte types in rows of 1 or 2
+// columns; one memset when rows == 0) and returns the launch error.
 template <typename T>
 cudaError_t segment_sum(const T* src, const int64_t* indptr, T* out, int64_t rows,
                         int64_t segments, int64_t inner, void* workspace, cudaStream_t stream) {
