@@ -870,25 +870,23 @@ __device__ __forceinline__ void tile_sum_block(const T* __restrict__ src,
     for (int64_t s = imax(open + 1, 0) + tid; s < segments; s += kThreads) zero(s);
 }
 
-// Rows of 2-byte types of 1 or 2 columns have two sums for short segments,
-// and which one is faster depends on how the lengths spread, not on their
-// mean. The lane sum
-// (a thread per segment, below) wins while the segments stay short, but a
-// warp of lanes runs as long as its longest segment; the tile sum pays the
-// same for every row, except that rows starting several segments (empty
-// ones) take its slow path. The host cannot look at indptr without waiting
-// for the device, so it launches both kernels, each with a gate; every block
-// of either samples indptr the same way, and only the kernel the sample picks
-// does the work. The other one's blocks just leave nothing for the fix-up.
-// % of copy bandwidth on an H100, lane against tile sum, bf16, 1 column, then
-// fp32, 1 column: short segments 81.0 against 58.8, 86.4 against 69.5; power
-// law 35.6 against 45.4, 54.2 against 58.5; power law with 30 % of the
-// segments empty 36.9 against 22.9, 56.4 against 31.4; short segments with 1
-// % of 64-512 rows 74.3 against 57.6, 83.8 against 67.0. fp32 rows of 1
-// column keep the lane sum: on them the gate's second kernel and fix-up cost
-// about what the tile sum saves on the power law (gated against the lane
-// sum: short segments 81.9 against 85.9, power law 57.2 against 54.0, half
-// empty 77.2 against 80.1).
+// Rows of 2-byte types of 1 or 2 columns have two sums for short segments, and
+// which one is faster depends on how the lengths spread, not on their mean. The
+// lane sum (a thread per segment, below) wins while the segments stay short,
+// but a warp of lanes runs as long as its longest segment; the tile sum pays
+// the same for every row, except that rows starting several segments (empty
+// ones) take its slow path. The host cannot look at indptr without waiting for
+// the device, so it launches both kernels, each with a gate; every block of
+// either samples indptr the same way, and only the kernel the sample picks does
+// the work. The other one's blocks just leave nothing for the fix-up. % of copy
+// bandwidth on an H100, lane against tile sum, bf16, 1 column, then fp32, 1
+// column: short segments 81.0 against 58.8, 86.4 against 69.5; power law 35.6
+// against 45.4, 54.2 against 58.5; power law with 30 % of the segments empty
+// 36.9 against 22.9, 56.4 against 31.4; short segments with 1 % of 64-512 rows
+// 74.3 against 57.6, 83.8 against 67.0. fp32 rows of 1 column keep the lane
+// sum: on them the gate's second kernel and fix-up cost about what the tile sum
+// saves on the power law (gated against the lane sum: short segments 81.9
+// against 85.9, power law 57.2 against 54.0, half empty 77.2 against 80.1).
 // Smaller inputs skip the gate: the second kernel and its fix-up would cost
 // more than the better kernel saves (H100, bf16, 1 column, short segments
 // then power law: at 2 MiB 33.9 -> 22.8 and 38.8 -> 23.3 % of copy
