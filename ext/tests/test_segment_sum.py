@@ -276,9 +276,8 @@ def lengths_over(rows, pattern):
 
 # name -> segment lengths over at least 2^24 rows, enough bytes on rows of 1 or 2
 # columns of a 2-byte type for the CUDA sum to sample indptr and pick the lane or the
-# tile sum: short
-# segments and a power law with every third segment empty take the lane sum, the power
-# law the tile sum.
+# tile sum: short segments and a power law with every third segment empty take the lane
+# sum, the power law the tile sum.
 GATED_LAWS = {
     "short": lambda: lengths_over(1 << 24, [1 + (i * 7) % 16 for i in range(4096)]),
     "power": lambda: power_law(1 << 24, seed=2),
