@@ -291,6 +291,7 @@ struct Crossing {
   int64_t* tail_key = nullptr;
   Acc* head_val = nullptr;
   Acc* tail_val = nullptr;
+  int* picked = nullptr;  // gated sums: 1 when the tile sum ran, 0 when the lane sum did
 };
 
 __device__ __forceinline__ int64_t clamp_row(int64_t v, int64_t rows) {
@@ -878,15 +879,16 @@ __device__ __forceinline__ void tile_sum_block(const T* __restrict__ src,
 // ones) take its slow path. The host cannot look at indptr without waiting for
 // the device, so it launches both kernels, each with a gate; every block of
 // either samples indptr the same way, and only the kernel the sample picks does
-// the work. The other one's blocks just leave nothing for the fix-up. % of copy
-// bandwidth on an H100, lane against tile sum, bf16, 1 column, then fp32, 1
-// column: short segments 81.0 against 58.8, 86.4 against 69.5; power law 35.6
-// against 45.4, 54.2 against 58.5; power law with 30 % of the segments empty
-// 36.9 against 22.9, 56.4 against 31.4; short segments with 1 % of 64-512 rows
-// 74.3 against 57.6, 83.8 against 67.0. fp32 rows of 1 column keep the lane
-// sum: on them the gate's second kernel and fix-up cost about what the tile sum
-// saves on the power law (gated against the lane sum: short segments 81.9
-// against 85.9, power law 57.2 against 54.0, half empty 77.2 against 80.1).
+// the work; the other one's blocks return at once, and one fix-up follows
+// both. % of copy bandwidth on an H100, lane against tile sum, bf16, 1 column,
+// then fp32, 1 column: short segments 81.0 against 58.8, 86.4 against 69.5;
+// power law 35.6 against 45.4, 54.2 against 58.5; power law with 30 % of the
+// segments empty 36.9 against 22.9, 56.4 against 31.4; short segments with 1 %
+// of 64-512 rows 74.3 against 57.6, 83.8 against 67.0. fp32 rows of 1 column
+// keep the lane sum: the gate would lift their power law, but bring short
+// segments to the edge of 85 % (gated against the lane sum alone: short
+// segments 85.0 against 87.3, power law 58.8 against 54.5, half empty 77.5
+// against 78.8, spiky 81.3 against 83.6).
 // Smaller inputs skip the gate: the second kernel and its fix-up would cost
 // more than the better kernel saves (H100, bf16, 1 column, short segments
 // then power law: at 2 MiB 33.9 -> 22.8 and 38.8 -> 23.3 % of copy
@@ -920,16 +922,17 @@ __device__ __forceinline__ bool long_tailed(const int64_t* __restrict__ indptr, 
   return tally[0] * 40 >= kSamples && tally[1] * 10 < kSamples;
 }
 
-// Whether this block's kernel is gated out; if so, it marks its block as
-// crossing nothing, for the fix-up that follows it.
+// Whether this block's kernel is gated out. Block 0 of the kernel that runs
+// records which one it is, for the fix-up both share.
 template <typename Acc>
 __device__ __forceinline__ bool gated_out(TailGate gate, const int64_t* __restrict__ indptr,
                                           int64_t segments, int64_t rows,
                                           const Crossing<Acc>& cross) {
   if (gate == TailGate::kAny) return false;
-  if (long_tailed(indptr, segments, rows) == (gate == TailGate::kLongTail)) return false;
-  if (threadIdx.x == 0 && cross.tail_key != nullptr) cross.tail_key[blockIdx.x] = -1;
-  return true;
+  const bool long_tail = long_tailed(indptr, segments, rows);
+  if (long_tail != (gate == TailGate::kLongTail)) return true;
+  if (blockIdx.x == 0 && threadIdx.x == 0 && cross.picked != nullptr) *cross.picked = long_tail;
+  return false;
 }
 
 // Grid: x = row ranges (one per block, equal sizes, as many as fit on the GPU
@@ -2039,16 +2042,23 @@ __global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
 // (up to kFixupParts), reduced in a fixed order. A giant segment thus costs
 // one read of blocks x inner partials, spread over the y blocks (launch_fixup
 // asks for one per kThreads columns, and more only where segments span
-// several blocks: two per block spanned).
+// several blocks: two per block spanned). After the gated sums, the split is
+// the tile sum's where cross.picked says it ran.
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
     segment_sum_fixup_kernel(const int64_t* __restrict__ indptr, T* __restrict__ out,
                              int64_t rows, int64_t segments, int64_t inner,
                              int64_t rows_per_block, int64_t blocks,
-                             Crossing<typename Num<T>::acc> cross) {
+                             Crossing<typename Num<T>::acc> cross, int64_t tile_rows_per_block,
+                             int64_t tile_blocks) {
   using Acc = typename Num<T>::acc;
   __shared__ Acc part[kThreads];
   const int64_t b = blockIdx.x;
+  if (cross.picked != nullptr && *cross.picked != 0) {
+    rows_per_block = tile_rows_per_block;
+    blocks = tile_blocks;
+  }
+  if (b >= blocks) return;
   const int64_t s = cross.tail_key[b];
   if (s < 0 || s >= segments) return;
   const int64_t end = start_of(indptr, s + 1, rows);
@@ -2129,10 +2139,12 @@ inline int64_t max_sum_blocks(int64_t rows, int sms) {
   return imax(1, imin(ceil_div(rows, 8), static_cast<int64_t>(sms) * kMaxBlocksPerSm));
 }
 
-// Workspace: head/tail segment ids (int64) per block, then head/tail partial
-// rows (accumulation type) per block.
+// Workspace: which gated sum ran (an int, in 256 bytes), head/tail segment
+// ids (int64) per block, then head/tail partial rows (accumulation type) per
+// block.
+constexpr int64_t kPickedBytes = 256;
 inline int64_t sum_workspace_size(int64_t blocks, int64_t inner, int64_t acc_size) {
-  return ceil_div(2 * blocks * 8, 256) * 256 + 2 * blocks * inner * acc_size;
+  return kPickedBytes + ceil_div(2 * blocks * 8, 256) * 256 + 2 * blocks * inner * acc_size;
 }
 
 // Carves the workspace for `blocks` blocks; only several blocks can have a
@@ -2141,7 +2153,7 @@ template <typename Acc>
 inline cudaError_t crossing(void* workspace, int64_t blocks, int64_t inner, Crossing<Acc>* c) {
   if (blocks <= 1) return cudaSuccess;
   if (workspace == nullptr) return cudaErrorInvalidValue;
-  char* ws = static_cast<char*>(workspace);
+  char* ws = static_cast<char*>(workspace) + kPickedBytes;
   c->head_key = reinterpret_cast<int64_t*>(ws);
   c->tail_key = c->head_key + blocks;
   c->head_val = reinterpret_cast<Acc*>(ws + ceil_div(2 * blocks * 8, 256) * 256);
@@ -2152,7 +2164,8 @@ inline cudaError_t crossing(void* workspace, int64_t blocks, int64_t inner, Cros
 template <typename T>
 inline cudaError_t launch_fixup(const int64_t* indptr, T* out, int64_t rows, int64_t segments,
                                 int64_t inner, int64_t block_rows, int64_t blocks,
-                                const Crossing<typename Num<T>::acc>& c, cudaStream_t stream) {
+                                const Crossing<typename Num<T>::acc>& c, cudaStream_t stream,
+                                int64_t tile_block_rows = 0, int64_t tile_blocks = 0) {
   // A tail has a head or two to add unless a mean segment spans two blocks
   // or more: a y block per kThreads columns adds them in one pass, and more
   // would be blocks that mostly find nothing to add, and take waves of them
@@ -2167,9 +2180,10 @@ inline cudaError_t launch_fixup(const int64_t* indptr, T* out, int64_t rows, int
   const int64_t wanted =
       spans >= 2 ? imax(passes, imin(ceil_div(inner, kFixupCols), 2 * spans)) : passes;
   const int64_t fixup_y = imin(imin(wanted, kMaxGridY), imax(1, kFixupBlocks / blocks));
-  const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(fixup_y));
+  const dim3 grid(static_cast<unsigned>(imax(blocks, tile_blocks)),
+                  static_cast<unsigned>(fixup_y));
   segment_sum_fixup_kernel<T><<<grid, kThreads, 0, stream>>>(
-      indptr, out, rows, segments, inner, block_rows, blocks, c);
+      indptr, out, rows, segments, inner, block_rows, blocks, c, tile_block_rows, tile_blocks);
   return cudaGetLastError();
 }
 
@@ -2212,26 +2226,56 @@ cudaError_t launch_split_sum(const int64_t* indptr, T* out, int64_t rows, int64_
 
 template <typename T, int W, bool kShort>
 cudaError_t launch_tile_sum(const T* src, const int64_t* indptr, T* out, int64_t rows,
-                            int64_t segments, void* workspace, cudaStream_t stream,
-                            TailGate gate = TailGate::kAny) {
+                            int64_t segments, void* workspace, cudaStream_t stream) {
   return launch_split_sum<&tile_sum_kernel<T, W, kShort>, T, W>(
       indptr, out, rows, segments, Geometry<T, W>::kTileRows, workspace, stream,
       [&](unsigned blocks, int64_t rows_per_block, const Crossing<typename Num<T>::acc>& c) {
         tile_sum_kernel<T, W, kShort><<<blocks, kThreads, 0, stream>>>(
-            src, indptr, out, rows, segments, W, rows_per_block, c, gate);
+            src, indptr, out, rows, segments, W, rows_per_block, c, TailGate::kAny);
       });
 }
 
 template <typename T, int W>
 cudaError_t launch_lane_sum(const T* src, const int64_t* indptr, T* out, int64_t rows,
-                            int64_t segments, void* workspace, cudaStream_t stream,
-                            TailGate gate = TailGate::kAny) {
+                            int64_t segments, void* workspace, cudaStream_t stream) {
   return launch_split_sum<&lane_sum_kernel<T, W>, T, W>(
       indptr, out, rows, segments, kThreads * 8, workspace, stream,
       [&](unsigned blocks, int64_t rows_per_block, const Crossing<typename Num<T>::acc>& c) {
         lane_sum_kernel<T, W><<<blocks, kThreads, 0, stream>>>(src, indptr, out, rows, segments,
-                                                                rows_per_block, c, gate);
+                                                                rows_per_block, c,
+                                                                TailGate::kAny);
       });
+}
+
+// The lane and the tile sum behind their gates, and one fix-up for whichever
+// ran: both carve the workspace for the larger of their block counts, and the
+// one that runs records itself there for the fix-up.
+template <typename T, int W>
+cudaError_t launch_gated_sum(const T* src, const int64_t* indptr, T* out, int64_t rows,
+                             int64_t segments, void* workspace, cudaStream_t stream) {
+  using Acc = typename Num<T>::acc;
+  int64_t lane_capacity = 0, tile_capacity = 0;
+  cudaError_t err = resident_blocks<&lane_sum_kernel<T, W>>(&lane_capacity);
+  if (err != cudaSuccess) return err;
+  err = resident_blocks<&tile_sum_kernel<T, W, true>>(&tile_capacity);
+  if (err != cudaSuccess) return err;
+  const TileSplit lane = tile_split(rows, lane_capacity, kThreads * 8);
+  const TileSplit tile = tile_split(rows, tile_capacity, Geometry<T, W>::kTileRows);
+  const int64_t blocks = imax(lane.blocks, tile.blocks);
+  Crossing<Acc> c;
+  err = crossing(workspace, blocks, W, &c);
+  if (err != cudaSuccess) return err;
+  if (blocks > 1) c.picked = static_cast<int*>(workspace);
+  lane_sum_kernel<T, W><<<static_cast<unsigned>(lane.blocks), kThreads, 0, stream>>>(
+      src, indptr, out, rows, segments, lane.rows_per_block, c, TailGate::kShortTail);
+  err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  tile_sum_kernel<T, W, true><<<static_cast<unsigned>(tile.blocks), kThreads, 0, stream>>>(
+      src, indptr, out, rows, segments, W, tile.rows_per_block, c, TailGate::kLongTail);
+  err = cudaGetLastError();
+  if (err != cudaSuccess || blocks == 1) return err;
+  return launch_fixup<T>(indptr, out, rows, segments, W, lane.rows_per_block, lane.blocks, c,
+                         stream, tile.rows_per_block, tile.blocks);
 }
 
 template <typename T, int W>
@@ -2402,13 +2446,8 @@ cudaError_t launch_narrow_sum(const T* src, const int64_t* indptr, T* out, int64
       // before: against it without kLaneSide, claimed stripes and units).
       if (mean_rows < kShortSegmentRows) {
         if constexpr (sizeof(T) == 2 && W <= 2) {
-          if (rows * W * static_cast<int64_t>(sizeof(T)) >= kGateMinBytes) {
-            const cudaError_t err = launch_lane_sum<T, W>(
-                src, indptr, out, rows, segments, workspace, stream, TailGate::kShortTail);
-            if (err != cudaSuccess) return err;
-            return launch_tile_sum<T, W, true>(src, indptr, out, rows, segments, workspace,
-                                               stream, TailGate::kLongTail);
-          }
+          if (rows * W * static_cast<int64_t>(sizeof(T)) >= kGateMinBytes)
+            return launch_gated_sum<T, W>(src, indptr, out, rows, segments, workspace, stream);
         }
         if constexpr (sizeof(T) >= 4 || W >= 4)
           return launch_lane_sum<T, W>(src, indptr, out, rows, segments, workspace, stream);
