@@ -2055,9 +2055,11 @@ __global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
 // (up to kFixupParts), reduced in a fixed order. A giant segment thus costs
 // one read of blocks x inner partials, spread over the y blocks (launch_fixup
 // asks for one per kThreads columns, and more only where segments span
-// several blocks: two per block spanned). After the gated sums, the split is
-// the tile sum's where cross.picked says it ran.
-template <typename T>
+// several blocks: two per block spanned). kGated: after the gated sums, the
+// split is the tile sum's where cross.picked says it ran (a template flag: the
+// other sums keep the code they were measured with, a giant segment's
+// forward ran 2-3 % slower with the choice in it).
+template <typename T, bool kGated>
 __global__ void __launch_bounds__(kThreads)
     segment_sum_fixup_kernel(const int64_t* __restrict__ indptr, T* __restrict__ out,
                              int64_t rows, int64_t segments, int64_t inner,
@@ -2067,11 +2069,13 @@ __global__ void __launch_bounds__(kThreads)
   using Acc = typename Num<T>::acc;
   __shared__ Acc part[kThreads];
   const int64_t b = blockIdx.x;
-  if (cross.picked != nullptr && *cross.picked != 0) {
-    rows_per_block = tile_rows_per_block;
-    blocks = tile_blocks;
+  if constexpr (kGated) {
+    if (*cross.picked != 0) {
+      rows_per_block = tile_rows_per_block;
+      blocks = tile_blocks;
+    }
+    if (b >= blocks) return;
   }
-  if (b >= blocks) return;
   const int64_t s = cross.tail_key[b];
   if (s < 0 || s >= segments) return;
   const int64_t end = start_of(indptr, s + 1, rows);
@@ -2195,8 +2199,13 @@ inline cudaError_t launch_fixup(const int64_t* indptr, T* out, int64_t rows, int
   const int64_t fixup_y = imin(imin(wanted, kMaxGridY), imax(1, kFixupBlocks / blocks));
   const dim3 grid(static_cast<unsigned>(imax(blocks, tile_blocks)),
                   static_cast<unsigned>(fixup_y));
-  segment_sum_fixup_kernel<T><<<grid, kThreads, 0, stream>>>(
-      indptr, out, rows, segments, inner, block_rows, blocks, c, tile_block_rows, tile_blocks);
+  if (c.picked != nullptr) {
+    segment_sum_fixup_kernel<T, true><<<grid, kThreads, 0, stream>>>(
+        indptr, out, rows, segments, inner, block_rows, blocks, c, tile_block_rows, tile_blocks);
+  } else {
+    segment_sum_fixup_kernel<T, false><<<grid, kThreads, 0, stream>>>(
+        indptr, out, rows, segments, inner, block_rows, blocks, c, 0, 0);
+  }
   return cudaGetLastError();
 }
 
