@@ -409,9 +409,10 @@ __device__ __forceinline__ void fetch_starts(const int64_t* __restrict__ indptr,
 // (the same in every thread) so a round needs one barrier. kWarpCount: each
 // warp sums its count before adding it to the block's, instead of every
 // thread adding its own to the same word. The tile sum gained from it on
-// power-law segments (H100, % of copy bandwidth, bf16: 1 column 44.7 -> 48.9,
-// 2 columns 52.2 -> 53.9); the tile gather, held to fewer registers, lost on
-// bf16 rows of 1 column (short segments 63.4 -> 60.3).
+// power-law segments (H100, % of copy bandwidth, bf16, two runs: 1 column
+// 44.7 -> 48.9 and 45.1 -> 46.4, 2 columns 52.2 -> 53.9 and 52.3 -> 54.2);
+// the tile gather, held to fewer registers, lost on bf16 rows of 1 column
+// (short segments 63.4 -> 60.3).
 template <int kSteps, bool kWarpCount = false>
 __device__ __forceinline__ int64_t load_window(const int64_t* __restrict__ indptr,
                                                int64_t segments, int64_t rows, int64_t t0,
@@ -2056,9 +2057,9 @@ __global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
 // one read of blocks x inner partials, spread over the y blocks (launch_fixup
 // asks for one per kThreads columns, and more only where segments span
 // several blocks: two per block spanned). kGated: after the gated sums, the
-// split is the tile sum's where cross.picked says it ran (a template flag: the
-// other sums keep the code they were measured with, a giant segment's
-// forward ran 2-3 % slower with the choice in it).
+// split is the tile sum's where cross.picked says it ran. It is a template
+// flag so that the other sums' fix-up keeps its code: with the choice in it,
+// a giant segment's forward lost 2-3 points of copy bandwidth on an H100.
 template <typename T, bool kGated>
 __global__ void __launch_bounds__(kThreads)
     segment_sum_fixup_kernel(const int64_t* __restrict__ indptr, T* __restrict__ out,
