@@ -2462,11 +2462,11 @@ cudaError_t launch_narrow_sum(const T* src, const int64_t* indptr, T* out, int64
       // above takes them from there): the lane sum on rows of 4 to 16 bytes;
       // on 2-byte types in rows of 1 or 2 columns the lane or the tile sum, as
       // a sample of indptr decides (TailGate), and under kGateMinBytes the
-      // tile sum. On an H100, % of copy bandwidth against the tile
-      // sum, short segments then power law: fp32, 2 columns 84 against 71, 69
-      // against 66; bf16, 4 columns 82 against 56, 62 against 53; fp32, 4
-      // columns 75 against 70, 69 against 69 (16-byte rows took the lane sum
-      // before: against it without kLaneSide, claimed stripes and units).
+      // tile sum. On an H100, % of copy bandwidth against the tile sum, short
+      // segments then power law: fp32, 2 columns 84 against 71, 69 against
+      // 66; bf16, 4 columns 82 against 56, 62 against 53; fp32, 4 columns 75
+      // against 70, 69 against 69 (16-byte rows took the lane sum before:
+      // against it without kLaneSide, claimed stripes and units).
       if (mean_rows < kShortSegmentRows) {
         if constexpr (sizeof(T) == 2 && W <= 2) {
           if (rows * W * static_cast<int64_t>(sizeof(T)) >= kGateMinBytes)
@@ -2538,8 +2538,8 @@ inline int64_t segment_sum_workspace_bytes(int64_t rows, int64_t segments, int64
 }
 
 // out[segments, inner] = per-segment sums of src[rows, inner] (contiguous,
-// row-major). Enqueues up to four kernels on `stream` (two sums gated by a
-// sample of indptr, each with its fix-up, on 2-byte types in rows of 1 or 2
+// row-major). Enqueues up to three kernels on `stream` (two sums gated by a
+// sample of indptr and their shared fix-up, on 2-byte types in rows of 1 or 2
 // columns; one memset when rows == 0) and returns the launch error.
 template <typename T>
 cudaError_t segment_sum(const T* src, const int64_t* indptr, T* out, int64_t rows,
