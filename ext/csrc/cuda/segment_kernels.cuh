@@ -82,20 +82,6 @@ constexpr int kTileBlocksPerSm = 4;
 // at most 2 points slower).
 constexpr int kTileSumBlocksPerSm = 3;
 constexpr int kStreamBlocksPerSm = 4;
-// The stream sum loads the next kBatch rows of 4- and 8-byte types while it
-// adds the current ones: twice the bytes in flight for the registers of
-// kStreamBlocksPerSm blocks per SM. On an H100, % of copy bandwidth against a
-// batch loaded after the last was added, short segments then power law:
-// fp32, 32 columns 84.6 against 81.1, 80.6 against 76.4; fp32, 256 columns
-// 86.4 against 85.0, 87.3 against 84.4. The half types, whose adds take more
-// instructions, lost with a prefetch (bf16 by up to 5.1 points); they load
-// kHalfSumBatch rows after the adds instead, the same registers. Against 6
-// blocks per SM without reading the next segment end ahead (what they ran
-// before), bf16, short segments: 32 columns 74.3 against 72.3, 64 columns
-// 78.5 against 75.3, 128 columns 82.0 against 78.0; power law, 64 columns
-// 72.9 against 72.1, 32 columns 65.0 against 66.7 (the one loss).
-template <typename T>
-constexpr bool kStreamSumPrefetch = sizeof(T) >= 4;
 constexpr int kThreadBytes = 64;     // tile kernels: src bytes per thread and tile (16 KB tiles)
 constexpr int kWindow = 4096;        // tile kernels: segment starts per tile kept in shared memory
 constexpr int kWindowSteps = 4;      // tile kernels: indptr entries per thread and round
@@ -105,10 +91,34 @@ constexpr int kShortSegmentRows = 64;  // tile sum: mean segment length (rows) t
 constexpr int kValueBytes = 8192;    // tile gather: segment values per tile in shared memory
 constexpr int kLabelGatherRows = 64; // team-shaped gathers: mean segment length that is short
 constexpr int kBatch = 4;            // stream kernels: loads per thread in flight
-constexpr int kHalfSumBatch = 2 * kBatch;  // stream sum of the half types: rows per batch
 constexpr int kMinGroupRows = 32;    // stream kernels: small inputs get fewer, fuller groups
 constexpr int kTeam = 32;            // team kernels, stream gather: threads on contiguous rows
 constexpr int kTeams = kThreads / kTeam;  // team kernels: teams per block
+// How the stream sum keeps rows in flight. 4- and 8-byte types load the next
+// kBatch rows while they add the current ones: twice the bytes in flight for
+// the registers of kStreamBlocksPerSm blocks per SM. On an H100, % of copy
+// bandwidth against a batch loaded after the last was added, short segments
+// then power law: fp32, 32 columns 84.6 against 81.1, 80.6 against 76.4;
+// fp32, 256 columns 86.4 against 85.0, 87.3 against 84.4. The half types,
+// whose adds take more instructions, lost with that read-ahead (bf16 by up to
+// 5.1 points). In rows of fewer than kWideHalfLanes packs they load 2 * kBatch
+// rows after the adds instead, the same registers: a group there meets a
+// segment end every few loads, and a fifth of the stalls (bf16, 32 columns,
+// power law) wait on the indptr read for the next one, which more resident
+// warps cover. Wider rows read 6 rows ahead at 3 blocks per SM, whose
+// registers that takes. Against 2 * kBatch rows after the adds, bf16, short
+// segments then power law: 64 columns 80.6 against 79.1, 74.7 against 73.1;
+// 128 columns 84.3 against 81.3, 82.1 against 78.2; 256 columns 85.9 against
+// 84.6, 84.6 against 81.6. With 32 columns, half-empty segments lost 2 points
+// (69.1 against 71.0), other laws were within noise. 8 rows ahead lost up to
+// 2.7 points to 6 on the power law.
+template <typename T, bool kWideRows>
+struct StreamSumRows {
+  static constexpr bool kReadAhead = sizeof(T) >= 4 || kWideRows;
+  static constexpr int kRows = sizeof(T) >= 4 ? kBatch : kWideRows ? 6 : 2 * kBatch;
+  static constexpr int kBlocksPerSm = sizeof(T) >= 4 || !kWideRows ? kStreamBlocksPerSm : 3;
+};
+constexpr int kWideHalfLanes = 16;  // stream sum: packs per row from which half types read ahead
 // The gathers launch several waves of blocks, so that blocks that finish early
 // are followed by more: with one wave, blocks finished so unevenly that a
 // quarter of the warp slots sat idle (Nsight Compute on an H100, tile gather,
@@ -1498,7 +1508,7 @@ struct StreamSumShared {
   Acc item_val[2 * kThreads * W];
 };
 
-template <typename T, int W>
+template <typename T, int W, bool kWideRows>
 __device__ __forceinline__ void stream_sum_block(const T* __restrict__ src,
                                                  const int64_t* __restrict__ indptr,
                                                  T* __restrict__ out, int64_t rows,
@@ -1507,7 +1517,8 @@ __device__ __forceinline__ void stream_sum_block(const T* __restrict__ src,
                                                  const Crossing<typename Num<T>::acc>& cross,
                                                  StreamSumShared<T, W>& sm) {
   using Acc = typename Num<T>::acc;
-  constexpr int kRows = kStreamSumPrefetch<T> ? kBatch : kHalfSumBatch;  // rows per batch
+  using Batch = StreamSumRows<T, kWideRows>;
+  constexpr int kRows = Batch::kRows;
   constexpr int kCols = W;  // columns each thread sums
   const Place p = place(rows, inner, W, group_rows, slab);
   const SegmentRange range = block_segments(indptr, segments, rows, p.r0, p.r1);
@@ -1551,7 +1562,7 @@ __device__ __forceinline__ void stream_sum_block(const T* __restrict__ src,
     auto load_batch = [&](RawPack<T, W>(&d)[kRows], const T* q, int n) {
 #pragma unroll
       for (int b = 0; b < kRows; ++b) {
-        if constexpr (kStreamSumPrefetch<T>)
+        if constexpr (Batch::kReadAhead)
           d[b] = b < n ? load_raw<T, W>(q + b * inner) : RawPack<T, W>{};
         else if (b < n)
           d[b] = load_raw<T, W>(q + b * inner);
@@ -1563,7 +1574,7 @@ __device__ __forceinline__ void stream_sum_block(const T* __restrict__ src,
     load_batch(d, at, batch_rows(p.g0));
     for (int64_t r = p.g0; r < p.g1; r += kRows, at += kRows * inner) {
       const int n = batch_rows(r);
-      if constexpr (kStreamSumPrefetch<T>)
+      if constexpr (Batch::kReadAhead)
         load_batch(next, at + kRows * inner, batch_rows(r + kRows));
 #pragma unroll
       for (int b = 0; b < kRows; ++b) {
@@ -1588,7 +1599,7 @@ __device__ __forceinline__ void stream_sum_block(const T* __restrict__ src,
         }
         add_raw<T, W>(acc, d[b]);
       }
-      if constexpr (kStreamSumPrefetch<T>) {
+      if constexpr (Batch::kReadAhead) {
 #pragma unroll
         for (int b = 0; b < kRows; ++b) d[b] = next[b];
       } else {
@@ -1625,14 +1636,15 @@ __device__ __forceinline__ void stream_sum_block(const T* __restrict__ src,
 // Grid: x = row ranges (one per block, equal sizes, as many as fit on the GPU
 // at once), y = column slabs of kThreads packs (only rows wider than
 // kThreads * W elements have more than one).
-template <typename T, int W>
-__global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
+template <typename T, int W, bool kWideRows>
+__global__ void __launch_bounds__(kThreads, StreamSumRows<T, kWideRows>::kBlocksPerSm)
     stream_sum_kernel(const T* __restrict__ src, const int64_t* __restrict__ indptr,
                       T* __restrict__ out, int64_t rows, int64_t segments, int64_t inner,
                       int64_t group_rows, int64_t slabs, Crossing<typename Num<T>::acc> cross) {
   __shared__ StreamSumShared<T, W> sm;
   for (int64_t slab = blockIdx.y; slab < slabs; slab += gridDim.y) {
-    stream_sum_block<T, W>(src, indptr, out, rows, segments, inner, group_rows, slab, cross, sm);
+    stream_sum_block<T, W, kWideRows>(src, indptr, out, rows, segments, inner, group_rows, slab,
+                                      cross, sm);
     __syncthreads();
   }
 }
@@ -2332,15 +2344,22 @@ inline int64_t unit_rows(int64_t rows, int64_t units, int64_t min_rows, int64_t 
   return ceil_div(imax(min_rows, ceil_div(rows, units)), step) * step;
 }
 
-template <typename T, int W>
+template <typename T, int W, bool kWideRows = false>
 cudaError_t launch_stream_sum(const T* src, const int64_t* indptr, T* out, int64_t rows,
                               int64_t segments, int64_t inner, void* workspace,
                               cudaStream_t stream) {
   using Acc = typename Num<T>::acc;
-  int64_t capacity = 0;
-  cudaError_t err = resident_blocks<&stream_sum_kernel<T, W>>(&capacity);
-  if (err != cudaSuccess) return err;
   const StreamShape<W> shape(inner);
+  // Rows of single elements (unaligned or odd widths) keep the narrow shape:
+  // the read-ahead was measured on packs.
+  if constexpr (sizeof(T) == 2 && W > 1 && !kWideRows) {
+    if (shape.lanes >= kWideHalfLanes)
+      return launch_stream_sum<T, W, true>(src, indptr, out, rows, segments, inner, workspace,
+                                           stream);
+  }
+  int64_t capacity = 0;
+  cudaError_t err = resident_blocks<&stream_sum_kernel<T, W, kWideRows>>(&capacity);
+  if (err != cudaSuccess) return err;
   const int64_t units = imax(1, capacity / shape.grid_y) * shape.groups;
   const int64_t group_rows = unit_rows(rows, units, kMinGroupRows, kBatch);
   const int64_t block_rows = group_rows * shape.groups;
@@ -2349,8 +2368,8 @@ cudaError_t launch_stream_sum(const T* src, const int64_t* indptr, T* out, int64
   err = crossing(workspace, blocks, inner, &c);
   if (err != cudaSuccess) return err;
   const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(shape.grid_y));
-  stream_sum_kernel<T, W><<<grid, kThreads, 0, stream>>>(src, indptr, out, rows, segments, inner,
-                                                          group_rows, shape.slabs, c);
+  stream_sum_kernel<T, W, kWideRows><<<grid, kThreads, 0, stream>>>(
+      src, indptr, out, rows, segments, inner, group_rows, shape.slabs, c);
   err = cudaGetLastError();
   if (err != cudaSuccess || blocks == 1) return err;
   return launch_fixup<T>(indptr, out, rows, segments, inner, block_rows, blocks, c, stream);
