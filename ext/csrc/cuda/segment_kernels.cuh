@@ -415,15 +415,26 @@ __device__ __forceinline__ void fetch_starts(const int64_t* __restrict__ indptr,
 // segment `first`, and returns the number of starts in the tile. The first
 // round takes `steps` entries per thread from `raw` (fetch_starts); further
 // rounds, only when a round is full, read kWindowSteps entries per thread.
-// counts[3] are zero-initialised block counters, used in rotation by `round`
-// (the same in every thread) so a round needs one barrier. kWarpCount: each
-// warp sums its count before adding it to the block's, instead of every
-// thread adding its own to the same word. The tile sum gained from it on
-// power-law segments (H100, % of copy bandwidth, bf16, two runs: 1 column
-// 44.7 -> 48.9 and 45.1 -> 46.4, 2 columns 52.2 -> 53.9 and 52.3 -> 54.2);
-// the tile gather, held to fewer registers, lost on bf16 rows of 1 column
-// (short segments 63.4 -> 60.3).
-template <int kSteps, bool kWarpCount = false>
+// counts[3] are zero-initialised block words, used in rotation by `round`
+// (the same in every thread) so a round needs one barrier. How a round's
+// count reaches every thread differs by kernel (WindowCount), each the
+// fastest measured there (H100, % of copy bandwidth):
+// * kWarpAtomic (tile sum): each warp sums its count and adds it to the
+//   block's. Against an atomic per thread on the same word, power-law
+//   segments, bf16, two runs: 1 column 44.7 -> 48.9 and 45.1 -> 46.4, 2
+//   columns 52.2 -> 53.9 and 52.3 -> 54.2. Counted in the barrier it was up to
+//   1 point slower.
+// * kInBarrier (tile gather, held to 64 registers, where the warp sum lost 3
+//   points on bf16 rows of 1 column): the barrier itself counts, with no
+//   atomics and hardly a register. Against an atomic per thread, two runs:
+//   0.1 to 1.8 points faster on 27 of 30 short, power-law and spiky cases
+//   (rows of 1 to 4 bf16, 1 to 4 fp32), at most 0.9 slower; 32-256-row
+//   segments within 0.7.
+// * kThreadAtomic (label gather): an atomic per thread. Counted in the
+//   barrier it was 0.3 to 2 points slower on rows of 32 to 256 columns.
+enum class WindowCount { kThreadAtomic, kWarpAtomic, kInBarrier };
+
+template <int kSteps, WindowCount kCount>
 __device__ __forceinline__ int64_t load_window(const int64_t* __restrict__ indptr,
                                                int64_t segments, int64_t rows, int64_t t0,
                                                int nrows, int64_t first, int steps,
@@ -454,20 +465,34 @@ __device__ __forceinline__ int64_t load_window(const int64_t* __restrict__ indpt
       }
     }
     int* count = counts + round % 3;
-    if constexpr (kWarpCount) {
-      using WarpCount = cub::WarpReduce<int, 32>;
-      __shared__ typename WarpCount::TempStorage warp_count[kThreads / 32];
-      const int warp_taken = WarpCount(warp_count[tid / 32]).Sum(taken);
-      if (tid % 32 == 0 && warp_taken) atomicAdd(count, warp_taken);
-    } else if (taken) {
-      atomicAdd(count, taken);
+    int64_t got;
+    if constexpr (kCount == WindowCount::kInBarrier) {
+      // Sorted starts make the entries taken a prefix of the round: every
+      // thread took q (the last thread's count) or q + 1, and the barrier
+      // counts those with q + 1, by parity.
+      if (tid == kThreads - 1) *count = taken;  // read after the barrier, rewritten 3 rounds on
+      ++round;
+      const int odd = __syncthreads_count(taken & 1);
+      const int q = *count;
+      got = static_cast<int64_t>(q) * kThreads + (q & 1 ? kThreads - odd : odd);
+    } else {
+      if constexpr (kCount == WindowCount::kWarpAtomic) {
+        using WarpCount = cub::WarpReduce<int, 32>;
+        __shared__ typename WarpCount::TempStorage warp_count[kThreads / 32];
+        const int warp_taken = WarpCount(warp_count[tid / 32]).Sum(taken);
+        if (tid % 32 == 0 && warp_taken) atomicAdd(count, warp_taken);
+      } else if (taken) {
+        atomicAdd(count, taken);
+      }
+      if (tid == 0) counts[(round + 1) % 3] = 0;  // last read two rounds ago
+      ++round;
+      __syncthreads();
+      got = *count;
     }
-    if (tid == 0) counts[(round + 1) % 3] = 0;  // last read two rounds ago
-    ++round;
-    __syncthreads();
-    const int got = *count;
     n += got;
-    if (got < steps * kThreads) return n;
+    // Unsorted starts (an unchecked indptr) break the prefix; n still stops at
+    // the last segment.
+    if (got < steps * kThreads) return imin(n, segments + 1 - first);
     steps = kWindowSteps;
   }
 }
@@ -763,9 +788,9 @@ __device__ __forceinline__ void tile_sum_block(const T* __restrict__ src,
     __syncthreads();  // the previous tile's window, stage and carry are read
     store_stage(sm.stage, staged);
     if (tid == 0) sm.crowded = 0;
-    const Window w{first, load_window<G::kPrefetch, true>(indptr, segments, rows, t0, nrows,
-                                                          first, steps, raw, sm.window,
-                                                          sm.counts, round)};
+    const Window w{first, load_window<G::kPrefetch, WindowCount::kWarpAtomic>(
+                               indptr, segments, rows, t0, nrows, first, steps, raw,
+                               sm.window, sm.counts, round)};
     if (t0 + G::kTileRows < r1) {  // staged and raw are free again
       load_tile(t0 + G::kTileRows);
       steps = G::kPrefetch;
@@ -1334,8 +1359,9 @@ __device__ __forceinline__ void tile_gather_block(const T* __restrict__ src,
     }
     int cached = static_cast<int>(imin(steps * kThreads, kValues));
     if (tid == 0) sm.crowded = 0;
-    const Window w{first, load_window(indptr, segments, rows, t0, nrows, first, steps, raw,
-                                      sm.window, sm.counts, round)};
+    const Window w{first, load_window<kPrefetchSteps, WindowCount::kInBarrier>(
+                              indptr, segments, rows, t0, nrows, first, steps, raw, sm.window,
+                              sm.counts, round)};
     // Values past the prefetched ones: a tile with more segments than the last.
     const int wanted = static_cast<int>(imin(w.n + 1, kValues));
     for (int i = cached + tid; i < wanted; i += kThreads) sm.values[i] = value(first - 1 + i);
@@ -1939,8 +1965,9 @@ __global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
     const int nrows = static_cast<int>(imin(r1, t0 + kLabelTileRows) - t0);
     __syncthreads();  // the previous tile's window and labels are read
     if (tid == 0) sm.crowded = 0;
-    const Window w{first, load_window(indptr, segments, rows, t0, nrows, first, steps, raw,
-                                      sm.window, sm.counts, round)};
+    const Window w{first, load_window<kPrefetchSteps, WindowCount::kThreadAtomic>(
+                              indptr, segments, rows, t0, nrows, first, steps, raw, sm.window,
+                              sm.counts, round)};
     if (t0 + kLabelTileRows < r1) {
       steps = kPrefetchSteps;
       fetch_starts(indptr, segments, rows, first + w.n, steps, raw);
