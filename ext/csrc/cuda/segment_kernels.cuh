@@ -104,14 +104,16 @@ constexpr int kTeams = kThreads / kTeam;  // team kernels: teams per block
 // 5.1 points). In rows of fewer than kWideHalfLanes packs they load 2 * kBatch
 // rows after the adds instead, the same registers: a group there meets a
 // segment end every few loads, and a fifth of the stalls (bf16, 32 columns,
-// power law) wait on the indptr read for the next one, which more resident
-// warps cover. Wider rows read 6 rows ahead at 3 blocks per SM, whose
-// registers that takes. Against 2 * kBatch rows after the adds, bf16, short
+// power law) wait on indptr for the next end. Neither a read-ahead of rows
+// nor the ends of the next 8 segments held across the group's lanes gained
+// there. Wider rows read 6 rows ahead at 3 blocks per SM, whose registers
+// that takes. Against 2 * kBatch rows after the adds, bf16, short
 // segments then power law: 64 columns 80.6 against 79.1, 74.7 against 73.1;
 // 128 columns 84.3 against 81.3, 82.1 against 78.2; 256 columns 85.9 against
 // 84.6, 84.6 against 81.6. With 32 columns, half-empty segments lost 2 points
-// (69.1 against 71.0), other laws were within noise. 8 rows ahead lost up to
-// 2.7 points to 6 on the power law.
+// (69.1 against 71.0), other laws were within noise; the ends held across
+// lanes were within 2 points. 8 rows ahead lost up to 2.7 points to 6 on the
+// power law.
 template <typename T, bool kWideRows>
 struct StreamSumRows {
   static constexpr bool kReadAhead = sizeof(T) >= 4 || kWideRows;
