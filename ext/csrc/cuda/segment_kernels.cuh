@@ -417,10 +417,10 @@ __device__ __forceinline__ void fetch_starts(const int64_t* __restrict__ indptr,
 // segment `first`, and returns the number of starts in the tile. The first
 // round takes `steps` entries per thread from `raw` (fetch_starts); further
 // rounds, only when a round is full, read kWindowSteps entries per thread.
-// counts[3] are zero-initialised block words, used in rotation by `round`
-// (the same in every thread) so a round needs one barrier. How a round's
-// count reaches every thread differs by kernel (WindowCount), each the
-// fastest measured there (H100, % of copy bandwidth):
+// counts[3] are block words, used in rotation by `round` (the same in every
+// thread) so a round needs one barrier; the atomic counts need them zeroed.
+// How a round's count reaches every thread differs by kernel (WindowCount),
+// each the fastest measured there (H100, % of copy bandwidth):
 // * kWarpAtomic (tile sum): each warp sums its count and adds it to the
 //   block's. Against an atomic per thread on the same word, power-law
 //   segments, bf16, two runs: 1 column 44.7 -> 48.9 and 45.1 -> 46.4, 2
@@ -436,7 +436,7 @@ __device__ __forceinline__ void fetch_starts(const int64_t* __restrict__ indptr,
 //   barrier it was 0.3 to 2 points slower on rows of 32 to 256 columns.
 enum class WindowCount { kThreadAtomic, kWarpAtomic, kInBarrier };
 
-template <int kSteps, WindowCount kCount>
+template <WindowCount kCount, int kSteps>
 __device__ __forceinline__ int64_t load_window(const int64_t* __restrict__ indptr,
                                                int64_t segments, int64_t rows, int64_t t0,
                                                int nrows, int64_t first, int steps,
@@ -790,9 +790,9 @@ __device__ __forceinline__ void tile_sum_block(const T* __restrict__ src,
     __syncthreads();  // the previous tile's window, stage and carry are read
     store_stage(sm.stage, staged);
     if (tid == 0) sm.crowded = 0;
-    const Window w{first, load_window<G::kPrefetch, WindowCount::kWarpAtomic>(
-                               indptr, segments, rows, t0, nrows, first, steps, raw,
-                               sm.window, sm.counts, round)};
+    const Window w{first, load_window<WindowCount::kWarpAtomic>(indptr, segments, rows, t0, nrows,
+                                                                first, steps, raw, sm.window,
+                                                                sm.counts, round)};
     if (t0 + G::kTileRows < r1) {  // staged and raw are free again
       load_tile(t0 + G::kTileRows);
       steps = G::kPrefetch;
@@ -1361,9 +1361,9 @@ __device__ __forceinline__ void tile_gather_block(const T* __restrict__ src,
     }
     int cached = static_cast<int>(imin(steps * kThreads, kValues));
     if (tid == 0) sm.crowded = 0;
-    const Window w{first, load_window<kPrefetchSteps, WindowCount::kInBarrier>(
-                              indptr, segments, rows, t0, nrows, first, steps, raw, sm.window,
-                              sm.counts, round)};
+    const Window w{first, load_window<WindowCount::kInBarrier>(indptr, segments, rows, t0, nrows,
+                                                               first, steps, raw, sm.window,
+                                                               sm.counts, round)};
     // Values past the prefetched ones: a tile with more segments than the last.
     const int wanted = static_cast<int>(imin(w.n + 1, kValues));
     for (int i = cached + tid; i < wanted; i += kThreads) sm.values[i] = value(first - 1 + i);
@@ -1967,9 +1967,9 @@ __global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
     const int nrows = static_cast<int>(imin(r1, t0 + kLabelTileRows) - t0);
     __syncthreads();  // the previous tile's window and labels are read
     if (tid == 0) sm.crowded = 0;
-    const Window w{first, load_window<kPrefetchSteps, WindowCount::kThreadAtomic>(
-                              indptr, segments, rows, t0, nrows, first, steps, raw, sm.window,
-                              sm.counts, round)};
+    const Window w{first, load_window<WindowCount::kThreadAtomic>(indptr, segments, rows, t0,
+                                                                  nrows, first, steps, raw,
+                                                                  sm.window, sm.counts, round)};
     if (t0 + kLabelTileRows < r1) {
       steps = kPrefetchSteps;
       fetch_starts(indptr, segments, rows, first + w.n, steps, raw);
