@@ -1371,8 +1371,24 @@ __device__ __forceinline__ void tile_gather_block(const T* __restrict__ src,
                                                                first, steps, raw, sm.window,
                                                                sm.counts, round)};
     // Values past the prefetched ones: a tile with more segments than the last.
+    // kWindowSteps loads per thread go out before the first store: one at a
+    // time, each store waited on its load (Nsight Compute, H100, bf16, 1
+    // column, short segments: 15 % of the stall samples). % of copy
+    // bandwidth, two runs: bf16, 1 column, short 64.3 -> 67.4 and
+    // 64.4 -> 68.2, power law 65.2 -> 66.3 and 63.5 -> 65.5; fp32, 2 columns,
+    // 1-3-row segments 73.9 -> 77.6; other tile gathers -0.4 to +1.1.
     const int wanted = static_cast<int>(imin(w.n + 1, kValues));
-    for (int i = cached + tid; i < wanted; i += kThreads) sm.values[i] = value(first - 1 + i);
+    for (int i0 = cached + tid; i0 < wanted; i0 += kWindowSteps * kThreads) {
+      P more[kWindowSteps];
+#pragma unroll
+      for (int k = 0; k < kWindowSteps; ++k) {
+        const int i = i0 + k * kThreads;
+        more[k] = i < wanted ? value(first - 1 + i) : zero_pack<T, W>();
+      }
+#pragma unroll
+      for (int k = 0; k < kWindowSteps; ++k)
+        if (i0 + k * kThreads < wanted) sm.values[i0 + k * kThreads] = more[k];
+    }
     cached = cached > wanted ? cached : wanted;
     if (t0 + G::kTileRows < r1) {  // raw and raw_values are free again
       steps = kPrefetchSteps;
