@@ -403,12 +403,9 @@ struct Window {
 // Issued a tile ahead so the window's first round does not wait on memory,
 // and kept as read: load_window clamps them. Clamped here, the thread waited
 // on the loads at once (Nsight Compute, H100, tile sum, bf16, 1 column, short
-// segments: 13 % of the stall samples, on the clamp). % of copy bandwidth,
-// two runs, with kernels this does not touch moving by up to +1.7 in the same
-// runs: tile sum, bf16, 1 column, power law 46.6 -> 53.0 and 46.1 -> 48.2,
-// 32-256-row segments 50.1 -> 54.0; 2 columns, power law 53.8 -> 56.2 and
-// 53.3 -> 55.8; tile gather, fp32, 1 column, short 83.1 -> 85.7 and
-// 81.5 -> 84.7.
+// segments: 13 % of the stall samples, on the clamp). On the op benchmark
+// (H100, % of copy bandwidth): bf16, 1 column, power law, forward 49.2 ->
+// 52.5; fp32, 1 column, short segments, backward 82.6 -> 85.1.
 template <int kSteps>
 __device__ __forceinline__ void fetch_starts(const int64_t* __restrict__ indptr, int64_t segments,
                                              int64_t from, int steps, int64_t (&raw)[kSteps]) {
@@ -1373,10 +1370,9 @@ __device__ __forceinline__ void tile_gather_block(const T* __restrict__ src,
     // Values past the prefetched ones: a tile with more segments than the last.
     // kWindowSteps loads per thread go out before the first store: one at a
     // time, each store waited on its load (Nsight Compute, H100, bf16, 1
-    // column, short segments: 15 % of the stall samples). % of copy
-    // bandwidth, two runs: bf16, 1 column, short 64.3 -> 67.4 and
-    // 64.4 -> 68.2, power law 65.2 -> 66.3 and 63.5 -> 65.5; fp32, 2 columns,
-    // 1-3-row segments 73.9 -> 77.6; other tile gathers -0.4 to +1.1.
+    // column, short segments: 15 % of the stall samples). On the op
+    // benchmark, bf16, 1 column, short segments: 64.0 -> 66.8 % of copy
+    // bandwidth.
     const int wanted = static_cast<int>(imin(w.n + 1, kValues));
     for (int i0 = cached + tid; i0 < wanted; i0 += kWindowSteps * kThreads) {
       P more[kWindowSteps];
