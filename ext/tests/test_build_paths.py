@@ -4,8 +4,11 @@ namespace so they coexist with the installed wheel in this process, and each
 checked against the wheel's results. The stable-ABI sources are JIT-built too.
 
 These need the source tree (SEGMENT_OPS_SRC, default: the folder above this
-file) and a C++ compiler; the CMake test also needs cmake and a CPU build of
-torch. Select or deselect them with ``-m build`` / ``-m "not build"``.
+file) and a C++ compiler; the CMake test also needs cmake. With a CUDA build of
+torch the CMake test compiles the CUDA kernels as well, for the GPU it then
+checks them on (or for $TORCH_CUDA_ARCH_LIST), so it is a GPU test there and
+needs the CUDA toolkit torch was built with. Select or deselect them with
+``-m build`` / ``-m "not build"``.
 """
 
 import os
@@ -99,11 +102,57 @@ def run(cmd):
         pytest.fail(f"{' '.join(cmd)} failed:\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}")
 
 
-def test_cmake_build(tmp_path):
-    if torch.version.cuda or torch.version.hip:
-        pytest.skip(
-            "the CMake path is tested against CPU builds of torch (CMakeLists.txt says why)"
-        )
+def cmake_cuda_args():
+    """What find_package(Torch) needs to build the CUDA kernels beside a CUDA torch."""
+    from torch.utils import cpp_extension
+
+    home = cpp_extension.CUDA_HOME
+    if not home or not Path(home, "bin", "nvcc").is_file():
+        pytest.skip("no CUDA toolkit found for the CMake CUDA build (set CUDA_HOME)")
+    # The kernels run on this GPU, so they are built for it, unless the
+    # caller names the architectures.
+    archs = os.environ.get("TORCH_CUDA_ARCH_LIST") or "{}.{}".format(
+        *torch.cuda.get_device_capability()
+    )
+    args = [
+        "-DSEGMENT_OPS_CUDA=ON",
+        f"-DCMAKE_CUDA_COMPILER={Path(home, 'bin', 'nvcc')}",
+        f"-DCUDA_TOOLKIT_ROOT_DIR={home}",
+        f"-DTORCH_CUDA_ARCH_LIST={archs}",
+    ]
+    # torch's CMake config links nvrtc; toolkits without it (and torch's own
+    # PyPI dependencies have it) get the one torch loads.
+    bundled = sorted(Path(torch.__file__).parents[1].glob("nvidia/*/lib/libnvrtc.so.*"))
+    if bundled:
+        args.append(f"-DCUDA_nvrtc_LIBRARY={bundled[0]}")
+    return args
+
+
+def same_cuda_results_as_wheel(namespace):
+    ops = getattr(torch.ops, namespace)
+    # Widths and lengths that reach each kernel family: tile/lane (1 column),
+    # team (32 columns, long segments), stream (64 columns, short segments).
+    for inner, max_len in ((1, 16), (1, 4000), (32, 2000), (64, 16)):
+        lengths = torch.randint(0, max_len + 1, (3000,))
+        indptr = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)]).cuda()
+        rows = int(indptr[-1])
+        for dtype in (torch.float32, torch.bfloat16):
+            src = torch.randn(rows, inner, device="cuda", dtype=dtype)
+            assert torch.equal(ops.segment_sum(src, indptr), segment_ops.segment_sum(src, indptr))
+            seg = torch.randn(indptr.numel() - 1, inner, device="cuda", dtype=dtype)
+            assert torch.equal(
+                ops.segment_gather(seg, indptr, rows),
+                segment_ops.segment_gather(seg, indptr, rows),
+            )
+
+
+@pytest.mark.parametrize(
+    "flavor",
+    [pytest.param("cuda", marks=pytest.mark.gpu) if torch.version.cuda else "cpu"],
+)
+def test_cmake_build(tmp_path, flavor):
+    if torch.version.hip:
+        pytest.skip("the CMake path builds no ROCm kernels (CMakeLists.txt)")
     cmake = find_cmake()
     if cmake is None:
         pytest.skip("cmake not found (pip install cmake, or set CMAKE)")
@@ -118,8 +167,11 @@ def test_cmake_build(tmp_path):
             "-DCMAKE_BUILD_TYPE=Release",
             f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}",
             "-DSEGMENT_OPS_NAMESPACE=segment_ops_cmake",
+            *(cmake_cuda_args() if flavor == "cuda" else []),
         ]
     )
     run([cmake, "--build", str(build), "-j", os.environ.get("MAX_JOBS", "2")])
     torch.ops.load_library(str(build / "libsegment_ops.so"))
     same_results_as_wheel("segment_ops_cmake")
+    if flavor == "cuda":
+        same_cuda_results_as_wheel("segment_ops_cmake")
