@@ -1351,11 +1351,11 @@ __device__ __forceinline__ void tile_gather_block(const T* __restrict__ src,
   // kPrefetchSteps deep: a tile of short segments then waits on one further
   // round of indptr, not on that and a round of values after it. On an H100,
   // % of copy bandwidth: bf16, 2 columns, short segments 82.5 -> 85.3, power
-  // law 69.5 -> 73.8; fp32, 1 column, power law 73.0 -> 74.2, 1-3-row
-  // segments 68.9 -> 71.2. Only there: 2-byte rows spilled with it (bf16, 1
-  // column, power law 66.0 -> 59.2), and wider rows keep the code they had
-  // (with the depth picked at run time, bf16 rows of 4 columns lost 9 points
-  // on short segments).
+  // law 69.5 -> 73.8; fp32, 1 column, 1-3-row segments 68.9 -> 71.2, and on
+  // the op benchmark power law 74.5 -> 76.0. Only there: 2-byte rows spilled
+  // with it (bf16, 1 column, power law 66.0 -> 59.2), and wider rows keep the
+  // code they had (with the depth picked at run time, bf16 rows of 4 columns
+  // lost 9 points on short segments).
   constexpr int kValueSteps = G::kRowBytes == 4 ? kWindowSteps : kPrefetchSteps;
   const int least_value_steps = walk_steps(expected, kValueSteps);
   int64_t raw[kPrefetchSteps];
