@@ -543,19 +543,51 @@ __device__ __forceinline__ int64_t starts_before(int a, uint32_t marks, bool by_
 // Marks the rows of the tile (`nrows` rows) where its window's `n` segments
 // start, one bit per row in `starts`. A start that the next one shares is a
 // segment without rows: on_empty(i) runs for its entry i and the tile is
-// crowded (some row then starts several segments).
+// crowded (some row then starts several segments). A thread takes four
+// consecutive entries, read from the window (16-byte aligned) at once, and
+// ORs the bits that fall in one mask word together: short segments put
+// several starts in a word, and with one atomic per entry a warp's atomics
+// waited on each other there (Nsight Compute, tile sum, bf16, 1 column: 13
+// wavefronts per atomic on the power law). On an H100, % of copy bandwidth:
+// tile gather, fp32, 1 column, power law 74.1 -> 76.0, 1-3-row segments 70.5
+// -> 75.0; bf16, 1 column, short segments 68.8 -> 70.1; tile sum, power law,
+// bf16, 1 column 49.6 -> 52.0, fp32, 1 column 65.1 -> 67.4.
 template <typename Start, typename OnEmpty>
-__device__ __forceinline__ void mark_starts(int64_t n, int nrows, Start&& start,
-                                            uint32_t* starts, int& crowded,
+__device__ __forceinline__ void mark_starts(int64_t n, int nrows, const int* window,
+                                            Start&& start, uint32_t* starts, int& crowded,
                                             OnEmpty&& on_empty) {
-  for (int64_t i = threadIdx.x; i < n; i += kThreads) {
-    const int r = start(i);
-    if (r < 0 || r >= nrows) continue;  // only with an unsorted indptr
-    atomicOr(&starts[r / 32], 1u << (r % 32));
-    if (start(i + 1) == r) {
-      on_empty(i);
-      crowded = 1;
+  constexpr int kPer = 4;
+  const int64_t in_window = imin(n, kWindow);
+  for (int64_t i0 = kPer * static_cast<int64_t>(threadIdx.x); i0 < n; i0 += kPer * kThreads) {
+    int r[kPer + 1];
+    if (i0 + kPer <= in_window) {
+      const int4 v = *reinterpret_cast<const int4*>(window + i0);
+      r[0] = v.x;
+      r[1] = v.y;
+      r[2] = v.z;
+      r[3] = v.w;
+    } else {
+#pragma unroll
+      for (int k = 0; k < kPer; ++k) r[k] = i0 + k < n ? start(i0 + k) : nrows;
     }
+    r[kPer] = start(i0 + kPer);
+    uint32_t bits = 0;
+    int word = -1;
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+      if (r[k] < 0 || r[k] >= nrows) continue;  // past n, or an unsorted indptr
+      if (r[k] / 32 != word) {
+        if (bits) atomicOr(&starts[word], bits);
+        word = r[k] / 32;
+        bits = 0;
+      }
+      bits |= 1u << (r[k] % 32);
+      if (r[k + 1] == r[k]) {
+        on_empty(i0 + k);
+        crowded = 1;
+      }
+    }
+    if (bits) atomicOr(&starts[word], bits);
   }
 }
 
@@ -720,7 +752,7 @@ struct TileSumShared {
   int crowded;           // some row of the tile starts several segments
   RunSum<Acc, W> carry;  // the segment open at the tile's start: its sum so far
   uint32_t starts[G::kTileRows / 32];  // bit r: a segment starts at row r
-  int window[kWindow];
+  alignas(16) int window[kWindow];
   uint4 stage[kThreads * (G::kStageUnits + 1)];
 };
 
@@ -805,7 +837,8 @@ __device__ __forceinline__ void tile_sum_block(const T* __restrict__ src,
       return i < w.n ? window_start(sm.window, indptr, rows, t0, w, i) : INT_MAX;
     };
     // Segments without rows are zeroed here.
-    mark_starts(w.n, nrows, start, sm.starts, sm.crowded, [&](int64_t i) { zero(first + i); });
+    mark_starts(w.n, nrows, sm.window, start, sm.starts, sm.crowded,
+                [&](int64_t i) { zero(first + i); });
     __syncthreads();
 
     // This run's rows [a, a + kRun), segment first - 1 + j being the one open
@@ -1309,7 +1342,7 @@ struct TileGatherShared {
   int counts[3];
   int crowded;
   uint32_t starts[G::kTileRows / 32];
-  int window[kWindow];
+  alignas(16) int window[kWindow];
   Pack<T, W> values[kValues];
   uint4 stage[kThreads * (G::kStageUnits + 1)];
 };
@@ -1412,7 +1445,7 @@ __device__ __forceinline__ void tile_gather_block(const T* __restrict__ src,
     auto start = [&](int64_t i) {
       return i < w.n ? window_start(sm.window, indptr, rows, t0, w, i) : INT_MAX;
     };
-    mark_starts(w.n, nrows, start, sm.starts, sm.crowded, [](int64_t) {});
+    mark_starts(w.n, nrows, sm.window, start, sm.starts, sm.crowded, [](int64_t) {});
     __syncthreads();
 
     // This run's rows [a, a + kRun); segment first - 1 + j is the one open at
@@ -1974,7 +2007,7 @@ struct LabelGatherShared {
   int counts[3];
   int crowded;
   uint32_t starts[kLabelTileRows / 32];
-  int window[kWindow];
+  alignas(16) int window[kWindow];
   int64_t label[kLabelTileRows];  // the segment of each row of the tile
 };
 
@@ -2014,7 +2047,7 @@ __global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
     auto start = [&](int64_t i) {
       return i < w.n ? window_start(sm.window, indptr, rows, t0, w, i) : INT_MAX;
     };
-    mark_starts(w.n, nrows, start, sm.starts, sm.crowded, [](int64_t) {});
+    mark_starts(w.n, nrows, sm.window, start, sm.starts, sm.crowded, [](int64_t) {});
     __syncthreads();
 
     // Row r of the tile lies in segment first - 1 + (the starts at or before
