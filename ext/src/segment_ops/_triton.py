@@ -566,7 +566,13 @@ _KERNELS = {
 # was best or within 2 points of the best on every law but giant segments,
 # where bigger tiles on more warps stream faster.
 _LANE_MAX_COLS = 4
-_LANE_ROWS = 32  # longest segment a lane sums on its own
+# Longest segment a lane sums on its own; longer ones go to the whole program,
+# one after another. Rows of one column are cheap enough per lane to take
+# longer ones (H100, % of copy bandwidth, power law, 1 column: bf16 43.7 ->
+# 45.5, fp32 59.9 -> 61.1 with 48 rows; short segments unchanged); rows of 4
+# columns lose with them (power law, bf16, 64 rows: 59.3 -> 54.6).
+_LANE_ROWS = 32
+_LANE_ROWS_ONE_COLUMN = 48
 _WALK_ROWS = 64  # mean segment length (rows) from which a chunk walks
 _LANE_SHAPES = [
     (32, 512, 1, 128),
@@ -667,7 +673,7 @@ def _launch(x: Tensor, indptr: Tensor, out: Tensor) -> None:
             slots,
             length_class,
             INNER=int(inner),  # a constexpr: specializes traced shapes on it
-            LANE_ROWS=_LANE_ROWS,
+            LANE_ROWS=_LANE_ROWS_ONE_COLUMN if inner == 1 else _LANE_ROWS,
             WALK_ROWS=_WALK_ROWS,
             **constants,
         )
