@@ -11,6 +11,7 @@ needs the CUDA toolkit torch was built with. Select or deselect them with
 ``-m build`` / ``-m "not build"``.
 """
 
+import json
 import os
 import shutil
 import subprocess
@@ -96,36 +97,50 @@ def find_cmake():
     return next((c for c in candidates if c and Path(c).is_file()), None)
 
 
+# With a CUDA torch the CMake builds compile the CUDA kernels too and are
+# checked on the GPU.
+CMAKE_FLAVORS = pytest.mark.parametrize(
+    "flavor",
+    [pytest.param("cuda", marks=pytest.mark.gpu) if torch.version.cuda else "cpu"],
+)
+
+
+def needs_cmake():
+    """cmake, or a skip saying why the CMake path cannot run here."""
+    if torch.version.hip:
+        pytest.skip("the CMake path builds CPU or CUDA kernels, not ROCm ones (CMakeLists.txt)")
+    cmake = find_cmake()
+    if cmake is None:
+        pytest.skip("cmake not found (pip install cmake, or set CMAKE)")
+    return cmake
+
+
 def run(cmd):
     result = subprocess.run(cmd, capture_output=True, text=True)
     if result.returncode:
         pytest.fail(f"{' '.join(cmd)} failed:\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}")
 
 
-def cmake_cuda_args():
-    """What find_package(Torch) needs to build the CUDA kernels beside a CUDA torch."""
-    from torch.utils import cpp_extension
+def import_ab(monkeypatch):
+    """benchmarks/ab.py, which builds the sources with CMake as users would."""
+    monkeypatch.syspath_prepend(str(SOURCE_DIR / "benchmarks"))
+    import ab
 
-    home = cpp_extension.CUDA_HOME
-    if not home or not Path(home, "bin", "nvcc").is_file():
-        pytest.skip("no CUDA toolkit found for the CMake CUDA build (set CUDA_HOME)")
+    return ab
+
+
+def cmake_cuda_args(monkeypatch):
+    """What find_package(Torch) needs to build the CUDA kernels beside a CUDA torch."""
+    ab = import_ab(monkeypatch)
     # The kernels run on this GPU, so they are built for it, unless the
     # caller names the architectures.
-    archs = os.environ.get("TORCH_CUDA_ARCH_LIST") or "{}.{}".format(
-        *torch.cuda.get_device_capability()
-    )
-    args = [
-        "-DSEGMENT_OPS_CUDA=ON",
-        f"-DCMAKE_CUDA_COMPILER={Path(home, 'bin', 'nvcc')}",
-        f"-DCUDA_TOOLKIT_ROOT_DIR={home}",
-        f"-DTORCH_CUDA_ARCH_LIST={archs}",
-    ]
-    # torch's CMake config links nvrtc; toolkits without it (and torch's own
-    # PyPI dependencies have it) get the one torch loads.
-    bundled = sorted(Path(torch.__file__).parents[1].glob("nvidia/*/lib/libnvrtc.so.*"))
-    if bundled:
-        args.append(f"-DCUDA_nvrtc_LIBRARY={bundled[0]}")
-    return args
+    if not os.environ.get("TORCH_CUDA_ARCH_LIST"):
+        capability = torch.cuda.get_device_capability()
+        monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "{}.{}".format(*capability))
+    try:
+        return ab.cuda_args()
+    except ab.UsageError as err:  # no toolkit here
+        pytest.skip(f"CMake CUDA build: {err}")
 
 
 def same_cuda_results_as_wheel(namespace):
@@ -146,16 +161,9 @@ def same_cuda_results_as_wheel(namespace):
             )
 
 
-@pytest.mark.parametrize(
-    "flavor",
-    [pytest.param("cuda", marks=pytest.mark.gpu) if torch.version.cuda else "cpu"],
-)
-def test_cmake_build(tmp_path, flavor):
-    if torch.version.hip:
-        pytest.skip("the CMake path builds CPU or CUDA kernels, not ROCm ones (CMakeLists.txt)")
-    cmake = find_cmake()
-    if cmake is None:
-        pytest.skip("cmake not found (pip install cmake, or set CMAKE)")
+@CMAKE_FLAVORS
+def test_cmake_build(tmp_path, monkeypatch, flavor):
+    cmake = needs_cmake()
     build = tmp_path / "build"
     run(
         [
@@ -167,7 +175,7 @@ def test_cmake_build(tmp_path, flavor):
             "-DCMAKE_BUILD_TYPE=Release",
             f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}",
             "-DSEGMENT_OPS_NAMESPACE=segment_ops_cmake",
-            *(cmake_cuda_args() if flavor == "cuda" else []),
+            *(cmake_cuda_args(monkeypatch) if flavor == "cuda" else []),
         ]
     )
     run([cmake, "--build", str(build), "-j", os.environ.get("MAX_JOBS", "2")])
@@ -175,3 +183,50 @@ def test_cmake_build(tmp_path, flavor):
     same_results_as_wheel("segment_ops_cmake")
     if flavor == "cuda":
         same_cuda_results_as_wheel("segment_ops_cmake")
+
+
+@CMAKE_FLAVORS
+def test_ab_variants_side_by_side(tmp_path, monkeypatch, flavor):
+    # benchmarks/ab.py builds one library per variant of the kernel header and
+    # times them in one process: two copies of the same header must load side
+    # by side and give the wheel's results.
+    cmake = needs_cmake()
+    monkeypatch.setenv("CMAKE", cmake)
+    if flavor == "cuda":
+        cmake_cuda_args(monkeypatch)  # skips without a toolkit, names the GPU's arch
+    ab = import_ab(monkeypatch)
+
+    header = SOURCE_DIR / "csrc" / "cuda" / "segment_kernels.cuh"
+    assert ab.main(["build", "--out", str(tmp_path), f"a={header}", f"b={header}"]) == 0
+    assert ab.main(["build", "--out", str(tmp_path), "c"]) == 2  # not NAME=HEADER
+    out = tmp_path / "ab.json"
+    device = "cuda" if flavor == "cuda" else "cpu"
+    args = [
+        "run",
+        str(tmp_path),
+        "--device",
+        device,
+        "--rows",
+        "20000",
+        "--rounds",
+        "1",
+        "--budget",
+        "0.01",
+        "--cases",
+        "float32:power:1,bfloat16:short:64",
+        "--out",
+        str(out),
+    ]
+    assert ab.main(args) == 0
+    cases = json.loads(out.read_text())["cases"]
+    assert [(c["dtype"], c["inner"]) for c in cases] == [("float32", 1), ("bfloat16", 64)]
+    for case in cases:
+        assert set(case["variants"]) == {"a", "b"}
+        for kind in ("fwd", "bwd"):
+            assert case["variants"]["b"][kind]["max_abs_diff"] == 0
+            assert case["variants"]["b"][kind]["copy_fraction"] > 0
+    indptr = torch.tensor([0, 3, 3, 7], device=device)
+    src = torch.randn(7, 4, device=device)
+    assert torch.equal(
+        torch.ops.segment_ops_ab_b.segment_sum(src, indptr), segment_ops.segment_sum(src, indptr)
+    )

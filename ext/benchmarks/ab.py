@@ -1,0 +1,291 @@
+"""A/B test of kernel variants: builds the ops once per variant of the CUDA
+kernel header, each under its own torch.ops namespace, then times them side by
+side in one process on the same inputs, rounds interleaved, against a copy.
+
+    # where the extension builds (a GPU is not needed; name the architectures)
+    TORCH_CUDA_ARCH_LIST=9.0 python benchmarks/ab.py build --out /tmp/ab \\
+        base=csrc/cuda/segment_kernels.cuh try=/tmp/try/segment_kernels.cuh
+    # on the GPU (a copy of /tmp/ab)
+    python benchmarks/ab.py run /tmp/ab --cases bfloat16:power:1,float32:short:4
+
+A variant is NAME=HEADER: the sources of this folder's parent with
+csrc/cuda/segment_kernels.cuh replaced by HEADER, built with CMake (as
+CMakeLists.txt says) into DIR/NAME/. `run` prints, per case and op (fwd: the
+sum, bwd: the gather), each variant's bandwidth as a fraction of the copy's and
+its time relative to the first variant's (> 1: faster), and the largest
+difference of its results from the first variant's. Built against a CPU torch,
+the variants hold the CPU kernels only and `run --device cpu` times those.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench  # noqa: E402  (this folder's benchmark: laws, indptr, timer)
+
+SOURCE_DIR = Path(__file__).resolve().parents[1]
+HEADER = Path("csrc", "cuda", "segment_kernels.cuh")
+MANIFEST = "variants.json"
+DEFAULT_CASES = "float32:short:1,float32:power:1,bfloat16:short:1,bfloat16:power:1,bfloat16:power:4"
+
+
+class UsageError(Exception):
+    """A mistake in the command line or its files: reported in one line, exit 2."""
+
+
+def parse_variant(text: str) -> tuple[str, Path]:
+    name, sep, header = text.partition("=")
+    if not sep or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+        raise UsageError(f"variant {text!r}: expected NAME=HEADER, NAME a C identifier")
+    path = Path(header)
+    if not path.is_file():
+        raise UsageError(f"variant {name}: no file {header}")
+    return name, path
+
+
+def find_cmake() -> str:
+    for candidate in (
+        os.environ.get("CMAKE"),
+        Path(sys.executable).parent / "cmake",
+        shutil.which("cmake"),
+    ):
+        if candidate and Path(candidate).is_file():
+            return str(candidate)
+    raise UsageError("cmake not found: pip install cmake, or set CMAKE")
+
+
+def cuda_args() -> list[str]:
+    """What find_package(Torch) needs to build the CUDA kernels beside a CUDA torch."""
+    if not torch.version.cuda:
+        return []
+    from torch.utils import cpp_extension
+
+    archs = os.environ.get("TORCH_CUDA_ARCH_LIST")
+    if not archs:
+        raise UsageError("set TORCH_CUDA_ARCH_LIST to the GPU's architecture, e.g. 9.0")
+    home = cpp_extension.CUDA_HOME
+    if not home or not Path(home, "bin", "nvcc").is_file():
+        raise UsageError("no CUDA toolkit found: set CUDA_HOME")
+    args = [
+        "-DSEGMENT_OPS_CUDA=ON",
+        f"-DCMAKE_CUDA_COMPILER={Path(home, 'bin', 'nvcc')}",
+        f"-DCUDA_TOOLKIT_ROOT_DIR={home}",
+        f"-DTORCH_CUDA_ARCH_LIST={archs}",
+    ]
+    bundled = sorted(Path(torch.__file__).parents[1].glob("nvidia/*/lib/libnvrtc.so.*"))
+    if bundled:
+        args.append(f"-DCUDA_nvrtc_LIBRARY={bundled[0]}")
+    return args
+
+
+def build(out: Path, variants: list[tuple[str, Path]]) -> None:
+    cmake = find_cmake()
+    extra = cuda_args()
+    manifest = {}
+    for name, header in variants:
+        src = out / name / "src"
+        shutil.rmtree(src, ignore_errors=True)
+        shutil.copytree(SOURCE_DIR / "csrc", src / "csrc")
+        shutil.copy2(SOURCE_DIR / "CMakeLists.txt", src)
+        shutil.copy2(header, src / HEADER)
+        work = out / name / "build"
+        log = out / name / "build.log"
+        namespace = f"segment_ops_ab_{name}"
+        steps = [
+            [
+                cmake,
+                "-S",
+                str(src),
+                "-B",
+                str(work),
+                "-DCMAKE_BUILD_TYPE=Release",
+                f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}",
+                f"-DSEGMENT_OPS_NAMESPACE={namespace}",
+                # Every variant defines the same kernels: kept private, each
+                # library launches its own.
+                "-DCMAKE_CXX_VISIBILITY_PRESET=hidden",
+                "-DCMAKE_CUDA_VISIBILITY_PRESET=hidden",
+                *extra,
+            ],
+            [cmake, "--build", str(work), "-j", os.environ.get("MAX_JOBS", "2")],
+        ]
+        with open(log, "w") as f:
+            for step in steps:
+                if subprocess.run(step, stdout=f, stderr=subprocess.STDOUT).returncode:
+                    raise UsageError(f"variant {name}: build failed, see {log}")
+        lib = out / name / "libsegment_ops.so"
+        shutil.copy2(work / "libsegment_ops.so", lib)
+        manifest[name] = {
+            "namespace": namespace,
+            "header": str(header),
+            "lib": str(lib.relative_to(out)),
+        }
+        print(f"built {name}: {lib}", flush=True)
+    (out / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+
+
+def load(directory: Path) -> dict[str, object]:
+    path = directory / MANIFEST
+    if not path.is_file():
+        raise UsageError(f"{path}: not found; run `ab.py build --out {directory}` first")
+    ops = {}
+    for name, entry in json.loads(path.read_text()).items():
+        torch.ops.load_library(str(directory / entry["lib"]))
+        ops[name] = getattr(torch.ops, entry["namespace"])
+    return ops
+
+
+def parse_case(text: str) -> tuple[str, str, int]:
+    parts = text.split(":")
+    if (
+        len(parts) != 3
+        or parts[0] not in bench.DTYPES
+        or parts[1] not in bench.LAWS
+        or not parts[2].isdigit()
+        or int(parts[2]) < 1
+    ):
+        raise UsageError(
+            f"case {text!r}: expected DTYPE:LAW:INNER, DTYPE of {bench.DTYPES}, "
+            f"LAW of {bench.LAWS}, INNER a positive integer"
+        )
+    return parts[0], parts[1], int(parts[2])
+
+
+def run_case(
+    ops: dict,
+    timer: bench.Timer,
+    dtype_name: str,
+    law: str,
+    inner: int,
+    device: torch.device,
+    rows: int,
+    rounds: int,
+) -> dict:
+    names = list(ops)
+    dtype = getattr(torch, dtype_name)
+    elem = torch.empty((), dtype=dtype).element_size()
+    indptr = bench.make_indptr(bench.segment_lengths(law, rows, 0), device)
+    segments = indptr.numel() - 1
+    src = torch.randn(rows, inner, device=device, dtype=dtype)
+    grad = torch.randn(segments, inner, device=device, dtype=dtype)
+    dst = torch.empty_like(src)
+    moved = (rows + segments) * inner * elem + indptr.numel() * indptr.element_size()
+    fns = {("copy", "-"): lambda: dst.copy_(src)}
+    for name in names:
+        fns[("fwd", name)] = lambda op=ops[name]: op.segment_sum(src, indptr)
+        fns[("bwd", name)] = lambda op=ops[name]: op.segment_gather(grad, indptr, rows)
+    times = {key: [] for key in fns}
+    for _ in range(rounds):  # interleaved, so drift hits every variant alike
+        for key, fn in fns.items():
+            times[key].append(timer.median(fn))
+    median = {key: statistics.median(t) for key, t in times.items()}
+    copy_rate = 2 * rows * inner * elem / median[("copy", "-")]
+    first = {kind: fns[(kind, names[0])]().double() for kind in ("fwd", "bwd")}
+    case = {
+        "dtype": dtype_name,
+        "law": law,
+        "inner": inner,
+        "rows": rows,
+        "segments": segments,
+        "copy_gbps": round(copy_rate / 1e9, 1),
+        "variants": {},
+    }
+    for name in names:
+        results = {}
+        for kind in ("fwd", "bwd"):
+            seconds = median[(kind, name)]
+            diff = fns[(kind, name)]().double() - first[kind]
+            results[kind] = {
+                "ms": round(seconds * 1e3, 4),
+                "copy_fraction": round(moved / seconds / copy_rate, 4),
+                "speedup": round(median[(kind, names[0])] / seconds, 4),
+                "max_abs_diff": float(diff.abs().max().item()) if diff.numel() else 0.0,
+            }
+            print(
+                f"{dtype_name:8} {law:5} x{inner:<4} {kind} {name:>12}: "
+                f"{results[kind]['copy_fraction']:6.1%} of copy  "
+                f"{results[kind]['speedup']:.3f}x  diff {results[kind]['max_abs_diff']:.3g}",
+                flush=True,
+            )
+        case["variants"][name] = results
+    return case
+
+
+def run(
+    directory: Path,
+    cases: list[tuple[str, str, int]],
+    device: torch.device,
+    src_mib: int,
+    rows: int | None,
+    rounds: int,
+    budget: float,
+) -> list[dict]:
+    ops = load(directory)
+    timer = bench.Timer(device, 2, 10, budget)
+    results = []
+    for dtype_name, law, inner in cases:
+        elem = torch.empty((), dtype=getattr(torch, dtype_name)).element_size()
+        n = rows or max(1024, (src_mib << 20) // (inner * elem))
+        results.append(run_case(ops, timer, dtype_name, law, inner, device, n, rounds))
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return results
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    b = commands.add_parser("build", help="build one library per variant")
+    b.add_argument("--out", required=True, type=Path, help="folder for the libraries")
+    b.add_argument("variants", nargs="+", metavar="NAME=HEADER")
+    r = commands.add_parser("run", help="time the built variants side by side")
+    r.add_argument("dir", type=Path, help="the folder `build --out` wrote")
+    r.add_argument("--cases", default=DEFAULT_CASES, help="comma-separated DTYPE:LAW:INNER")
+    r.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    r.add_argument("--src-mib", type=int, default=512, help="src size per case")
+    r.add_argument("--rows", type=int, help="rows per case instead of --src-mib")
+    r.add_argument("--rounds", type=int, default=3, help="interleaved rounds, median")
+    r.add_argument("--budget", type=float, default=0.3, help="seconds per op and round")
+    r.add_argument("--out", type=Path, help="write the results here as JSON")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "build":
+            variants = [parse_variant(v) for v in args.variants]
+            if len({name for name, _ in variants}) != len(variants):
+                raise UsageError("variant names must differ")
+            args.out.mkdir(parents=True, exist_ok=True)
+            build(args.out, variants)
+        else:
+            cases = [parse_case(c) for c in args.cases.split(",") if c]
+            results = run(
+                args.dir,
+                cases,
+                torch.device(args.device),
+                args.src_mib,
+                args.rows,
+                args.rounds,
+                args.budget,
+            )
+            if args.out:
+                args.out.write_text(json.dumps({"cases": results}, indent=1) + "\n")
+    except UsageError as err:
+        print(f"ab.py: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
