@@ -141,7 +141,10 @@ def load(directory: Path) -> dict[str, object]:
         raise UsageError(f"{path}: not found; run `ab.py build --out {directory}` first")
     ops = {}
     for name, entry in json.loads(path.read_text()).items():
-        torch.ops.load_library(str(directory / entry["lib"]))
+        try:
+            torch.ops.load_library(str(directory / entry["lib"]))
+        except OSError as err:  # built against another torch, or moved
+            raise UsageError(f"variant {name}: cannot load {entry['lib']}: {err}") from None
         ops[name] = getattr(torch.ops, entry["namespace"])
     return ops
 
