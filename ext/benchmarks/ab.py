@@ -14,7 +14,8 @@ CMakeLists.txt says) into DIR/NAME/. `run` prints, per case and op (fwd: the
 sum, bwd: the gather), each variant's bandwidth as a fraction of the copy's and
 its time relative to the first variant's (> 1: faster), and the largest
 difference of its results from the first variant's. Built against a CPU torch,
-the variants hold the CPU kernels only and `run --device cpu` times those.
+the libraries hold only the CPU kernels, which the header does not touch: enough
+to try the tool with `run --device cpu`, not to compare kernels.
 """
 
 from __future__ import annotations
