@@ -15,7 +15,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -87,16 +86,6 @@ def test_jit_load_stable_abi(tmp_path):
     same_results_as_wheel("segment_ops_stable_jit")
 
 
-def find_cmake():
-    """$CMAKE, else the cmake installed next to this Python (PyPI's), else PATH."""
-    candidates = [
-        os.environ.get("CMAKE"),
-        str(Path(sys.executable).parent / "cmake"),
-        shutil.which("cmake"),
-    ]
-    return next((c for c in candidates if c and Path(c).is_file()), None)
-
-
 # With a CUDA torch the CMake builds compile the CUDA kernels too and are
 # checked on the GPU.
 CMAKE_FLAVORS = pytest.mark.parametrize(
@@ -105,14 +94,16 @@ CMAKE_FLAVORS = pytest.mark.parametrize(
 )
 
 
-def needs_cmake():
-    """cmake, or a skip saying why the CMake path cannot run here."""
+def needs_cmake(monkeypatch):
+    """cmake ($CMAKE, the one beside this Python, or PATH's), or a skip saying
+    why the CMake path cannot run here."""
     if torch.version.hip:
         pytest.skip("the CMake path builds CPU or CUDA kernels, not ROCm ones (CMakeLists.txt)")
-    cmake = find_cmake()
-    if cmake is None:
-        pytest.skip("cmake not found (pip install cmake, or set CMAKE)")
-    return cmake
+    ab = import_ab(monkeypatch)
+    try:
+        return ab.find_cmake()
+    except ab.UsageError as err:
+        pytest.skip(str(err))
 
 
 def run(cmd):
@@ -163,7 +154,7 @@ def same_cuda_results_as_wheel(namespace):
 
 @CMAKE_FLAVORS
 def test_cmake_build(tmp_path, monkeypatch, flavor):
-    cmake = needs_cmake()
+    cmake = needs_cmake(monkeypatch)
     build = tmp_path / "build"
     run(
         [
@@ -190,8 +181,7 @@ def test_ab_variants_side_by_side(tmp_path, monkeypatch, flavor):
     # benchmarks/ab.py builds one library per variant of the kernel header and
     # times them in one process: two copies of the same header must load side
     # by side and give the wheel's results.
-    cmake = needs_cmake()
-    monkeypatch.setenv("CMAKE", cmake)
+    needs_cmake(monkeypatch)  # ab.py finds the same one
     if flavor == "cuda":
         cmake_cuda_args(monkeypatch)  # skips without a toolkit, names the GPU's arch
     ab = import_ab(monkeypatch)
@@ -225,8 +215,6 @@ def test_ab_variants_side_by_side(tmp_path, monkeypatch, flavor):
         for kind in ("fwd", "bwd"):
             assert case["variants"]["b"][kind]["max_abs_diff"] == 0
             assert case["variants"]["b"][kind]["copy_fraction"] > 0
-    indptr = torch.tensor([0, 3, 3, 7], device=device)
-    src = torch.randn(7, 4, device=device)
-    assert torch.equal(
-        torch.ops.segment_ops_ab_b.segment_sum(src, indptr), segment_ops.segment_sum(src, indptr)
-    )
+    same_results_as_wheel("segment_ops_ab_b")
+    if flavor == "cuda":
+        same_cuda_results_as_wheel("segment_ops_ab_b")
