@@ -8,9 +8,11 @@ side in one process on the same inputs, rounds interleaved, against a copy.
     # on the GPU (a copy of /tmp/ab)
     python benchmarks/ab.py run /tmp/ab --cases bfloat16:power:1,float32:short:4
 
-A variant is NAME=HEADER: the sources of this folder's parent with
-csrc/cuda/segment_kernels.cuh replaced by HEADER, built with CMake (as
-CMakeLists.txt says) into DIR/NAME/. `run` prints, per case and op (fwd: the
+A variant is NAME=HEADER[:MACRO[=VALUE]...]: the sources of this folder's
+parent with csrc/cuda/segment_kernels.cuh replaced by HEADER and each MACRO
+defined, built with CMake (as CMakeLists.txt says) into DIR/NAME/; e.g.
+warp=csrc/cuda/segment_kernels.cuh:SEGMENT_OPS_WARP_SUM=1 is the header with
+its warp sum switched on. `run` prints, per case and op (fwd: the
 sum, bwd: the gather), each variant's bandwidth as a fraction of the copy's and
 its time relative to the first variant's (> 1: faster), and the largest
 difference of its results from the first variant's. Built against a CPU torch,
@@ -45,14 +47,27 @@ class UsageError(Exception):
     """A mistake in the command line or its files: reported in one line, exit 2."""
 
 
-def parse_variant(text: str) -> tuple[str, Path]:
-    name, sep, header = text.partition("=")
-    if not sep or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
-        raise UsageError(f"variant {text!r}: expected NAME=HEADER, NAME a C identifier")
+IDENTIFIER = r"[A-Za-z_][A-Za-z0-9_]*"
+
+
+def parse_variant(text: str) -> tuple[str, Path, list[str]]:
+    """NAME=HEADER[:MACRO[=VALUE]...] -> (NAME, HEADER, ["MACRO=VALUE", ...])."""
+    name, sep, rest = text.partition("=")
+    if not sep or not re.fullmatch(IDENTIFIER, name):
+        raise UsageError(
+            f"variant {text!r}: expected NAME=HEADER[:MACRO[=VALUE]...], NAME a C identifier"
+        )
+    header, *defines = rest.split(":")
+    for define in defines:
+        if not re.fullmatch(rf"{IDENTIFIER}(=[A-Za-z0-9_.+-]*)?", define):
+            raise UsageError(
+                f"variant {name}: {define!r} is not MACRO or MACRO=VALUE "
+                "(a C identifier, then letters, digits, '_', '.', '+' or '-')"
+            )
     path = Path(header)
     if not path.is_file():
         raise UsageError(f"variant {name}: no file {header}")
-    return name, path
+    return name, path, defines
 
 
 def find_cmake() -> str:
@@ -90,11 +105,19 @@ def cuda_args() -> list[str]:
     return args
 
 
-def build(out: Path, variants: list[tuple[str, Path]]) -> None:
+def macro_flags(defines: list[str]) -> list[str]:
+    """The variant's macros for the C++ and the CUDA compiler, as CMake's initial flags."""
+    if not defines:
+        return []
+    flags = " ".join(f"-D{d}" for d in defines)
+    return [f"-DCMAKE_CXX_FLAGS={flags}", f"-DCMAKE_CUDA_FLAGS={flags}"]
+
+
+def build(out: Path, variants: list[tuple[str, Path, list[str]]]) -> None:
     cmake = find_cmake()
     extra = cuda_args()
     manifest = {}
-    for name, header in variants:
+    for name, header, defines in variants:
         src = out / name / "src"
         shutil.rmtree(src, ignore_errors=True)
         shutil.copytree(SOURCE_DIR / "csrc", src / "csrc")
@@ -118,6 +141,7 @@ def build(out: Path, variants: list[tuple[str, Path]]) -> None:
                 "-DCMAKE_CXX_VISIBILITY_PRESET=hidden",
                 "-DCMAKE_CUDA_VISIBILITY_PRESET=hidden",
                 *extra,
+                *macro_flags(defines),
             ],
             [cmake, "--build", str(work), "-j", os.environ.get("MAX_JOBS", "2")],
         ]
@@ -130,6 +154,7 @@ def build(out: Path, variants: list[tuple[str, Path]]) -> None:
         manifest[name] = {
             "namespace": namespace,
             "header": str(header),
+            "defines": defines,
             "lib": str(lib.relative_to(out)),
         }
         print(f"built {name}: {lib}", flush=True)
@@ -254,7 +279,7 @@ def main(argv=None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     b = commands.add_parser("build", help="build one library per variant")
     b.add_argument("--out", required=True, type=Path, help="folder for the libraries")
-    b.add_argument("variants", nargs="+", metavar="NAME=HEADER")
+    b.add_argument("variants", nargs="+", metavar="NAME=HEADER[:MACRO[=VALUE]...]")
     r = commands.add_parser("run", help="time the built variants side by side")
     r.add_argument("dir", type=Path, help="the folder `build --out` wrote")
     r.add_argument("--cases", default=DEFAULT_CASES, help="comma-separated DTYPE:LAW:INNER")
@@ -268,7 +293,7 @@ def main(argv=None) -> int:
     try:
         if args.command == "build":
             variants = [parse_variant(v) for v in args.variants]
-            if len({name for name, _ in variants}) != len(variants):
+            if len({name for name, _, _ in variants}) != len(variants):
                 raise UsageError("variant names must differ")
             args.out.mkdir(parents=True, exist_ok=True)
             build(args.out, variants)
