@@ -82,6 +82,15 @@ constexpr int kTileBlocksPerSm = 4;
 // at most 2 points slower).
 constexpr int kTileSumBlocksPerSm = 3;
 constexpr int kStreamBlocksPerSm = 4;
+// The warp sum (below) replaces the lane, tile and gated sums over short
+// segments only where SEGMENT_OPS_WARP_SUM is defined to 1: it has not been run
+// on a GPU yet. benchmarks/ab.py builds a variant with it for side-by-side timing.
+#ifndef SEGMENT_OPS_WARP_SUM
+#define SEGMENT_OPS_WARP_SUM 0
+#endif
+constexpr bool kWarpSum = SEGMENT_OPS_WARP_SUM != 0;
+constexpr int kWarpSumBlocksPerSm = 3;  // up to 80 registers; at 4 (64) ptxas spilled
+constexpr int kWarpSumLaneBytes = 32;   // warp sum: src bytes per lane and tile
 constexpr int kThreadBytes = 64;     // tile kernels: src bytes per thread and tile (16 KB tiles)
 constexpr int kWindow = 4096;        // tile kernels: segment starts per tile kept in shared memory
 constexpr int kWindowSteps = 4;      // tile kernels: indptr entries per thread and round
@@ -2158,6 +2167,260 @@ __global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
 }
 
 // ---------------------------------------------------------------------------
+// Warp sum (rows of at most 16 bytes, short segments)
+//
+// Each warp (kTeam lanes) owns a contiguous row range and walks it in tiles of
+// kWarpSumLaneBytes per lane: lane l loads rows [l * R, l * R + R) of the tile
+// with 16-byte loads, the next tile's while it sums this one. The tile's
+// segment starts are read from indptr kStarts consecutive entries per lane a
+// round, the first round of the next tile while this one is summed; a
+// non-empty segment's number goes into the warp's slot of its first row, an
+// empty one gets its zeros there and then. Each lane then sums its rows from
+// slot to slot, writing the segments that start and end among them; the rest
+// meet in one segmented scan over the lanes, led by the segment the tile before
+// left open. No barrier of the block in the loop: a warp never waits for
+// another, whatever its share of segments.
+
+template <typename T, int W>
+struct WarpSumShape {
+  static constexpr int kRowBytes = W * static_cast<int>(sizeof(T));
+  static constexpr int kLoads = kWarpSumLaneBytes / 16;
+  static constexpr int R = kWarpSumLaneBytes / kRowBytes;  // rows per lane and tile
+  static constexpr int kTileRows = kTeam * R;
+  // Starts per lane and round: a round covers a tile of 4-row segments.
+  static constexpr int kStarts = R >= 8 ? R / 4 : 1;
+  static_assert(kWarpSumLaneBytes % 16 == 0 && R >= 1, "whole 16-byte loads of whole rows");
+};
+
+constexpr uint32_t kNoStart = 0xffffffffu;  // warp sum: no segment starts at this row
+
+// The segmented scan's element: the rows of one or more lanes as a run (a
+// segment starts among them when run.closed), and `seg`, the segment open
+// after them (-1: none) when closed.
+template <typename Acc, int W>
+struct WarpOpen {
+  int64_t seg;
+  RunSum<Acc, W> run;
+};
+
+template <typename Acc, int W>
+struct WarpOpenOp {
+  __device__ __forceinline__ WarpOpen<Acc, W> operator()(const WarpOpen<Acc, W>& a,
+                                                         const WarpOpen<Acc, W>& b) const {
+    return b.run.closed ? b : WarpOpen<Acc, W>{a.seg, RunSumOp<Acc, W>()(a.run, b.run)};
+  }
+};
+
+// Orders a warp's writes to shared memory before its lanes read them.
+__device__ __forceinline__ void warp_barrier() {
+#if defined(__HIP_PLATFORM_AMD__)
+  __builtin_amdgcn_fence(__ATOMIC_RELEASE, "wavefront");
+  __builtin_amdgcn_wave_barrier();
+  __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "wavefront");
+#else
+  __syncwarp();
+#endif
+}
+
+template <typename T, int W>
+struct WarpSumShared {
+  using Acc = typename Num<T>::acc;
+  using Count = cub::WarpScan<int, kTeam>;
+  using Scan = cub::WarpScan<WarpOpen<Acc, W>, kTeam>;
+  typename Count::TempStorage count[kTeams];
+  typename Scan::TempStorage scan[kTeams];
+  // Per warp and tile row: the segment starting there, after the tile's first
+  // entry, or kNoStart.
+  alignas(16) uint32_t slot[kTeams][WarpSumShape<T, W>::kTileRows];
+  int64_t item_key[2 * kTeams];  // as in StreamSumShared, one group per warp
+  Acc item_val[2 * kTeams * W];
+};
+
+// First s in [0, segments + 1] with start_of(s) >= x, in every lane of the
+// warp: each step probes kTeam evenly spaced entries at once.
+template <typename Count>
+__device__ __forceinline__ int64_t warp_lower_bound(const int64_t* __restrict__ indptr,
+                                                    int64_t segments, int64_t rows, int64_t x,
+                                                    int lane,
+                                                    typename Count::TempStorage& storage) {
+  int64_t lo = 0, hi = segments + 1;
+  while (lo < hi) {
+    const int64_t step = ceil_div(hi - lo, kTeam);
+    const int64_t probe = lo + (lane + 1) * step - 1;
+    const int below = probe < hi && start_of(indptr, probe, rows) < x;
+    int before = 0, n = 0;
+    Count(storage).ExclusiveSum(below, before, n);
+    lo += n * step;
+    hi = imin(hi, lo + step - 1);
+  }
+  return lo;
+}
+
+template <typename T, int W>
+__global__ void __launch_bounds__(kThreads, kWarpSumBlocksPerSm)
+    warp_sum_kernel(const T* __restrict__ src, const int64_t* __restrict__ indptr,
+                    T* __restrict__ out, int64_t rows, int64_t segments, int64_t rows_per_block,
+                    Crossing<typename Num<T>::acc> cross) {
+  using Acc = typename Num<T>::acc;
+  using S = WarpSumShape<T, W>;
+  using Shared = WarpSumShared<T, W>;
+  using Open = WarpOpen<Acc, W>;
+  using Part = Partial<Acc, W>;
+  constexpr int R = S::R;
+  constexpr int kItems = 2 * kTeams;
+  __shared__ Shared sm;
+  const int t = threadIdx.x / kTeam, lane = threadIdx.x % kTeam;
+  const int64_t r0 = imin(rows, static_cast<int64_t>(blockIdx.x) * rows_per_block);
+  const int64_t r1 = imin(rows, r0 + rows_per_block);
+  const int64_t warp_rows = rows_per_block / kTeams;
+  const int64_t w0 = imin(r1, r0 + t * warp_rows), w1 = imin(r1, w0 + warp_rows);
+  uint32_t* slot = sm.slot[t];
+  auto& count = sm.count[t];
+
+  union Chunk {
+    uint4 u[S::kLoads];
+    uint32_t w[S::kLoads * 4];
+    T v[S::kLoads * 16 / sizeof(T)];
+  };
+  auto load_chunk = [&](int64_t t0) {
+    Chunk c;
+    const int64_t a = t0 + lane * R;
+    if (a + R <= w1) {
+      const uint4* p = reinterpret_cast<const uint4*>(src + a * W);
+#pragma unroll
+      for (int k = 0; k < S::kLoads; ++k) c.u[k] = p[k];
+    } else {
+#pragma unroll
+      for (int e = 0; e < R * W; ++e)
+        c.v[e] = a + e / W < w1 ? src[a * W + e] : Num<T>::from_acc(0);
+    }
+    return c;
+  };
+
+#pragma unroll
+  for (int q = 0; q < R; ++q) slot[lane * R + q] = kNoStart;
+  warp_barrier();
+
+  int64_t next = w0 < w1 ? warp_lower_bound<typename Shared::Count>(indptr, segments, rows, w0,
+                                                                     lane, count)
+                         : segments;
+  // The segment open at w0 that began before it: its partial is this warp's
+  // head item, never written here.
+  const int64_t head = w0 < w1 ? head_segment(indptr, segments, rows, w0, next) : -1;
+  Open carry{head, {1, Part{}}};
+  // A round of the starts: entries from + lane * K + i, i <= K, as read (the
+  // last one is the next lane's first, for the end of this lane's last).
+  constexpr int K = S::kStarts;
+  int64_t raw[K + 1];
+  auto fetch = [&](int64_t from) {
+#pragma unroll
+    for (int i = 0; i <= K; ++i) {
+      const int64_t e = from + lane * K + i;
+      raw[i] = e <= segments ? indptr[e] : kNever;
+    }
+  };
+  fetch(next);
+  Chunk cur{};
+  if (w0 < w1) cur = load_chunk(w0);
+  for (int64_t t0 = w0; t0 < w1; t0 += S::kTileRows) {
+    const int64_t t1 = imin(w1, t0 + S::kTileRows);
+    Chunk ahead{};
+    if (t1 < w1) ahead = load_chunk(t1);
+
+    const int64_t base = next;
+    for (;;) {
+      int in = 0;
+#pragma unroll
+      for (int i = 0; i < K; ++i) {
+        const int64_t s = next + lane * K + i;
+        const int64_t st = clamp_row(raw[i], rows);
+        if (s < segments && st < t1) {
+          ++in;
+          if (clamp_row(raw[i + 1], rows) <= st)
+            store_pack(out + s * W, zero_pack<T, W>());
+          else if (st >= t0)  // always, unless indptr is not sorted
+            slot[st - t0] = static_cast<uint32_t>(s - base);
+        }
+      }
+      int before = 0, n = 0;
+      typename Shared::Count(count).ExclusiveSum(in, before, n);
+      next += n;
+      fetch(next);  // the next round of this tile, or the first of the next tile
+      if (n < kTeam * K) break;
+    }
+    warp_barrier();
+
+    Part sum{}, head_part{};
+    int64_t seg = -1;
+    bool closed = false;
+#pragma unroll
+    for (int q = 0; q < R; ++q) {
+      const uint32_t mark = slot[lane * R + q];
+      slot[lane * R + q] = kNoStart;
+      if (mark != kNoStart) {
+        if (closed) {
+          if (seg >= 0) store_sum<T, W>(out + seg * W, sum.v);
+        } else {
+          head_part = sum;
+        }
+        closed = true;
+        seg = base + mark;
+#pragma unroll
+        for (int k = 0; k < W; ++k) sum.v[k] = 0;
+      }
+#pragma unroll
+      for (int k = 0; k < W; ++k) sum.v[k] += word_elem<T>(cur.w, q * W + k);
+    }
+    Open mine_open{seg, {closed, sum}};
+    Open inclusive;
+    typename Shared::Scan(sm.scan[t]).InclusiveScan(mine_open, inclusive, WarpOpenOp<Acc, W>());
+    const Open full = WarpOpenOp<Acc, W>()(carry, inclusive);
+    Open before = cub::ShuffleUp<kTeam>(full, 1, 0, 0xffffffffu);
+    if (lane == 0) before = carry;
+    if (closed && before.seg >= 0) {  // the segment open before this lane's first start ends
+      const Part total = AddPartials<Acc, W>()(before.run.sum, head_part);
+      if (before.seg == head) {
+#pragma unroll
+        for (int k = 0; k < W; ++k) sm.item_val[k * kItems + 2 * t] = total.v[k];
+      } else {
+        store_sum<T, W>(out + before.seg * W, total.v);
+      }
+    }
+    carry = cub::ShuffleIndex<kTeam>(full, kTeam - 1, 0xffffffffu);
+    cur = ahead;
+    warp_barrier();  // the slots were reset before the next tile's starts land
+  }
+
+  int64_t tail = -1;
+  if (w0 < w1) {
+    if (carry.seg >= 0) {
+      if (carry.seg == head) {
+        if (lane == 0)
+#pragma unroll
+          for (int k = 0; k < W; ++k) sm.item_val[k * kItems + 2 * t] = carry.run.sum.v[k];
+      } else if (end_of(indptr, segments, rows, carry.seg) <= w1) {
+        if (lane == 0) store_sum<T, W>(out + carry.seg * W, carry.run.sum.v);
+      } else {
+        tail = carry.seg;
+        if (lane == 0)
+#pragma unroll
+          for (int k = 0; k < W; ++k) sm.item_val[k * kItems + 2 * t + 1] = carry.run.sum.v[k];
+      }
+    }
+    if (w1 == rows)  // empty segments at the very end
+      for (int64_t s = next + lane; s < segments; s += kTeam)
+        store_pack(out + s * W, zero_pack<T, W>());
+  }
+  if (lane == 0) {
+    sm.item_key[2 * t] = head;
+    sm.item_key[2 * t + 1] = tail;
+  }
+  __syncthreads();
+  finish_items<T>(sm.item_key, sm.item_val, kItems, W, 0, r0, r1, true, indptr, out, rows, W,
+                  cross);
+}
+
+// ---------------------------------------------------------------------------
 // Crossing segments, for both designs
 
 // Finishes the segments that cross block boundaries. Block (x, y) handles the
@@ -2412,6 +2675,28 @@ cudaError_t launch_gated_sum(const T* src, const int64_t* indptr, T* out, int64_
                          stream, tile.rows_per_block, tile.blocks);
 }
 
+// The warp sum: row ranges of whole tiles per warp, one wave of blocks, and the
+// fix-up for the segments that cross between them.
+template <typename T, int W>
+cudaError_t launch_warp_sum(const T* src, const int64_t* indptr, T* out, int64_t rows,
+                            int64_t segments, void* workspace, cudaStream_t stream) {
+  int64_t capacity = 0;
+  cudaError_t err = resident_blocks<&warp_sum_kernel<T, W>>(&capacity);
+  if (err != cudaSuccess) return err;
+  constexpr int64_t kUnit = kTeams * WarpSumShape<T, W>::kTileRows;
+  int64_t blocks = imax(1, imin(capacity, ceil_div(rows, kUnit)));
+  const int64_t rows_per_block = ceil_div(ceil_div(rows, blocks), kUnit) * kUnit;
+  blocks = ceil_div(rows, rows_per_block);
+  Crossing<typename Num<T>::acc> c;
+  err = crossing(workspace, blocks, W, &c);
+  if (err != cudaSuccess) return err;
+  warp_sum_kernel<T, W><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
+      src, indptr, out, rows, segments, rows_per_block, c);
+  err = cudaGetLastError();
+  if (err != cudaSuccess || blocks == 1) return err;
+  return launch_fixup<T>(indptr, out, rows, segments, W, rows_per_block, blocks, c, stream);
+}
+
 template <typename T, int W>
 cudaError_t launch_tile_gather(const T* src, const int64_t* indptr, T* out, int64_t rows,
                                int64_t segments, cudaStream_t stream) {
@@ -2585,6 +2870,11 @@ cudaError_t launch_narrow_sum(const T* src, const int64_t* indptr, T* out, int64
       // 66; bf16, 4 columns 82 against 56, 62 against 53; fp32, 4 columns 75
       // against 70, 69 against 69 (16-byte rows took the lane sum before:
       // against it without kLaneSide, claimed stripes and units).
+      // (Half types in rows of 8 columns spill at the warp sum's registers.)
+      if constexpr (kWarpSum && W <= 4) {
+        if (mean_rows < kShortSegmentRows && segments < kNoStart)
+          return launch_warp_sum<T, W>(src, indptr, out, rows, segments, workspace, stream);
+      }
       if (mean_rows < kShortSegmentRows) {
         if constexpr (sizeof(T) == 2 && W <= 2) {
           if (rows * W * static_cast<int64_t>(sizeof(T)) >= kGateMinBytes)
