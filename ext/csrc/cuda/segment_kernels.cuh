@@ -89,6 +89,11 @@ constexpr int kStreamBlocksPerSm = 4;
 #define SEGMENT_OPS_WARP_SUM 0
 #endif
 constexpr bool kWarpSum = SEGMENT_OPS_WARP_SUM != 0;
+// Likewise the warp gather, for the tile gather (SEGMENT_OPS_WARP_GATHER).
+#ifndef SEGMENT_OPS_WARP_GATHER
+#define SEGMENT_OPS_WARP_GATHER 0
+#endif
+constexpr bool kWarpGather = SEGMENT_OPS_WARP_GATHER != 0;
 constexpr int kWarpSumBlocksPerSm = 3;  // up to 80 registers; at 4 (64) ptxas spilled
 constexpr int kWarpSumLaneBytes = 32;   // warp sum: src bytes per lane and tile
 constexpr int kThreadBytes = 64;     // tile kernels: src bytes per thread and tile (16 KB tiles)
@@ -2190,7 +2195,7 @@ struct WarpSumShape {
   // Starts per lane and round. A tile whose starts fill a round waits on
   // another read of indptr; of bench.py's power-law tiles, 0.15 % do at R = 16
   // (bf16, 1 column), 1.6 % at R = 8 and 0.16 % at R = 4 (2 per lane, where
-  // 1 left 23 %, at the cost of 4 bytes spilled on bf16 rows of 4 columns).
+  // 1 left 23 %).
   static constexpr int kStarts = R >= 8 ? 3 * R / 8 : R / 2;
   static_assert(kWarpSumLaneBytes % 16 == 0 && R >= 1, "whole 16-byte loads of whole rows");
 };
@@ -2225,13 +2230,38 @@ __device__ __forceinline__ void warp_barrier() {
 #endif
 }
 
+// The warp kernels count and scan with what hipify maps to hipcub: a warp
+// reduction, and shuffles by lane index (it maps neither WarpScan nor
+// ShuffleUp).
+using WarpCount = cub::WarpReduce<int, kTeam>;
+
+// The sum of x over the warp, in every lane.
+__device__ __forceinline__ int warp_count(int x, WarpCount::TempStorage& storage) {
+  return cub::ShuffleIndex<kTeam>(WarpCount(storage).Sum(x), 0, 0xffffffffu);
+}
+
+// Inclusive scan of x over the warp's lanes with an associative op.
+template <typename V, typename Op>
+__device__ __forceinline__ V warp_scan(V x, int lane, const Op& op) {
+#pragma unroll
+  for (int d = 1; d < kTeam; d *= 2) {
+    const V y = cub::ShuffleIndex<kTeam>(x, lane >= d ? lane - d : 0, 0xffffffffu);
+    if (lane >= d) x = op(y, x);
+  }
+  return x;
+}
+
+// What lane - 1 holds (lane 0: first).
+template <typename V>
+__device__ __forceinline__ V from_lane_before(const V& x, int lane, const V& first) {
+  const V y = cub::ShuffleIndex<kTeam>(x, lane > 0 ? lane - 1 : 0, 0xffffffffu);
+  return lane > 0 ? y : first;
+}
+
 template <typename T, int W>
 struct WarpSumShared {
   using Acc = typename Num<T>::acc;
-  using Count = cub::WarpScan<int, kTeam>;
-  using Scan = cub::WarpScan<WarpOpen<Acc, W>, kTeam>;
-  typename Count::TempStorage count[kTeams];
-  typename Scan::TempStorage scan[kTeams];
+  typename WarpCount::TempStorage count[kTeams];
   // Per warp and tile row: the segment starting there, after the tile's first
   // entry, or kNoStart.
   alignas(16) uint32_t slot[kTeams][WarpSumShape<T, W>::kTileRows];
@@ -2241,22 +2271,78 @@ struct WarpSumShared {
 
 // First s in [0, segments + 1] with start_of(s) >= x, in every lane of the
 // warp: each step probes kTeam evenly spaced entries at once.
-template <typename Count>
 __device__ __forceinline__ int64_t warp_lower_bound(const int64_t* __restrict__ indptr,
                                                     int64_t segments, int64_t rows, int64_t x,
-                                                    int lane,
-                                                    typename Count::TempStorage& storage) {
+                                                    int lane, WarpCount::TempStorage& storage) {
   int64_t lo = 0, hi = segments + 1;
   while (lo < hi) {
     const int64_t step = ceil_div(hi - lo, kTeam);
     const int64_t probe = lo + (lane + 1) * step - 1;
     const int below = probe < hi && start_of(indptr, probe, rows) < x;
-    int before = 0, n = 0;
-    Count(storage).ExclusiveSum(below, before, n);
-    lo += n * step;
+    lo += warp_count(below, storage) * step;
     hi = imin(hi, lo + step - 1);
   }
   return lo;
+}
+
+// Where a warp of the warp kernels works: warp t of the block, its lane, the
+// block's rows [r0, r1) and the warp's [w0, w1), a whole number of tiles but
+// at the very end.
+struct WarpPlace {
+  int t, lane;
+  int64_t r0, r1, w0, w1;
+};
+
+__device__ __forceinline__ WarpPlace warp_place(int64_t rows, int64_t rows_per_block) {
+  WarpPlace p;
+  p.t = threadIdx.x / kTeam;
+  p.lane = threadIdx.x % kTeam;
+  p.r0 = imin(rows, static_cast<int64_t>(blockIdx.x) * rows_per_block);
+  p.r1 = imin(rows, p.r0 + rows_per_block);
+  const int64_t warp_rows = rows_per_block / kTeams;
+  p.w0 = imin(p.r1, p.r0 + p.t * warp_rows);
+  p.w1 = imin(p.r1, p.w0 + warp_rows);
+  return p;
+}
+
+// A round of segment starts: this lane's entries from + lane * K + i, i <= K,
+// as read from indptr (kNever past it); entry K is the next lane's first, for
+// the end of this lane's last.
+template <int K>
+__device__ __forceinline__ void fetch_round(const int64_t* __restrict__ indptr, int64_t segments,
+                                            int64_t from, int lane, int64_t (&raw)[K + 1]) {
+#pragma unroll
+  for (int i = 0; i <= K; ++i) {
+    const int64_t e = from + lane * K + i;
+    raw[i] = e <= segments ? indptr[e] : kNever;
+  }
+}
+
+// Takes, round by round, the entries from `next` on (below `entries`) whose
+// start is before t1: take(s, i, start, non_empty) for entry s, raw[i]. Each
+// round ends by reading the next (`refetch(next)`): the last one read is the
+// first of the next tile. Returns the first entry not taken.
+template <int K, typename Refetch, typename Take>
+__device__ __forceinline__ int64_t take_starts(int64_t next, int64_t entries, int64_t t1,
+                                               int64_t rows, const int64_t (&raw)[K + 1],
+                                               int lane, WarpCount::TempStorage& storage,
+                                               const Refetch& refetch, const Take& take) {
+  for (;;) {
+    int in = 0;
+#pragma unroll
+    for (int i = 0; i < K; ++i) {
+      const int64_t s = next + lane * K + i;
+      const int64_t st = clamp_row(raw[i], rows);
+      if (s < entries && st < t1) {
+        ++in;
+        take(s, i, st, clamp_row(raw[i + 1], rows) > st);
+      }
+    }
+    const int n = warp_count(in, storage);
+    next += n;
+    refetch(next);
+    if (n < kTeam * K) return next;
+  }
 }
 
 template <typename T, int W>
@@ -2272,11 +2358,9 @@ __global__ void __launch_bounds__(kThreads, kWarpSumBlocksPerSm)
   constexpr int R = S::R;
   constexpr int kItems = 2 * kTeams;
   __shared__ Shared sm;
-  const int t = threadIdx.x / kTeam, lane = threadIdx.x % kTeam;
-  const int64_t r0 = imin(rows, static_cast<int64_t>(blockIdx.x) * rows_per_block);
-  const int64_t r1 = imin(rows, r0 + rows_per_block);
-  const int64_t warp_rows = rows_per_block / kTeams;
-  const int64_t w0 = imin(r1, r0 + t * warp_rows), w1 = imin(r1, w0 + warp_rows);
+  const WarpPlace place = warp_place(rows, rows_per_block);
+  const int t = place.t, lane = place.lane;
+  const int64_t r0 = place.r0, r1 = place.r1, w0 = place.w0, w1 = place.w1;
   uint32_t* slot = sm.slot[t];
   auto& count = sm.count[t];
 
@@ -2304,24 +2388,16 @@ __global__ void __launch_bounds__(kThreads, kWarpSumBlocksPerSm)
   for (int q = 0; q < R; ++q) slot[lane * R + q] = kNoStart;
   warp_barrier();
 
-  int64_t next = w0 < w1 ? warp_lower_bound<typename Shared::Count>(indptr, segments, rows, w0,
+  int64_t next = w0 < w1 ? warp_lower_bound(indptr, segments, rows, w0,
                                                                      lane, count)
                          : segments;
   // The segment open at w0 that began before it: its partial is this warp's
   // head item, never written here.
   const int64_t head = w0 < w1 ? head_segment(indptr, segments, rows, w0, next) : -1;
   Open carry{head, {1, Part{}}};
-  // A round of the starts: entries from + lane * K + i, i <= K, as read (the
-  // last one is the next lane's first, for the end of this lane's last).
   constexpr int K = S::kStarts;
   int64_t raw[K + 1];
-  auto fetch = [&](int64_t from) {
-#pragma unroll
-    for (int i = 0; i <= K; ++i) {
-      const int64_t e = from + lane * K + i;
-      raw[i] = e <= segments ? indptr[e] : kNever;
-    }
-  };
+  auto fetch = [&](int64_t from) { fetch_round<K>(indptr, segments, from, lane, raw); };
   fetch(next);
   Chunk cur{};
   if (w0 < w1) cur = load_chunk(w0);
@@ -2331,26 +2407,14 @@ __global__ void __launch_bounds__(kThreads, kWarpSumBlocksPerSm)
     if (t1 < w1) ahead = load_chunk(t1);
 
     const int64_t base = next;
-    for (;;) {
-      int in = 0;
-#pragma unroll
-      for (int i = 0; i < K; ++i) {
-        const int64_t s = next + lane * K + i;
-        const int64_t st = clamp_row(raw[i], rows);
-        if (s < segments && st < t1) {
-          ++in;
-          if (clamp_row(raw[i + 1], rows) <= st)
+    next = take_starts<K>(
+        next, segments, t1, rows, raw, lane, count, fetch,
+        [&](int64_t s, int, int64_t st, bool non_empty) {
+          if (!non_empty)
             store_pack(out + s * W, zero_pack<T, W>());
           else if (st >= t0)  // always, unless indptr is not sorted
             slot[st - t0] = static_cast<uint32_t>(s - base);
-        }
-      }
-      int before = 0, n = 0;
-      typename Shared::Count(count).ExclusiveSum(in, before, n);
-      next += n;
-      fetch(next);  // the next round of this tile, or the first of the next tile
-      if (n < kTeam * K) break;
-    }
+        });
     warp_barrier();
 
     Part sum{}, head_part{};
@@ -2375,11 +2439,8 @@ __global__ void __launch_bounds__(kThreads, kWarpSumBlocksPerSm)
       for (int k = 0; k < W; ++k) sum.v[k] += word_elem<T>(cur.w, q * W + k);
     }
     Open mine_open{seg, {closed, sum}};
-    Open inclusive;
-    typename Shared::Scan(sm.scan[t]).InclusiveScan(mine_open, inclusive, WarpOpenOp<Acc, W>());
-    const Open full = WarpOpenOp<Acc, W>()(carry, inclusive);
-    Open before = cub::ShuffleUp<kTeam>(full, 1, 0, 0xffffffffu);
-    if (lane == 0) before = carry;
+    const Open full = WarpOpenOp<Acc, W>()(carry, warp_scan(mine_open, lane, WarpOpenOp<Acc, W>()));
+    const Open before = from_lane_before(full, lane, carry);
     if (closed && before.seg >= 0) {  // the segment open before this lane's first start ends
       const Part total = AddPartials<Acc, W>()(before.run.sum, head_part);
       if (before.seg == head) {
@@ -2421,6 +2482,129 @@ __global__ void __launch_bounds__(kThreads, kWarpSumBlocksPerSm)
   __syncthreads();
   finish_items<T>(sm.item_key, sm.item_val, kItems, W, 0, r0, r1, true, indptr, out, rows, W,
                   cross);
+}
+
+// The warp gather: the warp sum's tiles and rounds of starts, backwards. A
+// round reads the values of its segments beside their starts (consecutive
+// segments, so both reads are coalesced) and puts each non-empty segment's
+// value in the slot of its first row; a segmented scan over the lanes hands
+// each lane the value open at its first row, and the lane writes its rows with
+// 16-byte stores. A row's value depends on no other warp: no fix-up.
+
+// A lane's rows as the scan sees them: whether a segment starts among them,
+// and the value open after them.
+template <typename T, int W>
+struct WarpValue {
+  int marked;
+  Pack<T, W> value;
+};
+
+template <typename T, int W>
+struct WarpValueOp {
+  __device__ __forceinline__ WarpValue<T, W> operator()(const WarpValue<T, W>& a,
+                                                        const WarpValue<T, W>& b) const {
+    return b.marked ? b : a;
+  }
+};
+
+template <typename T, int W>
+struct WarpGatherShared {
+  typename WarpCount::TempStorage count[kTeams];
+  // Per warp and tile row: the value of the segment starting there, when marked.
+  Pack<T, W> value[kTeams][WarpSumShape<T, W>::kTileRows];
+  alignas(16) uint8_t marked[kTeams][WarpSumShape<T, W>::kTileRows];
+};
+
+template <typename T, int W>
+__global__ void __launch_bounds__(kThreads, kWarpSumBlocksPerSm)
+    warp_gather_kernel(const T* __restrict__ src, const int64_t* __restrict__ indptr,
+                       T* __restrict__ out, int64_t rows, int64_t segments,
+                       int64_t rows_per_block) {
+  using S = WarpSumShape<T, W>;
+  using Shared = WarpGatherShared<T, W>;
+  using P = Pack<T, W>;
+  using V = WarpValue<T, W>;
+  constexpr int R = S::R;
+  constexpr int K = S::kStarts;
+  __shared__ Shared sm;
+  const WarpPlace place = warp_place(rows, rows_per_block);
+  const int t = place.t, lane = place.lane;
+  const int64_t w0 = place.w0, w1 = place.w1;
+  if (w0 >= w1) return;  // (no barrier of the block follows)
+  P* value = sm.value[t];
+  uint8_t* marked = sm.marked[t];
+  auto& count = sm.count[t];
+
+#pragma unroll
+  for (int q = 0; q < R; ++q) marked[lane * R + q] = 0;
+  warp_barrier();
+
+  int64_t next =
+      warp_lower_bound(indptr, segments, rows, w0, lane, count);
+  // Rows before the first segment (or past the last) are zeros.
+  const int64_t head = head_segment(indptr, segments, rows, w0, next);
+  V carry{1, head >= 0 ? load_pack<T, W>(src + head * W) : zero_pack<T, W>()};
+  // A round: starts as in the warp sum, and the values of its entries beside
+  // them (zeros for the entry past the last segment, which is taken too: it
+  // marks where rows stop belonging to any).
+  int64_t raw[K + 1];
+  P vals[K];
+  auto fetch = [&](int64_t from) {
+    fetch_round<K>(indptr, segments, from, lane, raw);
+#pragma unroll
+    for (int i = 0; i < K; ++i) {
+      const int64_t e = from + lane * K + i;
+      vals[i] = e < segments ? load_pack<T, W>(src + e * W) : zero_pack<T, W>();
+    }
+  };
+  fetch(next);
+  for (int64_t t0 = w0; t0 < w1; t0 += S::kTileRows) {
+    const int64_t t1 = imin(w1, t0 + S::kTileRows);
+    next = take_starts<K>(
+        next, segments + 1, t1, rows, raw, lane, count, fetch,
+        [&](int64_t, int i, int64_t st, bool non_empty) {
+          if (non_empty && st >= t0) {
+            value[st - t0] = vals[i];
+            marked[st - t0] = 1;
+          }
+        });
+    warp_barrier();
+
+    uint32_t marks = 0;
+#pragma unroll
+    for (int q = 0; q < R; ++q) {
+      marks |= static_cast<uint32_t>(marked[lane * R + q] != 0) << q;
+      marked[lane * R + q] = 0;
+    }
+    V mine{marks != 0, P{}};
+    if (marks != 0) mine.value = value[lane * R + (31 - __clz(marks))];
+    const V full = WarpValueOp<T, W>()(carry, warp_scan(mine, lane, WarpValueOp<T, W>()));
+    const V open = from_lane_before(full, lane, carry);
+
+    union {
+      uint4 u[S::kLoads];
+      T v[S::kLoads * 16 / sizeof(T)];
+    } chunk;
+    P cur = open.value;
+#pragma unroll
+    for (int q = 0; q < R; ++q) {
+      if (marks >> q & 1u) cur = value[lane * R + q];
+#pragma unroll
+      for (int k = 0; k < W; ++k) chunk.v[q * W + k] = cur.v[k];
+    }
+    const int64_t a = t0 + lane * R;
+    if (a + R <= w1) {
+      uint4* p = reinterpret_cast<uint4*>(out + a * W);
+#pragma unroll
+      for (int k = 0; k < S::kLoads; ++k) p[k] = chunk.u[k];
+    } else {
+#pragma unroll
+      for (int e = 0; e < R * W; ++e)
+        if (a + e / W < w1) out[a * W + e] = chunk.v[e];
+    }
+    carry = cub::ShuffleIndex<kTeam>(full, kTeam - 1, 0xffffffffu);
+    warp_barrier();  // the marks were cleared before the next tile's starts land
+  }
 }
 
 // ---------------------------------------------------------------------------
@@ -2713,6 +2897,21 @@ cudaError_t launch_tile_gather(const T* src, const int64_t* indptr, T* out, int6
   return cudaGetLastError();
 }
 
+template <typename T, int W>
+cudaError_t launch_warp_gather(const T* src, const int64_t* indptr, T* out, int64_t rows,
+                               int64_t segments, cudaStream_t stream) {
+  int64_t capacity = 0;
+  const cudaError_t err = resident_blocks<&warp_gather_kernel<T, W>>(&capacity);
+  if (err != cudaSuccess) return err;
+  constexpr int64_t kUnit = kTeams * WarpSumShape<T, W>::kTileRows;
+  int64_t blocks = imax(1, imin(capacity * kTileGatherWaves, ceil_div(rows, kUnit)));
+  const int64_t rows_per_block = ceil_div(ceil_div(rows, blocks), kUnit) * kUnit;
+  blocks = ceil_div(rows, rows_per_block);
+  warp_gather_kernel<T, W><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
+      src, indptr, out, rows, segments, rows_per_block);
+  return cudaGetLastError();
+}
+
 // Stream kernels: threads per group (lanes), groups per block, column slabs.
 template <int W>
 struct StreamShape {
@@ -2908,8 +3107,13 @@ cudaError_t launch_narrow_gather(const T* src, const int64_t* indptr, T* out, in
   } else {
     if (inner != W)
       return launch_narrow_gather<T, 2 * W>(src, indptr, out, rows, segments, inner, stream);
-    if (rows / segments < 2 * TeamShape<T, W, 1>::kStepRows)
+    if (rows / segments < 2 * TeamShape<T, W, 1>::kStepRows) {
+      if constexpr (kWarpGather && W <= 4) {  // (as the warp sum's)
+        if (segments < kNoStart)
+          return launch_warp_gather<T, W>(src, indptr, out, rows, segments, stream);
+      }
       return launch_tile_gather<T, W>(src, indptr, out, rows, segments, stream);
+    }
     return launch_team_gather<T, W, 1>(src, indptr, out, rows, segments, stream);
   }
 }
