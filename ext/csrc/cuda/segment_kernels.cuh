@@ -96,6 +96,7 @@ constexpr bool kWarpSum = SEGMENT_OPS_WARP_SUM != 0;
 constexpr bool kWarpGather = SEGMENT_OPS_WARP_GATHER != 0;
 constexpr int kWarpSumBlocksPerSm = 3;  // up to 80 registers; at 4 (64) ptxas spilled
 constexpr int kWarpSumLaneBytes = 32;   // warp sum: src bytes per lane and tile
+constexpr int kWarpGatherBlocksPerSm = 4;  // 64 registers: as many as the tile gather's
 constexpr int kThreadBytes = 64;     // tile kernels: src bytes per thread and tile (16 KB tiles)
 constexpr int kWindow = 4096;        // tile kernels: segment starts per tile kept in shared memory
 constexpr int kWindowSteps = 4;      // tile kernels: indptr entries per thread and round
@@ -2516,7 +2517,7 @@ struct WarpGatherShared {
 };
 
 template <typename T, int W>
-__global__ void __launch_bounds__(kThreads, kWarpSumBlocksPerSm)
+__global__ void __launch_bounds__(kThreads, kWarpGatherBlocksPerSm)
     warp_gather_kernel(const T* __restrict__ src, const int64_t* __restrict__ indptr,
                        T* __restrict__ out, int64_t rows, int64_t segments,
                        int64_t rows_per_block) {
