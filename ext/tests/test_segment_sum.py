@@ -135,17 +135,20 @@ LAW_CASES = [
 ]
 
 
+def assert_sum_and_gather(indptr, inner, dtype):
+    """segment_sum against the reference, segment_gather against repeat_interleave."""
+    rows = int(indptr[-1])
+    src = random_src(rows, (inner,), dtype, indptr.device)
+    assert_matches(segment_ops.segment_sum(src, indptr), src, indptr)
+    grad = random_src(indptr.numel() - 1, (inner,), dtype, indptr.device)
+    expected = grad.repeat_interleave(indptr.diff(), dim=0, output_size=rows)
+    assert torch.equal(segment_ops.segment_gather(grad, indptr, rows), expected)
+
+
 @pytest.mark.parametrize(("device_name", "law", "inner"), LAW_CASES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_laws_and_widths(device_name, law, inner, dtype):
-    device = torch.device(device_name)
-    indptr = make_indptr(LAWS[law], device)
-    rows = int(indptr[-1])
-    src = random_src(rows, (inner,), dtype, device)
-    assert_matches(segment_ops.segment_sum(src, indptr), src, indptr)
-    grad = random_src(indptr.numel() - 1, (inner,), dtype, device)
-    expected = grad.repeat_interleave(indptr.diff(), dim=0, output_size=rows)
-    assert torch.equal(segment_ops.segment_gather(grad, indptr, rows), expected)
+    assert_sum_and_gather(make_indptr(LAWS[law], torch.device(device_name)), inner, dtype)
 
 
 @pytest.mark.gpu
@@ -285,6 +288,36 @@ GATED_LAWS = {
         0 if i % 3 == 0 else n for i, n in enumerate(power_law(1 << 24, seed=3))
     ],
 }
+
+
+def edge_lengths(layout, rows):
+    """Segment lengths over about `rows` rows with starts where the GPU's narrow-row
+    kernels cut their work."""
+    if layout == "crowds":  # more segments at one row than one read of indptr holds
+        return lengths_over(rows, [0] * 300 + [1] + [0] * 70 + [5, 2] + [4] * 200)
+    if layout == "tile_aligned":  # starts on tile, warp and block boundaries
+        return lengths_over(rows, [512] * 7 + [256, 128, 64, 32, 16, 8, 8])
+    if layout == "spanning":  # one segment over many warps and blocks, short ones around it
+        return [2] * 2000 + [rows // 2 + 7] + [3] * (rows // 6) + [0, 0]
+    # Short segments ending mid-tile, not on a multiple of 8 rows, then empty ones.
+    return lengths_over(rows, [1 + (i * 7) % 16 for i in range(1000)]) + [3, 0, 0]
+
+
+NARROW_ROWS = [(torch.float32, 1), (torch.float32, 4), (torch.bfloat16, 1),
+               (torch.bfloat16, 2), (torch.bfloat16, 4)]
+
+
+@pytest.mark.parametrize("layout", ["crowds", "tile_aligned", "spanning", "ragged"])
+@pytest.mark.parametrize(
+    "dtype, inner",
+    NARROW_ROWS,
+    ids=[f"{d}-{i}cols".replace("torch.", "") for d, i in NARROW_ROWS],
+)
+def test_narrow_rows_at_tile_and_block_edges(device, layout, dtype, inner):
+    """Rows of 2 to 16 bytes, summed and gathered. On the GPU, 2^22 rows give every
+    warp of the narrow kernels several tiles and spread the long segment over blocks."""
+    rows = 1 << 22 if device.type == "cuda" else 1 << 18
+    assert_sum_and_gather(make_indptr(edge_lengths(layout, rows), device), inner, dtype)
 
 
 @pytest.mark.gpu
