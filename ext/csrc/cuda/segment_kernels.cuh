@@ -94,7 +94,7 @@ constexpr bool kWarpSum = SEGMENT_OPS_WARP_SUM != 0;
 #define SEGMENT_OPS_WARP_GATHER 0
 #endif
 constexpr bool kWarpGather = SEGMENT_OPS_WARP_GATHER != 0;
-constexpr int kWarpSumBlocksPerSm = 3;  // up to 80 registers; at 4 (64) ptxas spilled
+constexpr int kWarpSumBlocksPerSm = 3;  // up to 80 registers; at 4 (64), 8-88 bytes spilled
 constexpr int kWarpSumLaneBytes = 32;   // warp sum: src bytes per lane and tile
 constexpr int kWarpGatherBlocksPerSm = 4;  // 64 registers: as many as the tile gather's
 constexpr int kThreadBytes = 64;     // tile kernels: src bytes per thread and tile (16 KB tiles)
@@ -2199,6 +2199,12 @@ struct WarpSumShape {
   // 1 left 23 %).
   static constexpr int kStarts = R >= 8 ? 3 * R / 8 : R / 2;
   static_assert(kWarpSumLaneBytes % 16 == 0 && R >= 1, "whole 16-byte loads of whole rows");
+  // A lane's rows of a tile, as its 16-byte loads or stores, 32-bit words, or elements.
+  union Chunk {
+    uint4 u[kLoads];
+    uint32_t w[kLoads * 4];
+    T v[kLoads * 16 / sizeof(T)];
+  };
 };
 
 constexpr uint32_t kNoStart = 0xffffffffu;  // warp sum: no segment starts at this row
@@ -2365,11 +2371,7 @@ __global__ void __launch_bounds__(kThreads, kWarpSumBlocksPerSm)
   uint32_t* slot = sm.slot[t];
   auto& count = sm.count[t];
 
-  union Chunk {
-    uint4 u[S::kLoads];
-    uint32_t w[S::kLoads * 4];
-    T v[S::kLoads * 16 / sizeof(T)];
-  };
+  using Chunk = typename S::Chunk;
   auto load_chunk = [&](int64_t t0) {
     Chunk c;
     const int64_t a = t0 + lane * R;
@@ -2389,9 +2391,7 @@ __global__ void __launch_bounds__(kThreads, kWarpSumBlocksPerSm)
   for (int q = 0; q < R; ++q) slot[lane * R + q] = kNoStart;
   warp_barrier();
 
-  int64_t next = w0 < w1 ? warp_lower_bound(indptr, segments, rows, w0,
-                                                                     lane, count)
-                         : segments;
+  int64_t next = w0 < w1 ? warp_lower_bound(indptr, segments, rows, w0, lane, count) : segments;
   // The segment open at w0 that began before it: its partial is this warp's
   // head item, never written here.
   const int64_t head = w0 < w1 ? head_segment(indptr, segments, rows, w0, next) : -1;
@@ -2540,8 +2540,7 @@ __global__ void __launch_bounds__(kThreads, kWarpGatherBlocksPerSm)
   for (int q = 0; q < R; ++q) marked[lane * R + q] = 0;
   warp_barrier();
 
-  int64_t next =
-      warp_lower_bound(indptr, segments, rows, w0, lane, count);
+  int64_t next = warp_lower_bound(indptr, segments, rows, w0, lane, count);
   // Rows before the first segment (or past the last) are zeros.
   const int64_t head = head_segment(indptr, segments, rows, w0, next);
   V carry{1, head >= 0 ? load_pack<T, W>(src + head * W) : zero_pack<T, W>()};
@@ -2582,10 +2581,7 @@ __global__ void __launch_bounds__(kThreads, kWarpGatherBlocksPerSm)
     const V full = WarpValueOp<T, W>()(carry, warp_scan(mine, lane, WarpValueOp<T, W>()));
     const V open = from_lane_before(full, lane, carry);
 
-    union {
-      uint4 u[S::kLoads];
-      T v[S::kLoads * 16 / sizeof(T)];
-    } chunk;
+    typename S::Chunk chunk;
     P cur = open.value;
 #pragma unroll
     for (int q = 0; q < R; ++q) {
@@ -2865,24 +2861,31 @@ cudaError_t launch_gated_sum(const T* src, const int64_t* indptr, T* out, int64_
 
 // The warp sum: row ranges of whole tiles per warp, one wave of blocks, and the
 // fix-up for the segments that cross between them.
+// The warp kernels' split: equal row ranges of whole tiles per warp
+// (kTeams * tile_rows per block), for at most `capacity` blocks.
+inline TileSplit warp_split(int64_t rows, int64_t capacity, int64_t tile_rows) {
+  const int64_t unit = kTeams * tile_rows;
+  const int64_t blocks = imax(1, imin(capacity, ceil_div(rows, unit)));
+  const int64_t rows_per_block = ceil_div(ceil_div(rows, blocks), unit) * unit;
+  return {rows_per_block, ceil_div(rows, rows_per_block)};
+}
+
 template <typename T, int W>
 cudaError_t launch_warp_sum(const T* src, const int64_t* indptr, T* out, int64_t rows,
                             int64_t segments, void* workspace, cudaStream_t stream) {
   int64_t capacity = 0;
   cudaError_t err = resident_blocks<&warp_sum_kernel<T, W>>(&capacity);
   if (err != cudaSuccess) return err;
-  constexpr int64_t kUnit = kTeams * WarpSumShape<T, W>::kTileRows;
-  int64_t blocks = imax(1, imin(capacity, ceil_div(rows, kUnit)));
-  const int64_t rows_per_block = ceil_div(ceil_div(rows, blocks), kUnit) * kUnit;
-  blocks = ceil_div(rows, rows_per_block);
+  const TileSplit split = warp_split(rows, capacity, WarpSumShape<T, W>::kTileRows);
   Crossing<typename Num<T>::acc> c;
-  err = crossing(workspace, blocks, W, &c);
+  err = crossing(workspace, split.blocks, W, &c);
   if (err != cudaSuccess) return err;
-  warp_sum_kernel<T, W><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
-      src, indptr, out, rows, segments, rows_per_block, c);
+  warp_sum_kernel<T, W><<<static_cast<unsigned>(split.blocks), kThreads, 0, stream>>>(
+      src, indptr, out, rows, segments, split.rows_per_block, c);
   err = cudaGetLastError();
-  if (err != cudaSuccess || blocks == 1) return err;
-  return launch_fixup<T>(indptr, out, rows, segments, W, rows_per_block, blocks, c, stream);
+  if (err != cudaSuccess || split.blocks == 1) return err;
+  return launch_fixup<T>(indptr, out, rows, segments, W, split.rows_per_block, split.blocks, c,
+                         stream);
 }
 
 template <typename T, int W>
@@ -2904,12 +2907,10 @@ cudaError_t launch_warp_gather(const T* src, const int64_t* indptr, T* out, int6
   int64_t capacity = 0;
   const cudaError_t err = resident_blocks<&warp_gather_kernel<T, W>>(&capacity);
   if (err != cudaSuccess) return err;
-  constexpr int64_t kUnit = kTeams * WarpSumShape<T, W>::kTileRows;
-  int64_t blocks = imax(1, imin(capacity * kTileGatherWaves, ceil_div(rows, kUnit)));
-  const int64_t rows_per_block = ceil_div(ceil_div(rows, blocks), kUnit) * kUnit;
-  blocks = ceil_div(rows, rows_per_block);
-  warp_gather_kernel<T, W><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
-      src, indptr, out, rows, segments, rows_per_block);
+  const TileSplit split =
+      warp_split(rows, capacity * kTileGatherWaves, WarpSumShape<T, W>::kTileRows);
+  warp_gather_kernel<T, W><<<static_cast<unsigned>(split.blocks), kThreads, 0, stream>>>(
+      src, indptr, out, rows, segments, split.rows_per_block);
   return cudaGetLastError();
 }
 
@@ -3073,7 +3074,8 @@ cudaError_t launch_narrow_sum(const T* src, const int64_t* indptr, T* out, int64
       // 66; bf16, 4 columns 82 against 56, 62 against 53; fp32, 4 columns 75
       // against 70, 69 against 69 (16-byte rows took the lane sum before:
       // against it without kLaneSide, claimed stripes and units).
-      // (Half types in rows of 8 columns spill at the warp sum's registers.)
+      // (Half types in rows of 8 columns spill at the warp sum's registers: 92
+      // bytes at 80.)
       if constexpr (kWarpSum && W <= 4) {
         if (mean_rows < kShortSegmentRows && segments < kNoStart)
           return launch_warp_sum<T, W>(src, indptr, out, rows, segments, workspace, stream);
@@ -3109,7 +3111,7 @@ cudaError_t launch_narrow_gather(const T* src, const int64_t* indptr, T* out, in
     if (inner != W)
       return launch_narrow_gather<T, 2 * W>(src, indptr, out, rows, segments, inner, stream);
     if (rows / segments < 2 * TeamShape<T, W, 1>::kStepRows) {
-      if constexpr (kWarpGather && W <= 4) {  // (as the warp sum's)
+      if constexpr (kWarpGather) {
         if (segments < kNoStart)
           return launch_warp_gather<T, W>(src, indptr, out, rows, segments, stream);
       }
