@@ -268,6 +268,11 @@ LANE_SUM_ROWS = [
 ]
 
 
+def row_ids(rows):
+    """Test ids for (dtype, columns) pairs: "bfloat16-4cols"."""
+    return [f"{d}-{i}cols".replace("torch.", "") for d, i in rows]
+
+
 def lengths_over(rows, pattern):
     """`pattern` repeated until it covers at least `rows` rows."""
     out, total = [], 0
@@ -290,34 +295,36 @@ GATED_LAWS = {
 }
 
 
-def edge_lengths(layout, rows):
-    """Segment lengths over about `rows` rows with starts where the GPU's narrow-row
-    kernels cut their work."""
-    if layout == "crowds":  # more segments at one row than one read of indptr holds
-        return lengths_over(rows, [0] * 300 + [1] + [0] * 70 + [5, 2] + [4] * 200)
-    if layout == "tile_aligned":  # starts on tile, warp and block boundaries
-        return lengths_over(rows, [512] * 7 + [256, 128, 64, 32, 16, 8, 8])
-    if layout == "spanning":  # one segment over many warps and blocks, short ones around it
-        return [2] * 2000 + [rows // 2 + 7] + [3] * (rows // 6) + [0, 0]
+# name -> segment lengths over about `rows` rows, with starts where the GPU's
+# narrow-row kernels cut their work.
+EDGE_LAYOUTS = {
+    # More segments at one row than one read of indptr holds.
+    "crowds": lambda rows: lengths_over(rows, [0] * 300 + [1] + [0] * 70 + [5, 2] + [4] * 200),
+    # Starts on tile, warp and block boundaries.
+    "tile_aligned": lambda rows: lengths_over(rows, [512] * 7 + [256, 128, 64, 32, 16, 8, 8]),
+    # One segment over many warps and blocks, short ones around it.
+    "spanning": lambda rows: [2] * 2000 + [rows // 2 + 7] + [3] * (rows // 6) + [0, 0],
     # Short segments ending mid-tile, not on a multiple of 8 rows, then empty ones.
-    return lengths_over(rows, [1 + (i * 7) % 16 for i in range(1000)]) + [3, 0, 0]
+    "ragged": lambda rows: lengths_over(rows, [1 + (i * 7) % 16 for i in range(1000)])
+    + [3, 0, 0],
+}
 
 
 NARROW_ROWS = [(torch.float32, 1), (torch.float32, 4), (torch.bfloat16, 1),
                (torch.bfloat16, 2), (torch.bfloat16, 4)]
 
 
-@pytest.mark.parametrize("layout", ["crowds", "tile_aligned", "spanning", "ragged"])
+@pytest.mark.parametrize("layout", EDGE_LAYOUTS)
 @pytest.mark.parametrize(
     "dtype, inner",
     NARROW_ROWS,
-    ids=[f"{d}-{i}cols".replace("torch.", "") for d, i in NARROW_ROWS],
+    ids=row_ids(NARROW_ROWS),
 )
 def test_narrow_rows_at_tile_and_block_edges(device, layout, dtype, inner):
     """Rows of 2 to 16 bytes, summed and gathered. On the GPU, 2^22 rows give every
     warp of the narrow kernels several tiles and spread the long segment over blocks."""
     rows = 1 << 22 if device.type == "cuda" else 1 << 18
-    assert_sum_and_gather(make_indptr(edge_lengths(layout, rows), device), inner, dtype)
+    assert_sum_and_gather(make_indptr(EDGE_LAYOUTS[layout](rows), device), inner, dtype)
 
 
 @pytest.mark.gpu
@@ -336,7 +343,7 @@ def test_gated_narrow_sums(law, dtype, inner):
 @pytest.mark.parametrize(
     "dtype, inner",
     LANE_SUM_ROWS,
-    ids=[f"{d}-{i}cols".replace("torch.", "") for d, i in LANE_SUM_ROWS],
+    ids=row_ids(LANE_SUM_ROWS),
 )
 def test_lane_sum_rows(layout, dtype, inner):
     """Rows of 4 to 16 bytes over short segments take the CUDA lane sum (half types:
