@@ -127,11 +127,13 @@ def _workspace(ws_ptr, slots, FLAG_WORDS: tl.constexpr):
 def _segments_starting_in(
     indptr_ptr, c0, rows, nseg, CHUNK_ROWS: tl.constexpr, FANOUT: tl.constexpr
 ):
-    """[lo, hi): the segments starting in the chunk of rows at c0 (two searches at once)."""
+    """[lo, hi): the segments starting in the chunk of rows at c0 (two searches at once).
+    Both are at most nseg: an unsorted indptr whose last entry is below c0 would
+    put lo at nseg + 1, and the walk would read indptr[lo] past its end."""
     bounds = _lower_bound(
         indptr_ptr, 0, nseg + 1, rows, c0 + tl.arange(0, 2).to(tl.int64) * CHUNK_ROWS, FANOUT
     )
-    return tl.min(bounds, axis=0), tl.minimum(tl.max(bounds, axis=0), nseg)
+    return tl.minimum(tl.min(bounds, axis=0), nseg), tl.minimum(tl.max(bounds, axis=0), nseg)
 
 
 @triton.jit
