@@ -11,6 +11,9 @@
 #include <torch/headeronly/util/Exception.h>
 
 #include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
 #include <vector>
 
 // Builds that share a process (the wheel, a JIT build) must register under
@@ -27,37 +30,57 @@ namespace segment_ops::stable {
 using torch::headeronly::ScalarType;
 using Tensor = torch::stable::Tensor;
 
+// Errors are raised with check(), not STD_TORCH_CHECK. That macro formats its
+// message with std::ostringstream, and a library linked as torch's extension
+// builders link it (libc10 and libtorch before libstdc++) can bind the stream's
+// out-of-line members to the copies libc10 exports, built by torch's compiler.
+// JIT-built with GCC 13 against torch 2.11, the first failed check crashed the
+// process (SIGSEGV) instead of raising; the same source built with GCC 12 did
+// not. std::string is the same in every GCC: messages are joined from strings.
+inline std::string message_part(const char* text) { return text; }
+inline std::string message_part(const std::string& text) { return text; }
+template <typename I, typename = std::enable_if_t<std::is_integral_v<I>>>
+std::string message_part(I value) {
+  return std::to_string(value);
+}
+
+// Raises RuntimeError (in Python) with the parts joined, when `ok` is false.
+template <typename... Parts>
+void check(bool ok, const Parts&... parts) {
+  if (ok) return;
+  std::string message;
+  ((message += message_part(parts)), ...);
+  throw std::runtime_error(message);
+}
+
 // The classic build's messages, word for word: the tests are shared.
 inline void check_metadata(const char* op, const char* data_name, const Tensor& data,
                            const Tensor& indptr) {
-  STD_TORCH_CHECK(indptr.device() == data.device(), op, ": indptr must be on the same device as ",
-                  data_name);
-  STD_TORCH_CHECK(indptr.scalar_type() == ScalarType::Long, op, ": indptr must be int64, got ",
-                  torch::headeronly::toString(indptr.scalar_type()));
-  STD_TORCH_CHECK(indptr.dim() == 1 && indptr.numel() >= 1, op,
-                  ": indptr must be 1-D with at least one element, got ", indptr.dim(),
-                  " dimensions");
-  STD_TORCH_CHECK(data.dim() >= 1, op, ": ", data_name, " must have at least one dimension");
+  check(indptr.device() == data.device(), op, ": indptr must be on the same device as ",
+        data_name);
+  check(indptr.scalar_type() == ScalarType::Long, op, ": indptr must be int64, got ",
+        torch::headeronly::toString(indptr.scalar_type()));
+  check(indptr.dim() == 1 && indptr.numel() >= 1, op,
+        ": indptr must be 1-D with at least one element, got ", indptr.dim(), " dimensions");
+  check(data.dim() >= 1, op, ": ", data_name, " must have at least one dimension");
   const ScalarType t = data.scalar_type();
-  STD_TORCH_CHECK(t == ScalarType::Float || t == ScalarType::Double || t == ScalarType::Half ||
-                      t == ScalarType::BFloat16,
-                  op, ": ", data_name, " must be float32, float64, float16 or bfloat16, got ",
-                  torch::headeronly::toString(t));
+  check(t == ScalarType::Float || t == ScalarType::Double || t == ScalarType::Half ||
+            t == ScalarType::BFloat16,
+        op, ": ", data_name, " must be float32, float64, float16 or bfloat16, got ",
+        torch::headeronly::toString(t));
 }
 
 inline void check_indptr_values(const char* op, int64_t first, int64_t last, bool decreasing,
                                 int64_t rows, const char* rows_name) {
-  STD_TORCH_CHECK(first == 0, op, ": indptr[0] must be 0, got ", first);
-  STD_TORCH_CHECK(last == rows, op, ": indptr[-1] must equal ", rows_name, " (", rows,
-                  "), got ", last);
-  STD_TORCH_CHECK(!decreasing, op, ": indptr must be non-decreasing");
+  check(first == 0, op, ": indptr[0] must be 0, got ", first);
+  check(last == rows, op, ": indptr[-1] must equal ", rows_name, " (", rows, "), got ", last);
+  check(!decreasing, op, ": indptr must be non-decreasing");
 }
 
 inline void check_gather_shape(const Tensor& src, int64_t segments, int64_t rows) {
-  STD_TORCH_CHECK(src.size(0) == segments,
-                  "segment_gather: src.size(0) must equal indptr.numel() - 1 (", segments,
-                  "), got ", src.size(0));
-  STD_TORCH_CHECK(rows >= 0, "segment_gather: rows must be >= 0, got ", rows);
+  check(src.size(0) == segments, "segment_gather: src.size(0) must equal indptr.numel() - 1 (",
+        segments, "), got ", src.size(0));
+  check(rows >= 0, "segment_gather: rows must be >= 0, got ", rows);
 }
 
 // Kernels see data as [rows, inner].
@@ -84,7 +107,7 @@ void dispatch_floating(ScalarType t, const Body& body) {
     case ScalarType::Double: return body(double{});
     case ScalarType::Half: return body(c10::Half{});
     case ScalarType::BFloat16: return body(c10::BFloat16{});
-    default: STD_TORCH_CHECK(false, "segment_ops: unsupported dtype ", torch::headeronly::toString(t));
+    default: check(false, "segment_ops: unsupported dtype ", torch::headeronly::toString(t));
   }
 }
 

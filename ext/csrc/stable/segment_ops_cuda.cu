@@ -29,8 +29,7 @@ cudaStream_t current_stream(int32_t device) {
 }
 
 void check_launch(const char* op, cudaError_t status) {
-  STD_TORCH_CHECK(status == cudaSuccess, op, ": kernel launch failed: ",
-                  cudaGetErrorString(status));
+  check(status == cudaSuccess, op, ": kernel launch failed: ", cudaGetErrorString(status));
 }
 
 Tensor scratch(const Tensor& like, int64_t bytes) {
