@@ -1051,9 +1051,15 @@ __global__ void __launch_bounds__(kThreads, kTileSumBlocksPerSm)
 // last row (tail), which the fix-up kernel finishes. Which path sums a
 // segment depends on indptr alone, and every path adds in a fixed order: the
 // results are deterministic.
-constexpr int kLaneRound = 4;
+// Two segments per lane and stripe, and a team's long segments read 8 loads
+// deep. Against 4 and 4 on an H100 (ab.py, % of copy bandwidth): fp32, power
+// law, 1 / 2 / 4 columns 58.5 -> 58.3, 71.0 -> 74.0, 75.3 -> 82.0; short
+// segments 86.6 -> 88.5, 85.2 -> 86.2, 78.1 -> 83.9; bf16, 4 columns, power
+// law 63.6 -> 66.5 and short 84.1 -> 85.9; 8 columns 69.7 -> 73.7 and 77.0 ->
+// 78.9. One segment per lane lost up to 16 points on rows of 1 and 2 fp32.
+constexpr int kLaneRound = 2;
 constexpr int kLaneStripe = kTeam * kLaneRound;
-constexpr int kLaneUnroll = 4;
+constexpr int kLaneUnroll = 8;
 // A lane reads kLaneSteps rows of each of kLaneSide of its segments per step:
 // up to 16 bytes of rows per step and segment side by side. More would lose
 // the lines of a segment from L1 before its next rows are read: on an H100,
