@@ -2601,7 +2601,15 @@ cudaError_t launch_narrow_sum(const T* src, const int64_t* indptr, T* out, int64
         else
           return launch_tile_sum<T, W, true>(src, indptr, out, rows, segments, workspace, stream);
       }
-      return launch_tile_sum<T, W, false>(src, indptr, out, rows, segments, workspace, stream);
+      // Only rows under 8 bytes get here: from 8 bytes on, the team sum's step
+      // (512 / row bytes rows) is at most kShortSegmentRows, so the team sum
+      // above took every mean this far down. Left uninstantiated there, the
+      // tile sum's register-spilling variants for long segments of 8- and
+      // 16-byte rows stay out of the library.
+      if constexpr (TeamShape<T, W, 1>::kStepRows > kShortSegmentRows)
+        return launch_tile_sum<T, W, false>(src, indptr, out, rows, segments, workspace, stream);
+      else
+        return launch_team_sum<T, W, 1>(src, indptr, out, rows, segments, workspace, stream);
     }
     return launch_narrow_sum<T, 2 * W>(src, indptr, out, rows, segments, inner, workspace, stream);
   }
