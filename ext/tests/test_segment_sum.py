@@ -298,7 +298,7 @@ GATED_LAWS = {
 # name -> segment lengths over about `rows` rows, with starts where the GPU's
 # narrow-row kernels cut their work.
 EDGE_LAYOUTS = {
-    # More segments at one row than one read of indptr holds.
+    # Crowds of empty segments at one row, more than a lane-sum stripe of segments.
     "crowds": lambda rows: lengths_over(rows, [0] * 300 + [1] + [0] * 70 + [5, 2] + [4] * 200),
     # Starts on tile, warp and block boundaries.
     "tile_aligned": lambda rows: lengths_over(rows, [512] * 7 + [256, 128, 64, 32, 16, 8, 8]),
@@ -321,8 +321,8 @@ NARROW_ROWS = [(torch.float32, 1), (torch.float32, 4), (torch.bfloat16, 1),
     ids=row_ids(NARROW_ROWS),
 )
 def test_narrow_rows_at_tile_and_block_edges(device, layout, dtype, inner):
-    """Rows of 2 to 16 bytes, summed and gathered. On the GPU, 2^22 rows give every
-    warp of the narrow kernels several tiles and spread the long segment over blocks."""
+    """Rows of 2 to 16 bytes, summed and gathered. On the GPU, 2^22 rows give the
+    narrow kernels many tiles and blocks and spread the long segment over blocks."""
     rows = 1 << 22 if device.type == "cuda" else 1 << 18
     assert_sum_and_gather(make_indptr(EDGE_LAYOUTS[layout](rows), device), inner, dtype)
 
