@@ -307,11 +307,14 @@ EDGE_LAYOUTS = {
     # Short segments ending mid-tile, not on a multiple of 8 rows, then empty ones.
     "ragged": lambda rows: lengths_over(rows, [1 + (i * 7) % 16 for i in range(1000)])
     + [3, 0, 0],
+    # Tiles of more one-row segments than threads in a block, with segments of over 32
+    # rows among them (those a whole block fills in the gather of 16-byte rows).
+    "rounds": lambda rows: lengths_over(rows, [1] * 300 + [33, 0, 40, 1] * 10 + [2] * 100),
 }
 
 
 NARROW_ROWS = [(torch.float32, 1), (torch.float32, 4), (torch.bfloat16, 1),
-               (torch.bfloat16, 2), (torch.bfloat16, 4)]
+               (torch.bfloat16, 2), (torch.bfloat16, 4), (torch.bfloat16, 8)]
 
 
 @pytest.mark.parametrize("layout", EDGE_LAYOUTS)
