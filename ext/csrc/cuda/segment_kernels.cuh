@@ -27,7 +27,9 @@
 //   bytes uses a lane kernel instead: a thread per short segment, a load per
 //   row, teams and blocks for the longer ones. On rows of 1 or 2 columns of a
 //   2-byte type a sample of indptr picks one of the two (TailGate), or on
-//   small inputs the tile sum.
+//   small inputs the tile sum. The gather over rows of exactly 16 bytes uses
+//   a fill kernel instead: a thread per segment writes its value into the
+//   segment's rows of a shared tile, the block the longer ones.
 //
 // * Stream kernels (the rest: the sum over short segments of wider rows, rows
 //   wider than 256 bytes or of other widths; the gather of rows that are not
