@@ -2634,7 +2634,7 @@ cudaError_t launch_narrow_sum(const T* src, const int64_t* indptr, T* out, int64
 // 81.4), the long ones filled by a warp each (83.5) and tiles of 32 KB (82.0).
 constexpr int kFillTileRows = 1024;  // 16 KB of shared memory
 constexpr int kFillRows = 32;        // the longest segment one thread fills alone
-constexpr int kFillBlocksPerSm = 8;  // 32 registers; with 4 (64), power law 83.0 -> 77.8 %
+constexpr int kFillBlocksPerSm = 8;  // <= 32 registers; at 4 (64), power law 83.0 -> 77.8 %
 
 template <typename Row>
 struct FillGatherShared {
@@ -2730,9 +2730,10 @@ cudaError_t launch_fill_gather(const T* src, const int64_t* indptr, T* out, int6
 // A narrow gather goes to the team kernel when its segments are long: two
 // steps of 512 bytes then meet less than one segment start on average, and the
 // team writes a copy's traffic; with shorter segments the tile kernel's shared
-// labels cost less than the team seeking start after start (on an H100, % of
-// copy bandwidth, 32-256-row segments, fp32, 1 column 62.5 -> 83.9 and bf16,
-// 2 columns 54.0 -> 83.8 with the threshold at two steps, not one).
+// labels (on rows of 16 bytes, the fill kernel's shared tile) cost less than
+// the team seeking start after start (on an H100, % of copy bandwidth,
+// 32-256-row segments, fp32, 1 column 62.5 -> 83.9 and bf16, 2 columns 54.0
+// -> 83.8 with the threshold at two steps, not one).
 template <typename T, int W = 1>
 cudaError_t launch_narrow_gather(const T* src, const int64_t* indptr, T* out, int64_t rows,
                                  int64_t segments, int64_t inner, cudaStream_t stream) {
