@@ -2673,7 +2673,7 @@ __global__ void __launch_bounds__(kThreads, kFillBlocksPerSm)
         const int64_t start = s < 0 ? 0 : start_of(indptr, s, rows);
         in = s < first || start < t1;
         if (in) {
-          const int64_t end = s < segments ? start_of(indptr, s + 1, rows) : rows;
+          const int64_t end = end_of(indptr, segments, rows, s);
           // Clamped into the tile: an unsorted indptr stays in bounds.
           lo = static_cast<int>(imin(imax(start, t0), t1) - t0);
           hi = static_cast<int>(imax(imin(end, t1), t0) - t0);
