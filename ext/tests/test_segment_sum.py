@@ -485,6 +485,20 @@ def test_triton_laws_and_widths(law, inner, dtype):
     assert_matches(segment_ops.segment_sum(src, indptr, backend="triton"), src, indptr)
 
 
+def test_triton_one_column_rows_skip_tiles_that_lost():
+    # A power law shares its shape class (the mean segment length) with short
+    # segments, so the autotuner may keep for one the tile that won on the
+    # other: rows of one column only try the tiles that won on both.
+    triton_module = pytest.importorskip("segment_ops._triton", exc_type=ImportError)
+    configs = triton_module._lane_configs()
+    prune = triton_module._prune_lane_configs
+    kept = prune(configs, {"length_class": 3}, INNER=1)
+    assert kept
+    assert all(c.num_warps == 1 and c.kwargs["ROW_ELEMENTS"] >= 256 for c in kept)
+    assert any(c.kwargs["ROW_ELEMENTS"] < 256 for c in prune(configs, {"length_class": 3}, INNER=4))
+    assert prune(configs, {"length_class": triton_module._LANE_GIANT_CLASS}, INNER=1) == configs
+
+
 @pytest.mark.gpu
 def test_triton_eager_call_launches_directly(monkeypatch):
     # wrap_triton costs about 0.4 ms of host time per eager call; only tracing needs it.
