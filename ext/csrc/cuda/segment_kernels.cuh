@@ -1706,9 +1706,9 @@ __device__ __forceinline__ void stream_sum_block(const T* __restrict__ src,
       // A warp runs the code at a segment end whenever any of its groups
       // meets one: with 8-lane groups and 8-row segments, every other row.
       // So the check per row is one 32-bit compare with a constant, and the
-      // code at an end steps a pointer and compares ends as read: the clamp
-      // is not needed there, as no row or segment index is derived from an
-      // end (a malformed indptr still reads and writes in bounds). On an
+      // code at an end steps an output offset and compares ends as read:
+      // the clamp is not needed there, as no row or segment index is derived
+      // from an end (a malformed indptr still reads and writes in bounds). On an
       // H100, against the read-ahead loop's checks, % of copy bandwidth, bf16,
       // 32 columns: short segments 74.5 -> 77.9, power law 65.5 -> 70.3.
       // Rows with reads ahead lost up to 2.4 points with these checks
@@ -2523,8 +2523,9 @@ cudaError_t launch_stream_sum(const T* src, const int64_t* indptr, T* out, int64
   cudaError_t err = resident_blocks<&stream_sum_kernel<T, W, kWideRows>>(&capacity);
   if (err != cudaSuccess) return err;
   const int64_t units = imax(1, capacity / shape.grid_y) * shape.groups;
-  // Rows that read ahead take batches of kBatch rows up to the group's last;
-  // the others sum whole batches, and only the input's last group rows one by one.
+  // Rows that read ahead end each group with a partial batch if need be, in
+  // groups of a multiple of kBatch rows (as measured); the others sum whole
+  // batches of kRows, so only the input's last group sums rows one by one.
   using Batch = StreamSumRows<T, kWideRows>;
   const int64_t group_rows =
       unit_rows(rows, units, kMinGroupRows, Batch::kReadAhead ? kBatch : Batch::kRows);
