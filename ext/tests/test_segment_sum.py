@@ -112,13 +112,17 @@ def power_law(rows, alpha=1.1, seed=0):
 
 # Lengths that stress how the GPU kernels split work: many short, long, a power law, long
 # on average but mostly short (several segments end inside one read of the long-segment
-# kernels), and one segment longer than any block's share, each with empty segments inside.
+# kernels), one segment longer than any block's share, each with empty segments inside,
+# and a crowd of empty segments a few rows before a long segment ends. The sums give each
+# block an equal share of rows and segments, so the crowd holds most blocks' ends: they
+# own no rows, and the long segment's partials cross them.
 LAWS = {
     "short": [1 + (i * 7) % 16 for i in range(3000)] + [0, 0],
     "long": [0, *(512 + (i * 331) % 1025 for i in range(40)), 0],
     "power": power_law(1 << 16),
     "lumpy": [3000 + (i * 977) % 5000 if i % 10 == 0 else i % 5 for i in range(200)],
     "giant": [0, 1 << 18, 0],
+    "crowd": [5003, *[0] * 200_000, 4997],
 }
 
 

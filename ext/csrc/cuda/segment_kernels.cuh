@@ -42,6 +42,8 @@
 //   writing each total when the segment's last row has gone by. No thread
 //   waits for another in the loop.
 //
+// The tile and lane sums give each block an equal share of rows and segment
+// starts together (balanced_rows); the others give each block equal rows.
 // Segments that cross a block boundary are finished by a small fix-up kernel
 // from per-block partials in the caller's workspace. Partials are always added
 // in the same order: results are deterministic.
@@ -84,6 +86,17 @@ constexpr int kTileBlocksPerSm = 4;
 // at most 2 points slower).
 constexpr int kTileSumBlocksPerSm = 3;
 constexpr int kStreamBlocksPerSm = 4;
+constexpr int64_t kSplitQuantum = 8;  // tile and lane sums: block ranges start on 8 rows (16 bytes)
+// What a segment costs a block beyond its rows, in bytes, when the tile and
+// lane sums share rows between blocks (balanced_rows): its indptr entry for
+// the tile sum, several times that for the lane sum, where a segment is a
+// lane's loop and a store. On an H100, % of copy bandwidth against equal
+// rows per block (power law): tile sum, bf16, 1 column 54.1 -> 58.4 at 8,
+// 55.8 at 4, 46.2 at 24; 2 columns 59.7 -> 65.0 at 8; lane sum, fp32, 1
+// column 58.5 -> 61.9 at 8, 65.3 at 24, 69.8 at 96, 71.0 at 192; bf16, 4
+// columns 66.5 -> 72.0 at 24, 76.2 at 96, 76.3 at 192.
+constexpr int64_t kTileSegmentCost = 8;
+constexpr int64_t kLaneSegmentCost = 96;
 constexpr int kThreadBytes = 64;     // tile kernels: src bytes per thread and tile (16 KB tiles)
 constexpr int kWindow = 4096;        // tile kernels: segment starts per tile kept in shared memory
 constexpr int kWindowSteps = 4;      // tile kernels: indptr entries per thread and round
@@ -318,6 +331,36 @@ __device__ __forceinline__ int64_t start_of(const int64_t* __restrict__ indptr, 
   return clamp_row(indptr[s], rows);
 }
 
+// For each e < N, the first x in [lo[e], hi[e]] with !below(e, x), for a
+// `below` that holds up to some x and fails from there (x = hi[e] is never
+// probed); the same answers in every thread. Each step probes kThreads evenly
+// spaced entries at once, so 3 dependent loads cover 16M entries where a
+// binary search would wait on 24, and the N searches wait on memory together.
+template <int N, typename Below>
+__device__ __forceinline__ void block_partitions(int64_t (&lo)[N], int64_t (&hi)[N],
+                                                 Below&& below) {
+  for (;;) {
+    bool open = false, in[N];
+    int64_t step[N];
+#pragma unroll
+    for (int e = 0; e < N; ++e) {
+      step[e] = lo[e] < hi[e] ? ceil_div(hi[e] - lo[e], kThreads) : 0;
+      open |= step[e] > 0;
+      const int64_t probe = lo[e] + (threadIdx.x + 1) * step[e] - 1;
+      in[e] = step[e] > 0 && probe < hi[e] && below(e, probe);
+    }
+    if (!open) return;
+#pragma unroll
+    for (int e = 0; e < N; ++e) {
+      const int64_t n = __syncthreads_count(in[e]);
+      if (step[e] > 0) {
+        lo[e] += n * step[e];
+        hi[e] = imin(hi[e], lo[e] + step[e] - 1);
+      }
+    }
+  }
+}
+
 // First s in [0, segments + 1] with start_of(s) >= x; the same answer in every
 // thread. Each step probes kThreads evenly spaced entries at once, so 3
 // dependent loads cover 16M segments where a binary search would wait on 24.
@@ -332,6 +375,80 @@ __device__ inline int64_t block_lower_bound(const int64_t* __restrict__ indptr, 
     hi = imin(hi, lo + step - 1);
   }
   return lo;
+}
+
+// How the tile and lane sums weigh the rows a block owns: rows * row + the
+// segments that start in them * segment, in bytes: a row's, and a segment's
+// output row plus what its end costs the kernel (kTileSegmentCost,
+// kLaneSegmentCost). Power-law lengths leave some blocks of equal rows with
+// twice the segments of others, and one wave of blocks ends with its slowest
+// (Nsight Compute, H100, tile sum, bf16, 1 column: the SMs were busy 80 % of
+// the kernel's time). The stream sum keeps equal rows: shared by cost, its
+// wide rows lost up to 4.5 points (fp32, 256 columns, power law).
+struct Costs {
+  int64_t row, segment;
+};
+
+// k * total / parts without overflow (total up to 2^62, parts up to 2^31).
+__host__ __device__ constexpr int64_t share_of(int64_t total, int64_t k, int64_t parts) {
+  return total / parts * k + total % parts * k / parts;
+}
+
+// Block `block` of `blocks`: its rows [r0, r1) and the first segment starting
+// at or after r0, for blocks of equal cost. The block's first row is where the
+// cost of the rows and segment starts before it reaches its share, rounded
+// down to a multiple of `quantum` rows; the last block ends at `rows`. Every
+// block finds both of its ends the same way, so neighbours agree. A malformed
+// indptr gives meaningless ranges, but each lies in [0, rows].
+struct BlockRows {
+  int64_t r0, r1, first, next;  // next: the first segment starting at or after r1
+};
+
+__device__ inline BlockRows balanced_rows(const int64_t* __restrict__ indptr, int64_t segments,
+                                          int64_t rows, int64_t block, int64_t blocks,
+                                          Costs cost, int64_t quantum) {
+  const int64_t total = cost.row * rows + cost.segment * segments;
+  const int64_t share[2] = {share_of(total, block, blocks), share_of(total, block + 1, blocks)};
+  // past[e]: the first segment s whose rows and segments before it cost more
+  // than share[e]; the share ends inside segment s - 1 (or before the first).
+  int64_t past[2] = {0, 0}, end[2] = {segments + 1, segments + 1};
+  block_partitions(past, end, [&](int e, int64_t s) {
+    return cost.row * start_of(indptr, s, rows) + cost.segment * s <= share[e];
+  });
+  int64_t at[2];
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    const int64_t s = past[e] - 1;
+    const int64_t a = s >= 0 ? start_of(indptr, s, rows) : 0;
+    const int64_t spent = s >= 0 ? cost.row * a + cost.segment * s : 0;
+    const int64_t b = past[e] <= segments ? start_of(indptr, past[e], rows) : rows;
+    at[e] = imin(a + (share[e] - spent) / cost.row, b) / quantum * quantum;
+  }
+  BlockRows r;
+  r.r0 = block == 0 ? 0 : imin(at[0], rows);
+  r.r1 = block + 1 >= blocks ? rows : imax(r.r0, imin(at[1], rows));
+  // Both lower bounds lie at or below past[e] (r0 <= start_of(past[0])): one
+  // step over the kThreads entries below, and the full search only where they
+  // all start at r0 or later (a crowd of empty segments).
+  int64_t lo[2] = {imax(0, past[0] - kThreads), imax(0, past[1] - kThreads)};
+  int64_t hi[2] = {past[0], past[1]};
+  const int64_t x[2] = {r.r0, r.r1};
+  auto starts_below = [&](int e, int64_t s) { return start_of(indptr, s, rows) < x[e]; };
+  const int64_t near[2] = {lo[0], lo[1]};
+  block_partitions(lo, hi, starts_below);
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    if (lo[e] == near[e] && near[e] > 0) {
+      hi[e] = near[e];
+      lo[e] = 0;
+    } else {
+      hi[e] = lo[e];
+    }
+  }
+  block_partitions(lo, hi, starts_below);  // nothing to do unless crowded
+  r.first = lo[0];
+  r.next = r.r1 == rows ? segments + 1 : lo[1];
+  return r;
 }
 
 // The last s in [lo, hi] with start_of(s) <= x, or lo - 1 when there is none.
@@ -769,7 +886,7 @@ __device__ __forceinline__ void tile_sum_block(const T* __restrict__ src,
                                                const int64_t* __restrict__ indptr,
                                                T* __restrict__ out, int64_t rows,
                                                int64_t segments, int64_t inner,
-                                               int64_t rows_per_block,
+                                               const BlockRows& range,
                                                const Crossing<typename Num<T>::acc>& cross,
                                                TileSumShared<T, W>& sm) {
   using Acc = typename Num<T>::acc;
@@ -780,14 +897,14 @@ __device__ __forceinline__ void tile_sum_block(const T* __restrict__ src,
   constexpr int kRun = G::kRunRows;
   const int tid = threadIdx.x;
   const int64_t block = blockIdx.x;
-  const int64_t r0 = block * rows_per_block, r1 = imin(rows, r0 + rows_per_block);
+  const int64_t r0 = range.r0, r1 = range.r1;
 
   uint4 staged[G::kStageUnits];
   auto load_tile = [&](int64_t t0) {
     const int64_t t1 = imin(r1, t0 + G::kTileRows);
     load_stage(staged, src + t0 * W, static_cast<int>(t1 - t0) * G::kRowBytes);
   };
-  load_tile(r0);  // in flight during the search
+  load_tile(r0);
   if (tid < 3) sm.counts[tid] = 0;
   for (int i = tid; i < G::kTileRows / 32; i += kThreads) sm.starts[i] = 0;
   if (tid == 0) {
@@ -796,7 +913,7 @@ __device__ __forceinline__ void tile_sum_block(const T* __restrict__ src,
     for (int k = 0; k < W; ++k) sm.carry.sum.v[k] = 0;
   }
 
-  int64_t first = block_lower_bound(indptr, segments, rows, r0);
+  int64_t first = range.first;
   // The segment open at r0 that began in an earlier block: its partial sum
   // goes to the workspace (head); the fix-up kernel adds it to the owner's.
   const int64_t head = head_segment(indptr, segments, rows, r0, first);
@@ -1024,24 +1141,24 @@ __device__ __forceinline__ bool gated_out(TailGate gate, const int64_t* __restri
   return false;
 }
 
-// Grid: x = row ranges (one per block, equal sizes, as many as fit on the GPU
-// at once). kShort: the segments are short on average, and tiles with many
+// Grid: x = row ranges (one per block, of equal cost, as many as fit on the
+// GPU at once). kShort: the segments are short on average, and tiles with many
 // starts take the predicated walk; without it, the kernel keeps to the
 // branches that cost less when starts are rare.
 template <typename T, int W, bool kShort>
 __global__ void __launch_bounds__(kThreads, kTileSumBlocksPerSm)
     tile_sum_kernel(const T* __restrict__ src, const int64_t* __restrict__ indptr,
                     T* __restrict__ out, int64_t rows, int64_t segments, int64_t inner,
-                    int64_t rows_per_block, Crossing<typename Num<T>::acc> cross,
-                    TailGate gate) {
+                    Costs cost, Crossing<typename Num<T>::acc> cross, TailGate gate) {
   __shared__ TileSumShared<T, W> sm;
   if (gated_out(gate, indptr, segments, rows, cross)) return;
-  tile_sum_block<T, W, kShort>(src, indptr, out, rows, segments, inner, rows_per_block, cross,
-                               sm);
+  const BlockRows range =
+      balanced_rows(indptr, segments, rows, blockIdx.x, gridDim.x, cost, kSplitQuantum);
+  tile_sum_block<T, W, kShort>(src, indptr, out, rows, segments, inner, range, cross, sm);
 }
 
 // Lane sum (rows of 16 bytes or less, short segments): one thread per segment.
-// A block owns an equal range of rows, as in the tile sum, and the segments
+// A block owns a range of rows of equal cost, as in the tile sum, and the segments
 // that start in it. Its teams claim those in stripes of kLaneStripe
 // consecutive segments from a block counter, so a team that met long segments
 // takes fewer stripes; a lane takes kLaneRound segments kTeam apart. A lane
@@ -1091,6 +1208,10 @@ struct LaneSumShared {
   typename TeamReduce::TempStorage team[kTeams];
   unsigned nbig;
   unsigned next_stripe;
+  // The block's rows, read where needed: held in registers, they left the
+  // loop over 16-byte rows 3 loads in flight instead of 5 (H100, fp32, 4
+  // columns, short segments: 78.4 against 80.7 % of copy bandwidth).
+  int64_t r0, r1;
   int64_t big[kBigSlots];
 };
 
@@ -1172,7 +1293,7 @@ __device__ __forceinline__ void block_rows_sum(const T* __restrict__ src, int64_
 template <typename T, int W>
 __global__ void __launch_bounds__(kThreads, kTileBlocksPerSm)
     lane_sum_kernel(const T* __restrict__ src, const int64_t* __restrict__ indptr,
-                    T* __restrict__ out, int64_t rows, int64_t segments, int64_t rows_per_block,
+                    T* __restrict__ out, int64_t rows, int64_t segments, Costs cost,
                     Crossing<typename Num<T>::acc> cross, TailGate gate) {
   using Acc = typename Num<T>::acc;
   using Part = Partial<Acc, W>;
@@ -1182,21 +1303,24 @@ __global__ void __launch_bounds__(kThreads, kTileBlocksPerSm)
   if (gated_out(gate, indptr, segments, rows, cross)) return;
   const int tid = threadIdx.x, t = tid / kTeam, lane = tid % kTeam;
   const int64_t block = blockIdx.x;
-  const int64_t r0 = block * rows_per_block, r1 = imin(rows, r0 + rows_per_block);
-  // A block's rows hold at most kBigSlots segments longer than this.
-  const int64_t big_rows = imax(kTeamRows, ceil_div(rows_per_block, kBigSlots));
   if (tid == 0) {
     sm.nbig = 0u;
     sm.next_stripe = 0u;
   }
-  const int64_t first = block_lower_bound(indptr, segments, rows, r0);  // (a barrier)
+  const BlockRows range =  // (barriers)
+      balanced_rows(indptr, segments, rows, block, gridDim.x, cost, kSplitQuantum);
+  const int64_t first = range.first;
+  if (tid == 0) {
+    sm.r0 = range.r0;
+    sm.r1 = range.r1;
+  }
+  __syncthreads();
   // Segments starting at r1 belong to the next block, except past the last
   // row, where the trailing empty ones are zeroed here.
-  const int64_t last = r1 == rows ? segments : imin(block_lower_bound(indptr, segments, rows, r1),
-                                                    segments);
-  const int64_t head = head_segment(indptr, segments, rows, r0, first);
+  const int64_t last = imin(range.next, segments);
+  const int64_t head = head_segment(indptr, segments, rows, range.r0, first);
   const int64_t tail =
-      last > first && end_of(indptr, segments, rows, last - 1) > r1 ? last - 1 : -1;
+      last > first && end_of(indptr, segments, rows, last - 1) > range.r1 ? last - 1 : -1;
   if (tid == 0 && cross.head_key != nullptr) {
     cross.head_key[block] = head;
     cross.tail_key[block] = tail;
@@ -1209,6 +1333,9 @@ __global__ void __launch_bounds__(kThreads, kTileBlocksPerSm)
     if (base >= last) break;
     int64_t a[kLaneRound], e[kLaneRound];
     unsigned mine = 0, longs = 0;  // bit i: segment i is summed by this lane, by the team
+    const int64_t r0 = sm.r0, r1 = sm.r1;
+    // A block's rows hold at most kBigSlots segments longer than this.
+    const int64_t big_rows = imax(kTeamRows, ceil_div(r1 - r0, kBigSlots));
 #pragma unroll
     for (int i = 0; i < kLaneRound; ++i) {
       const int64_t s = base + i * kTeam + lane;
@@ -1312,6 +1439,7 @@ __global__ void __launch_bounds__(kThreads, kTileBlocksPerSm)
     }
   }
   __syncthreads();  // the big list is complete
+  const int64_t r0 = sm.r0, r1 = sm.r1;
   Acc total[W];
   if (head >= 0) {
     block_rows_sum<T, W>(src, r0, imin(end_of(indptr, segments, rows, head), r1), sm, total);
@@ -2231,31 +2359,31 @@ __global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
 // one read of blocks x inner partials, spread over the y blocks (launch_fixup
 // asks for one per kThreads columns, and more only where segments span
 // several blocks: two per block spanned). kGated: after the gated sums, the
-// split is the tile sum's where cross.picked says it ran. It is a template
+// blocks are the tile sum's where cross.picked says it ran. It is a template
 // flag so that the other sums' fix-up keeps its code: with the choice in it,
 // a giant segment's forward lost 2-3 points of copy bandwidth on an H100.
 template <typename T, bool kGated>
 __global__ void __launch_bounds__(kThreads)
-    segment_sum_fixup_kernel(const int64_t* __restrict__ indptr, T* __restrict__ out,
-                             int64_t rows, int64_t segments, int64_t inner,
-                             int64_t rows_per_block, int64_t blocks,
-                             Crossing<typename Num<T>::acc> cross, int64_t tile_rows_per_block,
-                             int64_t tile_blocks) {
+    segment_sum_fixup_kernel(T* __restrict__ out, int64_t segments, int64_t inner, int64_t blocks,
+                             Crossing<typename Num<T>::acc> cross, int64_t tile_blocks) {
   using Acc = typename Num<T>::acc;
   __shared__ Acc part[kThreads];
   const int64_t b = blockIdx.x;
   if constexpr (kGated) {
-    if (*cross.picked != 0) {
-      rows_per_block = tile_rows_per_block;
-      blocks = tile_blocks;
-    }
+    if (*cross.picked != 0) blocks = tile_blocks;
     if (b >= blocks) return;
   }
   const int64_t s = cross.tail_key[b];
   if (s < 0 || s >= segments) return;
-  const int64_t end = start_of(indptr, s + 1, rows);
-  const int64_t last = imin(blocks - 1, (imax(end, 1) - 1) / rows_per_block);
-  const int64_t n = imax(0, last - b);  // blocks after b that hold part of s
+  // The blocks after b that hold part of s have it as their head, one after
+  // another: counted kThreads at a time, whatever rows each block owns.
+  int64_t n = 0;
+  for (;;) {
+    const int64_t bb = b + 1 + n + threadIdx.x;
+    const int got = __syncthreads_count(bb < blocks && cross.head_key[bb] == s);
+    n += got;
+    if (got < kThreads) break;
+  }
   const int64_t share = ceil_div(inner, static_cast<int64_t>(gridDim.y));
   const int64_t k0 = static_cast<int64_t>(blockIdx.y) * share, k1 = imin(inner, k0 + share);
   const int cols = static_cast<int>(imin(share, kThreads));
@@ -2354,10 +2482,10 @@ inline cudaError_t crossing(void* workspace, int64_t blocks, int64_t inner, Cros
 }
 
 template <typename T>
-inline cudaError_t launch_fixup(const int64_t* indptr, T* out, int64_t rows, int64_t segments,
-                                int64_t inner, int64_t block_rows, int64_t blocks,
+inline cudaError_t launch_fixup(T* out, int64_t rows, int64_t segments, int64_t inner,
+                                int64_t block_rows, int64_t blocks,
                                 const Crossing<typename Num<T>::acc>& c, cudaStream_t stream,
-                                int64_t tile_block_rows = 0, int64_t tile_blocks = 0) {
+                                int64_t tile_blocks = 0) {
   // A tail has a head or two to add unless a mean segment spans two blocks
   // or more: a y block per kThreads columns adds them in one pass, and more
   // would be blocks that mostly find nothing to add, and take waves of them
@@ -2366,7 +2494,7 @@ inline cudaError_t launch_fixup(const int64_t* indptr, T* out, int64_t rows, int
   // Where segments span more, two y blocks per block spanned, of kFixupCols
   // columns at least, share their heads: fp32 rows of 1024 columns in
   // 1024-row segments, two blocks' rows, were 78 % with 64 y blocks, 92 %
-  // with 4.
+  // with 4. (block_rows: the mean.)
   const int64_t spans = rows / segments / block_rows;
   const int64_t passes = ceil_div(inner, kThreads);
   const int64_t wanted =
@@ -2376,16 +2504,17 @@ inline cudaError_t launch_fixup(const int64_t* indptr, T* out, int64_t rows, int
                   static_cast<unsigned>(fixup_y));
   if (c.picked != nullptr) {
     segment_sum_fixup_kernel<T, true><<<grid, kThreads, 0, stream>>>(
-        indptr, out, rows, segments, inner, block_rows, blocks, c, tile_block_rows, tile_blocks);
+        out, segments, inner, blocks, c, tile_blocks);
   } else {
     segment_sum_fixup_kernel<T, false><<<grid, kThreads, 0, stream>>>(
-        indptr, out, rows, segments, inner, block_rows, blocks, c, 0, 0);
+        out, segments, inner, blocks, c, 0);
   }
   return cudaGetLastError();
 }
 
-// Tile kernels: equal row ranges, a multiple of 8 rows each (tiles then start
-// on 16 bytes), for at most `capacity` blocks.
+// Tile kernels: blocks of about equal rows, a multiple of 8 rows each (tiles
+// then start on 16 bytes), for at most `capacity` blocks. (The sums share
+// rows by cost on the device: balanced_rows.)
 struct TileSplit {
   int64_t rows_per_block;
   int64_t blocks;
@@ -2398,9 +2527,14 @@ inline TileSplit tile_split(int64_t rows, int64_t capacity, int64_t tile_rows) {
   return {rows_per_block, ceil_div(rows, rows_per_block)};
 }
 
-// The tile and lane sums: equal row ranges over the blocks of kKernel that fit
-// on the GPU at once, and the fix-up for the segments that cross between them.
-// The kernels take different arguments, so `launch(blocks, rows_per_block,
+// How the tile and lane sums weigh rows against segments (balanced_rows).
+template <typename T, int W, int64_t kSegment>
+constexpr Costs kSplitCosts{W * static_cast<int64_t>(sizeof(T)),
+                            kSegment + W * static_cast<int64_t>(sizeof(T))};
+
+// The tile and lane sums: row ranges of equal cost over the blocks of kKernel
+// that fit on the GPU at once, and the fix-up for the segments that cross
+// between them. The kernels take different arguments, so `launch(blocks,
 // crossing)` enqueues kKernel, by name as every launch here is written (the
 // form hipify turns into hipLaunchKernelGGL).
 template <auto kKernel, typename T, int W, typename Launch>
@@ -2414,11 +2548,10 @@ cudaError_t launch_split_sum(const int64_t* indptr, T* out, int64_t rows, int64_
   Crossing<typename Num<T>::acc> c;
   err = crossing(workspace, split.blocks, W, &c);
   if (err != cudaSuccess) return err;
-  launch(static_cast<unsigned>(split.blocks), split.rows_per_block, c);
+  launch(static_cast<unsigned>(split.blocks), c);
   err = cudaGetLastError();
   if (err != cudaSuccess || split.blocks == 1) return err;
-  return launch_fixup<T>(indptr, out, rows, segments, W, split.rows_per_block, split.blocks, c,
-                         stream);
+  return launch_fixup<T>(out, rows, segments, W, split.rows_per_block, split.blocks, c, stream);
 }
 
 template <typename T, int W, bool kShort>
@@ -2426,9 +2559,10 @@ cudaError_t launch_tile_sum(const T* src, const int64_t* indptr, T* out, int64_t
                             int64_t segments, void* workspace, cudaStream_t stream) {
   return launch_split_sum<&tile_sum_kernel<T, W, kShort>, T, W>(
       indptr, out, rows, segments, Geometry<T, W>::kTileRows, workspace, stream,
-      [&](unsigned blocks, int64_t rows_per_block, const Crossing<typename Num<T>::acc>& c) {
+      [&](unsigned blocks, const Crossing<typename Num<T>::acc>& c) {
         tile_sum_kernel<T, W, kShort><<<blocks, kThreads, 0, stream>>>(
-            src, indptr, out, rows, segments, W, rows_per_block, c, TailGate::kAny);
+            src, indptr, out, rows, segments, W, kSplitCosts<T, W, kTileSegmentCost>, c,
+            TailGate::kAny);
       });
 }
 
@@ -2437,10 +2571,10 @@ cudaError_t launch_lane_sum(const T* src, const int64_t* indptr, T* out, int64_t
                             int64_t segments, void* workspace, cudaStream_t stream) {
   return launch_split_sum<&lane_sum_kernel<T, W>, T, W>(
       indptr, out, rows, segments, kThreads * 8, workspace, stream,
-      [&](unsigned blocks, int64_t rows_per_block, const Crossing<typename Num<T>::acc>& c) {
-        lane_sum_kernel<T, W><<<blocks, kThreads, 0, stream>>>(src, indptr, out, rows, segments,
-                                                                rows_per_block, c,
-                                                                TailGate::kAny);
+      [&](unsigned blocks, const Crossing<typename Num<T>::acc>& c) {
+        lane_sum_kernel<T, W><<<blocks, kThreads, 0, stream>>>(
+            src, indptr, out, rows, segments, kSplitCosts<T, W, kLaneSegmentCost>, c,
+            TailGate::kAny);
       });
 }
 
@@ -2464,15 +2598,17 @@ cudaError_t launch_gated_sum(const T* src, const int64_t* indptr, T* out, int64_
   if (err != cudaSuccess) return err;
   if (blocks > 1) c.picked = static_cast<int*>(workspace);
   lane_sum_kernel<T, W><<<static_cast<unsigned>(lane.blocks), kThreads, 0, stream>>>(
-      src, indptr, out, rows, segments, lane.rows_per_block, c, TailGate::kShortTail);
+      src, indptr, out, rows, segments, kSplitCosts<T, W, kLaneSegmentCost>, c,
+      TailGate::kShortTail);
   err = cudaGetLastError();
   if (err != cudaSuccess) return err;
   tile_sum_kernel<T, W, true><<<static_cast<unsigned>(tile.blocks), kThreads, 0, stream>>>(
-      src, indptr, out, rows, segments, W, tile.rows_per_block, c, TailGate::kLongTail);
+      src, indptr, out, rows, segments, W, kSplitCosts<T, W, kTileSegmentCost>, c,
+      TailGate::kLongTail);
   err = cudaGetLastError();
   if (err != cudaSuccess || blocks == 1) return err;
-  return launch_fixup<T>(indptr, out, rows, segments, W, lane.rows_per_block, lane.blocks, c,
-                         stream, tile.rows_per_block, tile.blocks);
+  return launch_fixup<T>(out, rows, segments, W, lane.rows_per_block, lane.blocks, c, stream,
+                         tile.blocks);
 }
 
 template <typename T, int W>
@@ -2539,7 +2675,7 @@ cudaError_t launch_stream_sum(const T* src, const int64_t* indptr, T* out, int64
       src, indptr, out, rows, segments, inner, group_rows, shape.slabs, c);
   err = cudaGetLastError();
   if (err != cudaSuccess || blocks == 1) return err;
-  return launch_fixup<T>(indptr, out, rows, segments, inner, block_rows, blocks, c, stream);
+  return launch_fixup<T>(out, rows, segments, inner, block_rows, blocks, c, stream);
 }
 
 template <typename T, int kCols, int U>
@@ -2561,7 +2697,7 @@ cudaError_t launch_team_sum(const T* src, const int64_t* indptr, T* out, int64_t
       src, indptr, out, rows, segments, team_rows, c);
   err = cudaGetLastError();
   if (err != cudaSuccess || blocks == 1) return err;
-  return launch_fixup<T>(indptr, out, rows, segments, Shape::kInner, block_rows, blocks, c,
+  return launch_fixup<T>(out, rows, segments, Shape::kInner, block_rows, blocks, c,
                          stream);
 }
 
