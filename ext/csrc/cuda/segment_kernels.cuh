@@ -86,7 +86,7 @@ constexpr int kTileBlocksPerSm = 4;
 // at most 2 points slower).
 constexpr int kTileSumBlocksPerSm = 3;
 constexpr int kStreamBlocksPerSm = 4;
-constexpr int64_t kSplitQuantum = 8;  // tile and lane sums: block ranges start on 8 rows (16 bytes)
+constexpr int64_t kSplitQuantum = 8;  // tile and lane sums: blocks start on 8 rows, 16 bytes or more
 // What a segment costs a block beyond its rows, in bytes, when the tile and
 // lane sums share rows between blocks (balanced_rows): its indptr entry for
 // the tile sum, several times that for the lane sum, where a segment is a
