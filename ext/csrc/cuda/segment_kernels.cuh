@@ -364,6 +364,9 @@ __device__ __forceinline__ void block_partitions(int64_t (&lo)[N], int64_t (&hi)
 // First s in [0, segments + 1] with start_of(s) >= x; the same answer in every
 // thread. Each step probes kThreads evenly spaced entries at once, so 3
 // dependent loads cover 16M segments where a binary search would wait on 24.
+// It is block_partitions with one search, written out: through block_partitions
+// the stream and gather kernels that call it compiled to other code (the same
+// results; their speed was not measured that way), and they are kept as timed.
 __device__ inline int64_t block_lower_bound(const int64_t* __restrict__ indptr, int64_t segments,
                                             int64_t rows, int64_t x) {
   int64_t lo = 0, hi = segments + 1;  // the answer lies in [lo, hi]
