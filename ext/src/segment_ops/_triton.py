@@ -386,6 +386,10 @@ def _segment_sum_kernel(
 # rows in the chunk by the whole program a tile at a time and written as in
 # the walk (crossing parts into the workspace). The row width is a constexpr,
 # so a lane reads a whole row with one load.
+# A scan over rows instead (tl.cumsum of each tile, the segments' sums taken
+# as differences of the prefix gathered at their ends with tl.gather) ran 12x
+# slower on an H100: the gather became warp shuffles, 1024 of them, at 255
+# registers.
 @triton.jit(do_not_specialize=["segments", "slots", "length_class"])
 def _segment_sum_lanes_kernel(
     src_ptr,
@@ -463,19 +467,45 @@ def _segment_sum_lanes_kernel(
         steps = tl.where(lane, count, 0).to(tl.int32)
         acc = tl.zeros([BLOCK_SEGS, BLOCK_COLS], dtype=acc_type)
         row_ptr = src_ptr + first[:, None] * INNER + cols[None, :]
-        # Four rows per lane and iteration, all loaded before any is added, so
-        # that they are in flight together (H100, % of copy bandwidth, power
-        # law, rows of 1 column: bf16 39 -> 43, fp32 50 -> 53; short segments,
-        # bf16, 1 column 72 -> 77; power law, bf16, 4 columns 57 -> 55).
-        for k in range(0, tl.max(steps, axis=0), 4):
-            row0 = _lane_row(row_ptr, k, steps, col_mask, INNER, even_cols)
-            row1 = _lane_row(row_ptr, k + 1, steps, col_mask, INNER, even_cols)
-            row2 = _lane_row(row_ptr, k + 2, steps, col_mask, INNER, even_cols)
-            row3 = _lane_row(row_ptr, k + 3, steps, col_mask, INNER, even_cols)
-            acc += row0.to(acc_type)
-            acc += row1.to(acc_type)
-            acc += row2.to(acc_type)
-            acc += row3.to(acc_type)
+        # Several rows per lane and iteration, all loaded before any is added,
+        # so that they are in flight together: eight for rows of one column,
+        # four for wider ones. On an H100, % of copy bandwidth, eight against
+        # four rows side by side: 1 column, power law, fp32 61.1 -> 63.1, bf16
+        # 45.6 -> 46.2, short segments, fp32 79.4 -> 81.1; 4 columns, bf16,
+        # short segments 78.2 -> 80.4, power law 59.2 -> 58.7. With 4 columns
+        # eight rows take 80 registers instead of 64 (fewer blocks per SM for
+        # every path of the kernel), and the benchmark page fell on long
+        # segments (bf16 82.4 -> 76.7, fp32 90.0 -> 85.4). Four rows against
+        # one had gained on 1 column (power law, bf16 39 -> 43, fp32 50 -> 53;
+        # short segments, bf16 72 -> 77) and lost on 4 (power law, bf16 57 -> 55).
+        if INNER == 1:
+            for k in range(0, tl.max(steps, axis=0), 8):
+                row0 = _lane_row(row_ptr, k, steps, col_mask, INNER, even_cols)
+                row1 = _lane_row(row_ptr, k + 1, steps, col_mask, INNER, even_cols)
+                row2 = _lane_row(row_ptr, k + 2, steps, col_mask, INNER, even_cols)
+                row3 = _lane_row(row_ptr, k + 3, steps, col_mask, INNER, even_cols)
+                row4 = _lane_row(row_ptr, k + 4, steps, col_mask, INNER, even_cols)
+                row5 = _lane_row(row_ptr, k + 5, steps, col_mask, INNER, even_cols)
+                row6 = _lane_row(row_ptr, k + 6, steps, col_mask, INNER, even_cols)
+                row7 = _lane_row(row_ptr, k + 7, steps, col_mask, INNER, even_cols)
+                acc += row0.to(acc_type)
+                acc += row1.to(acc_type)
+                acc += row2.to(acc_type)
+                acc += row3.to(acc_type)
+                acc += row4.to(acc_type)
+                acc += row5.to(acc_type)
+                acc += row6.to(acc_type)
+                acc += row7.to(acc_type)
+        else:
+            for k in range(0, tl.max(steps, axis=0), 4):
+                row0 = _lane_row(row_ptr, k, steps, col_mask, INNER, even_cols)
+                row1 = _lane_row(row_ptr, k + 1, steps, col_mask, INNER, even_cols)
+                row2 = _lane_row(row_ptr, k + 2, steps, col_mask, INNER, even_cols)
+                row3 = _lane_row(row_ptr, k + 3, steps, col_mask, INNER, even_cols)
+                acc += row0.to(acc_type)
+                acc += row1.to(acc_type)
+                acc += row2.to(acc_type)
+                acc += row3.to(acc_type)
         tl.store(
             out_ptr + seg[:, None] * INNER + cols[None, :],
             acc.to(out_ptr.dtype.element_ty),
