@@ -136,8 +136,13 @@ def render(data: dict, source_name: str) -> str:
         "written once, plus indptr) over the bandwidth of `dst.copy_(src)` measured in "
         "the same run, so 100% means as fast as the memory allows. *Forward* is "
         "`segment_ops.segment_sum`, *backward* `segment_ops.segment_gather` (what "
-        'autograd runs), *Triton forward* `segment_sum(..., backend="triton")`. '
-        '*× vs segment_reduce* is the time of `torch.segment_reduce(src, "sum", '
+        'autograd runs), *Triton forward* `segment_sum(..., backend="triton")`'
+        + (
+            ", its tile shapes tuned on each case's own segments. "
+            if settings.get("triton_tuning") == "per case"
+            else ". "
+        )
+        + '*× vs segment_reduce* is the time of `torch.segment_reduce(src, "sum", '
         "offsets=indptr, axis=0)` over the forward's: above 1 is faster; likewise the "
         "backward against segment_reduce's backward through autograd. The JSON "
         "holds the raw times, bytes, GB/s and the comparisons left out here.",

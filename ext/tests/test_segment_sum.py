@@ -503,6 +503,20 @@ def test_triton_one_column_rows_skip_tiles_that_lost():
     assert prune(configs, {"length_class": triton_module._LANE_GIANT_CLASS}, INNER=1) == configs
 
 
+def test_triton_lane_register_cap_only_where_eight_rows_fit_under_it():
+    # Eight rows per lane on 4-column rows pay only under a 64-register cap,
+    # which spills on other widths, fp64 and the multi-warp giant shapes.
+    triton_module = pytest.importorskip("segment_ops._triton", exc_type=ImportError)
+    lane_step, giant = triton_module._lane_step, triton_module._LANE_GIANT_CLASS
+    assert lane_step(1, 2, 3) == lane_step(1, 4, giant) == (8, False)
+    assert lane_step(4, 2, 5) == lane_step(4, 4, 5) == (8, True)
+    assert lane_step(4, 8, 5) == lane_step(3, 2, 5) == lane_step(2, 4, 5) == (4, False)
+    assert lane_step(4, 2, giant) == (4, False)
+    capped, uncapped = triton_module._LANE_KERNELS[True], triton_module._LANE_KERNELS[False]
+    assert {c.maxnreg for c in capped.configs} == {triton_module._LANE_CAP_REGISTERS}
+    assert {c.maxnreg for c in uncapped.configs} == {None}
+
+
 @pytest.mark.gpu
 def test_triton_eager_call_launches_directly(monkeypatch):
     # wrap_triton costs about 0.4 ms of host time per eager call; only tracing needs it.

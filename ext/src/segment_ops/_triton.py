@@ -389,7 +389,12 @@ def _segment_sum_kernel(
 # A scan over rows instead (tl.cumsum of each tile, the segments' sums taken
 # as differences of the prefix gathered at their ends with tl.gather) ran 12x
 # slower on an H100: the gather became warp shuffles, 1024 of them, at 255
-# registers.
+# registers. Cutting the segments longer than a lane takes into pieces of 8
+# rows, one per lane (each piece's segment found with tl.histogram and
+# tl.gather, the pieces added with a segmented tl.associative_scan) lost a
+# fifth of the bandwidth on the power law (bf16, % of copy: 1 column 46.0 ->
+# 35.6, 4 columns 59.0 -> 50.4): a pass of that bookkeeping cost about what a
+# block of lanes does.
 @triton.jit(do_not_specialize=["segments", "slots", "length_class"])
 def _segment_sum_lanes_kernel(
     src_ptr,
@@ -408,6 +413,7 @@ def _segment_sum_lanes_kernel(
     BLOCK_COLS: tl.constexpr,
     BLOCK_SEGS: tl.constexpr,
     LANE_ROWS: tl.constexpr,
+    LANE_STEP: tl.constexpr,  # rows per lane and iteration
     ROW_ELEMENTS: tl.constexpr,  # elements per tile of the walk and of long segments
     CHUNK_ROWS: tl.constexpr,
     WALK_ROWS: tl.constexpr,  # mean segment length (rows) in a chunk from which it walks
@@ -467,45 +473,11 @@ def _segment_sum_lanes_kernel(
         steps = tl.where(lane, count, 0).to(tl.int32)
         acc = tl.zeros([BLOCK_SEGS, BLOCK_COLS], dtype=acc_type)
         row_ptr = src_ptr + first[:, None] * INNER + cols[None, :]
-        # Several rows per lane and iteration, all loaded before any is added,
-        # so that they are in flight together: eight for rows of one column,
-        # four for wider ones. On an H100, % of copy bandwidth, eight against
-        # four rows side by side: 1 column, power law, fp32 61.1 -> 63.1, bf16
-        # 45.6 -> 46.2, short segments, fp32 79.4 -> 81.1; 4 columns, bf16,
-        # short segments 78.2 -> 80.4, power law 59.2 -> 58.7. With 4 columns
-        # eight rows take 80 registers instead of 64 (fewer blocks per SM for
-        # every path of the kernel), and the benchmark page fell on long
-        # segments (bf16 82.4 -> 76.7, fp32 90.0 -> 85.4). Four rows against
-        # one had gained on 1 column (power law, bf16 39 -> 43, fp32 50 -> 53;
-        # short segments, bf16 72 -> 77) and lost on 4 (power law, bf16 57 -> 55).
-        if INNER == 1:
-            for k in range(0, tl.max(steps, axis=0), 8):
-                row0 = _lane_row(row_ptr, k, steps, col_mask, INNER, even_cols)
-                row1 = _lane_row(row_ptr, k + 1, steps, col_mask, INNER, even_cols)
-                row2 = _lane_row(row_ptr, k + 2, steps, col_mask, INNER, even_cols)
-                row3 = _lane_row(row_ptr, k + 3, steps, col_mask, INNER, even_cols)
-                row4 = _lane_row(row_ptr, k + 4, steps, col_mask, INNER, even_cols)
-                row5 = _lane_row(row_ptr, k + 5, steps, col_mask, INNER, even_cols)
-                row6 = _lane_row(row_ptr, k + 6, steps, col_mask, INNER, even_cols)
-                row7 = _lane_row(row_ptr, k + 7, steps, col_mask, INNER, even_cols)
-                acc += row0.to(acc_type)
-                acc += row1.to(acc_type)
-                acc += row2.to(acc_type)
-                acc += row3.to(acc_type)
-                acc += row4.to(acc_type)
-                acc += row5.to(acc_type)
-                acc += row6.to(acc_type)
-                acc += row7.to(acc_type)
-        else:
-            for k in range(0, tl.max(steps, axis=0), 4):
-                row0 = _lane_row(row_ptr, k, steps, col_mask, INNER, even_cols)
-                row1 = _lane_row(row_ptr, k + 1, steps, col_mask, INNER, even_cols)
-                row2 = _lane_row(row_ptr, k + 2, steps, col_mask, INNER, even_cols)
-                row3 = _lane_row(row_ptr, k + 3, steps, col_mask, INNER, even_cols)
-                acc += row0.to(acc_type)
-                acc += row1.to(acc_type)
-                acc += row2.to(acc_type)
-                acc += row3.to(acc_type)
+        # LANE_STEP rows per lane and iteration (see _lane_step), in flight
+        # together: the body is one basic block, its loads go out before its adds.
+        for k in range(0, tl.max(steps, axis=0), LANE_STEP):
+            for r in tl.static_range(LANE_STEP):
+                acc += _lane_row(row_ptr, k + r, steps, col_mask, INNER, even_cols).to(acc_type)
         tl.store(
             out_ptr + seg[:, None] * INNER + cols[None, :],
             acc.to(out_ptr.dtype.element_ty),
@@ -623,11 +595,12 @@ _LANE_SHAPES = [
 _LANE_GIANT_CLASS = 16
 
 
-def _lane_configs() -> list[triton.Config]:
+def _lane_configs(max_registers: int | None = None) -> list[triton.Config]:
     return [
         triton.Config(
             {"BLOCK_SEGS": segs, "CHUNK_ROWS": chunk, "ROW_ELEMENTS": elements},
             num_warps=warps,
+            maxnreg=max_registers,
         )
         for segs, chunk, warps, elements in _LANE_SHAPES
     ]
@@ -654,12 +627,46 @@ def _prune_lane_configs(configs, named_args, **kwargs) -> list[triton.Config]:
     ]
 
 
-_LANE_KERNEL = triton.autotune(
-    configs=_lane_configs(),
-    key=["INNER", "IS_FP64", "length_class"],
-    prune_configs_by={"early_config_prune": _prune_lane_configs},
-    reset_to_zero=["ws_ptr"],
-)(_segment_sum_lanes_kernel)
+# Rows per lane and iteration of the lane loop. More rows in flight pay where
+# the registers allow: on an H100, % of copy bandwidth, eight against four
+# rows side by side: 1 column, power law, fp32 61.1 -> 63.1, bf16 45.6 ->
+# 46.2; short segments, fp32 79.4 -> 81.1. Rows of 4 columns of 2- and 4-byte
+# types take eight rows in 80 registers, which costs blocks per SM; capped at
+# 64 (sm_90: no spills on the 1-warp shapes), against four rows uncapped (64
+# registers): power law, bf16 59.0 -> 60.1, fp32 70.6 -> 72.1; short segments,
+# bf16 78.5 -> 79.0, fp32 71.7 -> 74.7. Uncapped, eight rows had lost there
+# (power law, bf16 59.2 -> 58.7). The cap spills on other widths (3 columns:
+# 328 bytes a thread), on fp64 and on the multi-warp shapes that giant
+# segments try (bf16, 4 columns: 90.4 -> 88.2), which keep four rows; rows of
+# one column lose with it (power law, bf16 46.0 -> 45.3). ROCm ignores the cap.
+_LANE_CAP_REGISTERS = 64
+
+
+def _lane_step(inner: int, element_size: int, length_class: int) -> tuple[int, bool]:
+    """(rows per lane and iteration, whether the register cap applies)."""
+    if inner == 1:
+        return 8, False
+    if inner == 4 and element_size <= 4 and length_class < _LANE_GIANT_CLASS:
+        return 8, True
+    return 4, False
+
+
+_LANE_KERNELS = {
+    capped: triton.autotune(
+        configs=_lane_configs(_LANE_CAP_REGISTERS if capped else None),
+        key=["INNER", "IS_FP64", "length_class"],
+        prune_configs_by={"early_config_prune": _prune_lane_configs},
+        reset_to_zero=["ws_ptr"],
+    )(_segment_sum_lanes_kernel)
+    for capped in (False, True)
+}
+
+
+def forget_tuning() -> None:
+    """Forget the tile shapes tuned so far: the next call of each shape class
+    tunes again, on its own input."""
+    for kernel in (*_KERNELS.values(), *_LANE_KERNELS.values()):
+        kernel.cache.clear()
 
 
 def _length_class(rows, segments, inner) -> int:
@@ -710,7 +717,8 @@ def _launch(x: Tensor, indptr: Tensor, out: Tensor) -> None:
         BLOCK_COLS=block_cols,
     )
     if inner <= _LANE_MAX_COLS:
-        launcher(_LANE_KERNEL)[grid](
+        lane_step, capped = _lane_step(inner, x.element_size(), length_class)
+        launcher(_LANE_KERNELS[capped])[grid](
             x,
             indptr,
             out,
@@ -721,6 +729,7 @@ def _launch(x: Tensor, indptr: Tensor, out: Tensor) -> None:
             length_class,
             INNER=int(inner),  # a constexpr: specializes traced shapes on it
             LANE_ROWS=_LANE_ROWS_ONE_COLUMN if inner == 1 else _LANE_ROWS,
+            LANE_STEP=lane_step,
             WALK_ROWS=_WALK_ROWS,
             **constants,
         )
