@@ -503,18 +503,43 @@ def test_triton_one_column_rows_skip_tiles_that_lost():
     assert prune(configs, {"length_class": triton_module._LANE_GIANT_CLASS}, INNER=1) == configs
 
 
-def test_triton_lane_register_cap_only_where_eight_rows_fit_under_it():
+def test_triton_lane_register_cap_only_where_eight_rows_fit_under_it(monkeypatch):
     # Eight rows per lane on 4-column rows pay only under a 64-register cap,
-    # which spills on other widths, fp64 and the multi-warp giant shapes.
+    # which spills on other widths, fp64 and the multi-warp giant shapes, and
+    # which torch.compile drops. The kernels are stand-ins: what is checked is
+    # which tuner and LANE_STEP the launch picks, so no GPU is needed.
     triton_module = pytest.importorskip("segment_ops._triton", exc_type=ImportError)
-    lane_step, giant = triton_module._lane_step, triton_module._LANE_GIANT_CLASS
-    assert lane_step(1, 2, 3) == lane_step(1, 4, giant) == (8, False)
-    assert lane_step(4, 2, 5) == lane_step(4, 4, 5) == (8, True)
-    assert lane_step(4, 8, 5) == lane_step(3, 2, 5) == lane_step(2, 4, 5) == (4, False)
-    assert lane_step(4, 2, giant) == (4, False)
     capped, uncapped = triton_module._LANE_KERNELS[True], triton_module._LANE_KERNELS[False]
     assert {c.maxnreg for c in capped.configs} == {triton_module._LANE_CAP_REGISTERS}
     assert {c.maxnreg for c in uncapped.configs} == {None}
+
+    launches = []
+
+    class Recorder:
+        def __init__(self, name):
+            self.name = name
+
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: launches.append((self.name, kwargs))
+
+    lane_kernels = {False: Recorder("uncapped"), True: Recorder("capped")}
+    monkeypatch.setattr(triton_module, "_LANE_KERNELS", lane_kernels)
+    monkeypatch.setattr(triton_module, "_finish_kernel", Recorder("finish"))
+    monkeypatch.setattr(torch.library, "wrap_triton", lambda kernel: kernel)
+
+    def lane_launch(dtype, inner, rows=64, traced=False):
+        monkeypatch.setattr(triton_module, "_traced", lambda *tensors: traced)
+        launches.clear()
+        x = torch.zeros(rows, inner, dtype=dtype)
+        triton_module._launch(x, torch.tensor([0, rows // 2, rows]), x.new_empty(2, inner))
+        name, kwargs = launches[0]
+        return name, kwargs["LANE_STEP"]
+
+    assert lane_launch(torch.bfloat16, 4) == lane_launch(torch.float32, 4) == ("capped", 8)
+    assert lane_launch(torch.bfloat16, 1) == lane_launch(torch.float32, 1) == ("uncapped", 8)
+    assert lane_launch(torch.float64, 4) == lane_launch(torch.bfloat16, 3) == ("uncapped", 4)
+    assert lane_launch(torch.bfloat16, 4, rows=1 << 16) == ("uncapped", 4)  # giant class
+    assert lane_launch(torch.bfloat16, 4, traced=True) == ("uncapped", 4)
 
 
 @pytest.mark.gpu

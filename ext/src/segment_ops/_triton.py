@@ -474,7 +474,8 @@ def _segment_sum_lanes_kernel(
         acc = tl.zeros([BLOCK_SEGS, BLOCK_COLS], dtype=acc_type)
         row_ptr = src_ptr + first[:, None] * INNER + cols[None, :]
         # LANE_STEP rows per lane and iteration (see _lane_step), in flight
-        # together: the body is one basic block, its loads go out before its adds.
+        # together: the body is one basic block, and its loads go out before
+        # its adds (sm_90 SASS).
         for k in range(0, tl.max(steps, axis=0), LANE_STEP):
             for r in tl.static_range(LANE_STEP):
                 acc += _lane_row(row_ptr, k + r, steps, col_mask, INNER, even_cols).to(acc_type)
@@ -578,11 +579,12 @@ _LANE_MAX_COLS = 4
 _LANE_ROWS = 32
 _LANE_ROWS_ONE_COLUMN = 48
 _WALK_ROWS = 64  # mean segment length (rows) from which a chunk walks
-# Chunks of 8192 rows suit both laws on rows of one column, and blocks of 32
-# segments on 4 columns: on an H100, % of copy bandwidth, shapes of 4096 rows
-# and 64 segments against them, short segments then power law: 1 column,
-# bf16 70.1 -> 73.2, 46.2 -> 48.1; fp32 81.2 -> 83.5, 63.4 -> 61.6; 4
-# columns, bf16 78.5 -> 81.1, 60.2 -> 58.7; fp32 67.7 -> 77.6, 70.8 -> 71.3.
+# Chunks of 8192 rows (rows of one column) and blocks of 32 segments (rows of
+# 4 columns) win on one law or both and lose at most 2 points on the other,
+# which may share their shape class. On an H100, % of copy bandwidth, 64
+# segments in 4096 rows -> the new shape, short segments then power law:
+# 1 column, bf16 70.1 -> 73.2, 46.2 -> 48.1; fp32 81.2 -> 83.5, 63.4 -> 61.6;
+# 4 columns, bf16 78.5 -> 81.1, 60.2 -> 58.7; fp32 67.7 -> 77.6, 70.8 -> 71.3.
 # Blocks of 128 segments and walk tiles of 512 elements lost on both.
 _LANE_SHAPES = [
     (32, 512, 1, 128),
@@ -646,19 +648,25 @@ def _prune_lane_configs(configs, named_args, **kwargs) -> list[triton.Config]:
 # (power law, bf16 59.2 -> 58.7). The cap spills on other widths (3 columns:
 # 328 bytes a thread), on fp64 and on the multi-warp shapes that giant
 # segments try (bf16, 4 columns: 90.4 -> 88.2), which keep four rows; rows of
-# one column lose with it (power law, bf16 46.0 -> 45.3). ROCm ignores the cap.
+# one column lose with it (power law, bf16 46.0 -> 45.3). ROCm ignores the cap,
+# and torch.compile drops it (Inductor rebuilds the configs of user kernels
+# without maxnreg), so traced calls keep four rows too.
 _LANE_CAP_REGISTERS = 64
 
 
-def _lane_step(inner: int, element_size: int, length_class: int) -> tuple[int, bool]:
+def _lane_step(
+    inner: int, element_size: int, length_class: int, can_cap: bool = True
+) -> tuple[int, bool]:
     """(rows per lane and iteration, whether the register cap applies)."""
     if inner == 1:
         return 8, False
-    if inner == 4 and element_size <= 4 and length_class < _LANE_GIANT_CLASS:
+    if can_cap and inner == 4 and element_size <= 4 and length_class < _LANE_GIANT_CLASS:
         return 8, True
     return 4, False
 
 
+# maxnreg is a setting of each config, so the capped configs have a tuner of
+# their own.
 _LANE_KERNELS = {
     capped: triton.autotune(
         configs=_lane_configs(_LANE_CAP_REGISTERS if capped else None),
@@ -711,7 +719,8 @@ def _launch(x: Tensor, indptr: Tensor, out: Tensor) -> None:
     # wrap_triton shows the launches to tracers, at about 0.4 ms of host time per
     # call when run eagerly (more than the kernels take on 512 MiB of an H100),
     # so an eager call launches the kernels directly.
-    launcher = torch.library.wrap_triton if _traced(x, indptr, out) else lambda kernel: kernel
+    traced = _traced(x, indptr, out)
+    launcher = torch.library.wrap_triton if traced else lambda kernel: kernel
 
     def grid(meta):
         return (rows // meta["CHUNK_ROWS"] + 1, triton.cdiv(inner, block_cols))
@@ -725,7 +734,7 @@ def _launch(x: Tensor, indptr: Tensor, out: Tensor) -> None:
         BLOCK_COLS=block_cols,
     )
     if inner <= _LANE_MAX_COLS:
-        lane_step, capped = _lane_step(inner, x.element_size(), length_class)
+        lane_step, capped = _lane_step(inner, x.element_size(), length_class, can_cap=not traced)
         launcher(_LANE_KERNELS[capped])[grid](
             x,
             indptr,
