@@ -655,9 +655,10 @@ _LANE_CAP_REGISTERS = 64
 
 
 def _lane_step(
-    inner: int, element_size: int, length_class: int, can_cap: bool = True
+    inner: int, element_size: int, length_class: int, *, can_cap: bool
 ) -> tuple[int, bool]:
-    """(rows per lane and iteration, whether the register cap applies)."""
+    """(rows per lane and iteration, whether the register cap applies); can_cap
+    is False where the cap would be dropped (traced calls)."""
     if inner == 1:
         return 8, False
     if can_cap and inner == 4 and element_size <= 4 and length_class < _LANE_GIANT_CLASS:
