@@ -128,7 +128,12 @@ constexpr int kTeams = kThreads / kTeam;  // team kernels: teams per block
 // 84.6, 84.6 against 81.6. With 32 columns, half-empty segments lost 2 points
 // (69.1 against 71.0), other laws were within noise; the ends held across
 // lanes were within 2 points. 8 rows ahead lost up to 2.7 points to 6 on the
-// power law.
+// power law. Nsight Compute (H100, bf16, 32 columns, power law): the loop
+// waits on loads (55 % of the cycles between issues), at 64 registers, half
+// the warp slots and 20 of 32 threads active (a warp's groups meet ends at
+// different rows). More rows per batch lost: bf16, 12 rows after the adds
+// (spilling 32 bytes), 32 columns, short segments 79.8 -> 77.4; fp32, 6 rows
+// ahead, 256 columns, power law 85.5 -> 82.8, 8 rows (spilling) 72.7.
 template <typename T, bool kWideRows>
 struct StreamSumRows {
   static constexpr bool kReadAhead = sizeof(T) >= 4 || kWideRows;
@@ -395,7 +400,11 @@ __device__ inline int64_t block_lower_bound(const int64_t* __restrict__ indptr, 
 // twice the segments of others, and one wave of blocks ends with its slowest
 // (Nsight Compute, H100, tile sum, bf16, 1 column: the SMs were busy 80 % of
 // the kernel's time). The stream sum keeps equal rows: shared by cost, its
-// wide rows lost up to 4.5 points (fp32, 256 columns, power law).
+// wide rows lost up to 4.5 points (fp32, 256 columns, power law). Its groups
+// keep equal rows too: sharing a block's rows by cost (rows + 2 rows per
+// segment start) gained 1.9 points on bf16, 32 columns, power law and lost
+// 1.8 on 64 columns, short segments; 4 to 16 rows per start lost up to 24
+// points (fp32, 32 columns, power law 80.1 -> 56.2 at 16).
 struct Costs {
   int64_t row, segment;
 };
@@ -1113,7 +1122,10 @@ __device__ __forceinline__ void tile_sum_block(const T* __restrict__ src,
 // sum.
 enum class TailGate { kAny, kShortTail, kLongTail };
 constexpr int64_t kGateMinBytes = int64_t{32} << 20;
-constexpr int kLaneRows = 32;    // lane sum: segments it leaves to its teams
+// Lane sum: segments over this many rows go to its teams. Handing them those
+// over 16 or over 64 rows instead (the gate's sample unchanged) lost on bf16,
+// 4 columns, power law: 76.3 -> 69.2 and 72.3 % of copy bandwidth.
+constexpr int kLaneRows = 32;
 constexpr int kTailSamples = 4;  // segments sampled per thread
 
 // Whether the sample picks the tile sum: 1 in 40 of the segments or more are
@@ -1198,7 +1210,8 @@ constexpr int kLaneUnroll = 8;
 // A 16-byte row goes one segment at a time, so it takes 8 rows per step, not
 // 4: fp32 rows of 4 columns, short segments 74.6 -> 78.5 % and power law
 // 70.1 -> 76.5 %; bf16 rows of 8 columns 72.8 -> 76.6 % and 68.1 -> 69.8 %.
-// Narrower rows lost with 8 (fp32, 1 column, short segments: 88 -> 83 %).
+// Narrower rows lost with 8 (fp32, 1 column, short segments: 88 -> 83 %;
+// bf16, 4 columns, power law: 76.3 -> 71.9 %).
 template <typename T, int W>
 constexpr int kLaneSteps = W * sizeof(T) == 16 ? 8 : 4;
 template <typename T, int W>
