@@ -370,13 +370,13 @@ __device__ __forceinline__ void block_partitions(int64_t (&lo)[N], int64_t (&hi)
   }
 }
 
-// First s in [0, segments + 1] with start_of(s) >= x[e], for each e; the
-// same answers in every thread. Through block_partitions, the N searches wait
-// on memory together: the stream kernels find both ends of their block's
-// segments in one search. Against one search after the other, each written
-// out, on an H100 (% of copy bandwidth, ab.py): within 0.5 points on the
-// stream sum and gather and the label and fill gathers; the tile gather,
-// bf16, 1 column, power law 68.9 -> 70.5.
+// First s in [0, segments + 1] with start_of(s) >= x[e], for each e; the same
+// answers in every thread. Through block_partitions, the N searches wait on
+// memory together: the stream and team kernels find both ends of their block's
+// segments in one search. Against one search after the other, each written out,
+// on an H100 (% of copy bandwidth, ab.py): within 0.5 points on the stream sum
+// and gather and the label and fill gathers; the tile gather, bf16, 1 column,
+// power law 68.9 -> 70.5.
 template <int N>
 __device__ __forceinline__ void block_lower_bounds(const int64_t* __restrict__ indptr,
                                                    int64_t segments, int64_t rows,
@@ -1130,14 +1130,14 @@ __device__ __forceinline__ void tile_sum_block(const T* __restrict__ src,
 enum class TailGate { kAny, kShortTail, kLongTail };
 constexpr int64_t kGateMinBytes = int64_t{32} << 20;
 // Lane sum: segments over this many rows go to its teams. Handing them those
-// over 16 or over 64 rows instead (the gate's sample unchanged) lost on bf16,
-// 4 columns, power law: 76.3 -> 69.2 and 72.3 % of copy bandwidth. Nsight
-// Compute there: the lane loop runs with 8 of 32 threads active on average
-// (a warp's lanes wait for its longest segment). Segments of 33 (or 9, or
-// 17) to 256 rows summed by sub-teams of 8 lanes (16 for 2-byte rows), four
-// segments at once per team, lost everywhere: 76.4 -> 71.1 (64.7 at 9, 71.6
-// at 17), and 0.7 to 10.4 points with no such segment (bf16, 1 column, short
-// segments 77.8 -> 67.4).
+// over 16 or over 64 rows instead (the gate's sample unchanged) lost on bf16, 4
+// columns, power law: 76.3 -> 69.2 and 72.3 % of copy bandwidth. Nsight Compute
+// there: the lane loop runs with 8 of 32 threads active on average (a warp's
+// lanes wait for its longest segment). Segments of 33 (or 9, or 17) to 256 rows
+// summed by sub-teams of 8 lanes (16 for 2-byte rows), two or four segments at
+// once per team, lost everywhere: 76.4 -> 71.1 (64.7 at 9, 71.6 at 17), and 0.7
+// to 10.4 points with no such segment (bf16, 1 column, short segments 77.8 ->
+// 67.4).
 constexpr int kLaneRows = 32;
 constexpr int kTailSamples = 4;  // segments sampled per thread
 
