@@ -529,7 +529,11 @@ struct Geometry {
   // tile of 8-row segments in one round (2-byte rows make tiles of 8192 rows).
   // Measured on an H100, bf16, 1 column: 51 -> 56% of copy bandwidth on short
   // segments; the gather, which also holds the values read ahead, spilled
-  // and lost 4 points on power-law segments.
+  // and lost 4 points on power-law segments. On the power law a tile holds
+  // either no start (half the tiles) or 1000 to 2200, yet reading further
+  // ahead lost there (57.7 % of copy): 8 steps 49.4, 6 steps 55.6, 8 steps
+  // only after a tile of many starts 50.4; fewer lost too (3 steps 57.3, 1
+  // step 55.9).
   static constexpr int kPrefetch = kTileRows / 8 > kPrefetchSteps * kThreads ? kWindowSteps
                                                                               : kPrefetchSteps;
 };
@@ -903,7 +907,12 @@ struct TileSumShared {
 };
 
 // One block's row range, tile by tile. A tile is loaded with coalesced 16-byte
-// loads into shared memory, with its segment starts beside it. Thread g sums
+// loads into shared memory, with its segment starts beside it. (Copied there
+// with cp.async instead, into two stages, the registers fell to 62 and 4
+// blocks fit per SM, but bf16, 1 column, power law went 57.8 -> 52.9 % of
+// copy bandwidth at 3 blocks, 54.1 at 4. Totals gathered in shared memory and
+// stored coalesced after the tile, for fewer instructions per row, stayed
+// within noise: 57.7 -> 57.6, and 2 columns lost 2.4 points.) Thread g sums
 // its run of kRunRows consecutive rows in one pass: segments that start and
 // end inside the run are written at once; the rows before its first start
 // (the head) wait for a segmented scan over the runs, which gives the sum of
@@ -1525,7 +1534,10 @@ struct TileGatherShared {
 // segments start, and the values of the segments open in the tile come to
 // shared memory, both read coalesced a tile ahead. Thread g labels its run of
 // kRunRows rows from the marks, writes their values to the stage, and the
-// block stores the tile as contiguous 16-byte units.
+// block stores the tile as contiguous 16-byte units. (Runs of 16 rows on
+// 2-byte rows, tiles whose starts mostly fit the round read ahead: bf16, 1
+// column, short segments 70.2 -> 74.7 % of copy bandwidth, power law 70.3 ->
+// 57.4.)
 template <typename T, int W>
 __device__ __forceinline__ void tile_gather_block(const T* __restrict__ src,
                                                   const int64_t* __restrict__ indptr,
@@ -2997,7 +3009,14 @@ inline bool narrow_rows(int64_t inner, int64_t elem_size) {
 // Rows of 2 to kTeam / 2 16-byte units, a power of two: what the team kernels
 // take. Wider rows stream: with one row per step (a slice of one lane) the team
 // sum was slower than the stream sum (H100, bf16, 256 columns: 76-78% of copy
-// bandwidth against 82-83%).
+// bandwidth against 82-83%). Shorter segments stream too: in the team sum,
+// rows of 128 bytes gained on short segments (fp32, 32 columns 85.5 -> 88.4,
+// bf16, 64 columns 84.6 -> 86.7) but lost on the power law (80.3 -> 73.6,
+// 76.8 -> 65.5), where teams of equal rows meet very unequal numbers of
+// ends. With blocks and teams sharing rows by cost (rows + 4 or 8 per segment
+// start) the power law gained 1 to 5 points, to 84 % at most, and short
+// segments moved by -1.5 to +1. 64-byte rows lost (bf16, short segments 79.7
+// -> 65.0).
 inline bool unit_rows_of_team(int64_t inner, int64_t elem_size) {
   const int64_t units = inner * elem_size / 16;
   return inner * elem_size % 16 == 0 && units >= 2 && units <= kTeam / 2 &&
