@@ -345,6 +345,28 @@ def test_gated_narrow_sums(law, dtype, inner):
     assert_matches(segment_ops.segment_sum(src, indptr), src, indptr)
 
 
+# name -> segment lengths over at least 2^18 rows: enough bytes in rows of 128 bytes for
+# the CUDA sum to take the team sum, its rows split by cost, on short segments: uniform,
+# a power law, and a power law with a crowd of empty segments at one row.
+SHORT_TEAM_LAWS = {
+    "short": lambda: lengths_over(1 << 18, [1 + (i * 7) % 16 for i in range(4096)]),
+    "power": lambda: power_law(1 << 18, seed=4),
+    "power_and_crowd": lambda: power_law(1 << 17, seed=5) + [0] * 2000
+    + power_law(1 << 17, seed=6) + [0, 0],
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("law", SHORT_TEAM_LAWS)
+@pytest.mark.parametrize(
+    "dtype, inner", [(torch.float32, 32), (torch.bfloat16, 64), (torch.float64, 16)]
+)
+def test_short_team_sums(law, dtype, inner):
+    indptr = make_indptr(SHORT_TEAM_LAWS[law](), "cuda")
+    src = random_src(int(indptr[-1]), (inner,), dtype, "cuda")
+    assert_matches(segment_ops.segment_sum(src, indptr), src, indptr)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("layout", LANE_SUM_LAYOUTS)
 @pytest.mark.parametrize(

@@ -12,11 +12,11 @@
 // spread over every SM as evenly as a million tiny ones. Three designs share
 // that goal, chosen by row width and mean segment length:
 //
-// * Team kernels (long segments, rows of up to 256 bytes). A team of 32
-//   threads (a cub logical warp; half a wavefront on ROCm) owns a row range
-//   and reads (sum) or writes (gather) it 512 contiguous bytes at a time, as a
-//   copy would; the sum's lanes add up across the team only where a segment
-//   ends.
+// * Team kernels (long segments, rows of up to 256 bytes; the sum also takes
+//   short segments in rows of 128 bytes). A team of 32 threads (a cub
+//   logical warp; half a wavefront on ROCm) owns a row range and reads (sum)
+//   or writes (gather) it 512 contiguous bytes at a time, as a copy would;
+//   the sum's lanes add up across the team only where a segment ends.
 //
 // * Tile kernels (short segments, rows of 16 bytes or less). A block loads
 //   contiguous tiles of 16 KB through shared memory, with the segment starts
@@ -42,8 +42,9 @@
 //   writing each total when the segment's last row has gone by. No thread
 //   waits for another in the loop.
 //
-// The tile and lane sums give each block an equal share of rows and segment
-// starts together (balanced_rows); the others give each block equal rows.
+// The tile and lane sums, and the team sum over short segments, give each
+// block an equal share of rows and segment starts together (balanced_rows);
+// the others give each block equal rows.
 // Segments that cross a block boundary are finished by a small fix-up kernel
 // from per-block partials in the caller's workspace. Partials are always added
 // in the same order: results are deterministic.
@@ -2037,9 +2038,76 @@ struct TeamSumShared {
   typename Reduce::TempStorage reduce[kThreads / TeamShape<T, kCols, U>::RS];
   int64_t item_key[2 * kTeams];  // as in StreamSumShared, one group per team
   Acc item_val[2 * kTeams * kCols * U];
+  int64_t probe[kThreads];       // split_by_cost
+  int64_t bound[kTeams + 1];
 };
 
-template <typename T, int kCols, int U>
+// Short segments in rows of 128 bytes (kShort below): on the power law,
+// teams of equal rows meet very unequal numbers of segment ends, so blocks
+// and teams split rows by cost, a segment start weighing kTeamSegmentCost
+// rows. On an H100, % of copy bandwidth, short segments then power law: fp32,
+// 32 columns, streamed 84.0 and 79.4, teams of equal rows 88.1 and 72.7, of
+// equal cost 85.3 and 84.8; bf16, 64 columns 82.7 and 76.5, 85.7 and 63.6,
+// 82.3 and 80.4. Picking between the two splits by a sample of indptr (as
+// the narrow sums do) cost as much as it saved (another run, streamed 84.4
+// and 79.7, 83.1 and 76.6: 85.3 and 82.8, 82.1 and 77.8). The cost split
+// costs uniform laws about 3 points (its searches come before the first
+// load); rows of 64 and 256 bytes lost with it.
+constexpr int64_t kTeamSegmentCost = 4;
+
+// The block's rows [r0, r1), whose segment starts are [first, last), cut into
+// kTeams ranges of equal cost (a row costs 1, a segment start `per_start`):
+// team t's range is [bound[t], bound[t + 1]). kThreads probes of indptr go
+// out at once, then each cut is searched between two probes. All threads call
+// it (barriers). Every cut lies in [r0, r1), whatever indptr holds.
+__device__ __forceinline__ void split_by_cost(const int64_t* __restrict__ indptr, int64_t rows,
+                                              int64_t r0, int64_t r1, int64_t first,
+                                              int64_t last, int64_t per_start, int64_t* probe,
+                                              int64_t* bound) {
+  const int64_t n = imax(0, last - first);
+  const int64_t step = imax(1, ceil_div(n, kThreads));
+  auto cost_before = [&](int64_t s) {  // of the rows and starts before segment s starts
+    return (start_of(indptr, s, rows) - r0) + per_start * (s - first);
+  };
+  const int tid = threadIdx.x;
+  const int64_t k = first + tid * step;
+  probe[tid] = k < last ? cost_before(k) : kNever;
+  __syncthreads();
+  if (tid <= kTeams) {
+    int64_t x = tid == 0 ? r0 : r1;
+    if (tid > 0 && tid < kTeams) {
+      const int64_t share = share_of((r1 - r0) + per_start * n, tid, kTeams);
+      int lo = -1, hi = kThreads - 1;  // the last probe costing at most `share`
+      while (lo < hi) {
+        const int mid = lo + (hi - lo + 1) / 2;
+        if (probe[mid] <= share) lo = mid;
+        else hi = mid - 1;
+      }
+      int64_t a = first - 1;  // the last start costing at most `share`
+      if (lo >= 0) {
+        a = first + lo * step;
+        int64_t b = imin(last - 1, a + step - 1);
+        while (a < b) {
+          const int64_t mid = a + (b - a + 1) / 2;
+          if (cost_before(mid) <= share) a = mid;
+          else b = mid - 1;
+        }
+      }
+      // The cut falls in segment a's rows, where its rows reach the share.
+      x = a < first ? r0 + share
+                    : start_of(indptr, a, rows) + imax(0, share - cost_before(a) - per_start);
+      const int64_t next = a + 1 < last ? start_of(indptr, a + 1, rows) : r1;
+      x = imax(r0, imin(x, imin(next, r1)));
+    }
+    bound[tid] = x;
+  }
+  __syncthreads();
+}
+
+// kShort: short segments (launch_team_sum), where the team reads segment
+// ends ahead and blocks and teams split rows by cost; long segments keep the
+// code that leaves them the registers they had.
+template <typename T, int kCols, int U, bool kShort>
 __global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
     team_sum_kernel(const T* __restrict__ src, const int64_t* __restrict__ indptr,
                     T* __restrict__ out, int64_t rows, int64_t segments, int64_t team_rows,
@@ -2052,10 +2120,23 @@ __global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
   constexpr int kStepRows = Shape::kStepRows;
   constexpr int kItems = 2 * kTeams;
   __shared__ Shared sm;
-  const TeamPlace at = team_place<RS>(rows, team_rows);
+  TeamPlace at = team_place<RS>(rows, team_rows);
+  SegmentRange range;
+  if constexpr (kShort) {  // blocks, then teams, of equal cost
+    const BlockRows b = balanced_rows(indptr, segments, rows, blockIdx.x, gridDim.x,
+                                      Costs{1, kTeamSegmentCost}, 1);
+    split_by_cost(indptr, rows, b.r0, b.r1, b.first, imin(b.next, segments),
+                  kTeamSegmentCost, sm.probe, sm.bound);
+    at.r0 = b.r0;
+    at.r1 = b.r1;
+    at.a0 = sm.bound[at.t];
+    at.a1 = sm.bound[at.t + 1];
+    range = {b.first - 1, b.next};
+  } else {
+    range = block_segments(indptr, segments, rows, at.r0, at.r1);
+  }
   const int t = at.t, l = at.l, c = at.c, q = at.q;
   const int64_t r0 = at.r0, r1 = at.r1, a0 = at.a0, a1 = at.a1;
-  const SegmentRange range = block_segments(indptr, segments, rows, r0, r1);
 
   int64_t head = -1, tail = -1;
   Part acc;
@@ -2080,7 +2161,27 @@ __global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
     if (q == 0)  // empty segments starting at a0 are this team's to fill
       for (int64_t e = s - 1; e >= 0 && start_of(indptr, e, rows) == a0; --e) zero(e);
     bool started = s >= 0 && s < segments && start_of(indptr, s, rows) == a0;
-    int64_t end = end_of(indptr, segments, rows, s);
+    // Short segments: the ends of segments ends0 + l and ends0 + kTeam + l
+    // (read ahead) in lane l, so an end costs a shuffle, not a dependent
+    // indptr load.
+    int64_t ends0 = s;
+    int64_t ends = kShort ? end_of(indptr, segments, rows, s + l) : 0;
+    int64_t ends_ahead = kShort ? end_of(indptr, segments, rows, s + kTeam + l) : 0;
+    auto end_at = [&](int64_t x) {  // x never decreases
+      if constexpr (!kShort) return end_of(indptr, segments, rows, x);
+      if (x - ends0 >= kTeam) {
+        if (x - ends0 < 2 * kTeam) {
+          ends0 += kTeam;
+          ends = ends_ahead;
+        } else {
+          ends0 = x;
+          ends = end_of(indptr, segments, rows, x + l);
+        }
+        ends_ahead = end_of(indptr, segments, rows, ends0 + kTeam + l);
+      }
+      return cub::ShuffleIndex<kTeam>(ends, static_cast<int>(x - ends0), 0xffffffffu);
+    };
+    int64_t end = end_at(s);
 
     for (int64_t b = a0; b < a1; b += kBatch * kStepRows) {
       uint4 d[kBatch];
@@ -2128,9 +2229,9 @@ __global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
             }
           }
           lo = end;
-          for (++s; s < segments && start_of(indptr, s + 1, rows) <= lo; ++s)
+          for (++s; s < segments && end_at(s) <= lo; ++s)
             if (q == 0) zero(s);
-          end = end_of(indptr, segments, rows, s);
+          end = end_at(s);
           started = true;
 #pragma unroll
           for (int j = 0; j < kCols; ++j) acc.v[j] = 0;
@@ -2729,11 +2830,12 @@ cudaError_t launch_stream_sum(const T* src, const int64_t* indptr, T* out, int64
 
 template <typename T, int kCols, int U>
 cudaError_t launch_team_sum(const T* src, const int64_t* indptr, T* out, int64_t rows,
-                            int64_t segments, void* workspace, cudaStream_t stream) {
+                            int64_t segments, void* workspace, cudaStream_t stream,
+                            bool short_segments = false) {
   using Acc = typename Num<T>::acc;
   using Shape = TeamShape<T, kCols, U>;
   int64_t capacity = 0;
-  cudaError_t err = resident_blocks<&team_sum_kernel<T, kCols, U>>(&capacity);
+  cudaError_t err = resident_blocks<&team_sum_kernel<T, kCols, U, false>>(&capacity);
   if (err != cudaSuccess) return err;
   const int64_t team_rows =
       unit_rows(rows, capacity * kTeams, kBatch * Shape::kStepRows, Shape::kStepRows);
@@ -2742,8 +2844,19 @@ cudaError_t launch_team_sum(const T* src, const int64_t* indptr, T* out, int64_t
   Crossing<Acc> c;
   err = crossing(workspace, blocks, Shape::kInner, &c);
   if (err != cudaSuccess) return err;
-  team_sum_kernel<T, kCols, U><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
-      src, indptr, out, rows, segments, team_rows, c);
+  bool launched = false;
+  if constexpr (U == 8) {  // rows of 128 bytes: the only ones with short segments here
+    if (short_segments) {
+      team_sum_kernel<T, kCols, U, true><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
+          src, indptr, out, rows, segments, team_rows, c);
+      launched = true;
+    }
+  }
+  if (!launched) {
+    if (short_segments) return cudaErrorInvalidValue;  // not reached: see segment_sum
+    team_sum_kernel<T, kCols, U, false><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
+        src, indptr, out, rows, segments, team_rows, c);
+  }
   err = cudaGetLastError();
   if (err != cudaSuccess || blocks == 1) return err;
   return launch_fixup<T>(out, rows, segments, Shape::kInner, block_rows, blocks, c,
@@ -3022,6 +3135,14 @@ inline bool narrow_rows(int64_t inner, int64_t elem_size) {
 // columns), the power law with the split by cost 79.4 -> 84.8 and 76.5 ->
 // 80.4; but that split cost uniform laws about 3 points (long segments too),
 // so it would want a sample of indptr to pick it, as the narrow sums have.
+// Rows of 128 bytes take the team sum for short segments too (split by cost:
+// kTeamSegmentCost), from a mean of kShortTeamMinRows rows and kGateMinBytes
+// (smaller inputs and shorter means keep the stream sum, as measured before).
+constexpr int64_t kShortTeamMinRows = 4;
+inline bool short_team_rows(int64_t rows, int64_t inner, int64_t elem_size) {
+  return inner * elem_size == 128 && rows * inner * elem_size >= kGateMinBytes;
+}
+
 inline bool unit_rows_of_team(int64_t inner, int64_t elem_size) {
   const int64_t units = inner * elem_size / 16;
   return inner * elem_size % 16 == 0 && units >= 2 && units <= kTeam / 2 &&
@@ -3058,12 +3179,18 @@ cudaError_t segment_sum(const T* src, const int64_t* indptr, T* out, int64_t row
   if (detail::narrow_rows(inner, sizeof(T)) && detail::aligned(src, 16) &&
       detail::aligned(out, inner * sizeof(T)))
     return detail::launch_narrow_sum<T>(src, indptr, out, rows, segments, inner, workspace, stream);
-  if (detail::unit_rows_of_team(inner, sizeof(T)) && rows / segments >= detail::kTeam &&
-      detail::aligned(src, 16) && detail::aligned(out, 16))
-    return detail::with_row_units<T>(inner, [&](auto units) {
-      return detail::launch_team_sum<T, 16 / sizeof(T), decltype(units)::value>(
-          src, indptr, out, rows, segments, workspace, stream);
-    });
+  if (detail::unit_rows_of_team(inner, sizeof(T)) && detail::aligned(src, 16) &&
+      detail::aligned(out, 16)) {
+    const int64_t mean_rows = rows / segments;
+    const bool short_segments = detail::short_team_rows(rows, inner, sizeof(T)) &&
+                                mean_rows >= detail::kShortTeamMinRows &&
+                                mean_rows < detail::kTeam;
+    if (mean_rows >= detail::kTeam || short_segments)
+      return detail::with_row_units<T>(inner, [&](auto units) {
+        return detail::launch_team_sum<T, 16 / sizeof(T), decltype(units)::value>(
+            src, indptr, out, rows, segments, workspace, stream, short_segments);
+      });
+  }
   // The sum loads 8 bytes per thread and row: more accumulators per thread
   // would cost the registers that keep blocks resident and loads in flight
   // (measured on an H100: 16-byte loads were 2 to 26 points of copy bandwidth
