@@ -3122,31 +3122,23 @@ inline bool narrow_rows(int64_t inner, int64_t elem_size) {
 // Rows of 2 to kTeam / 2 16-byte units, a power of two: what the team kernels
 // take. Wider rows stream: with one row per step (a slice of one lane) the team
 // sum was slower than the stream sum (H100, bf16, 256 columns: 76-78% of copy
-// bandwidth against 82-83%). Shorter segments stream too: in the team sum,
-// rows of 128 bytes gained on short segments (fp32, 32 columns 85.5 -> 88.4,
-// bf16, 64 columns 84.6 -> 86.7) but lost on the power law (80.3 -> 73.6,
-// 76.8 -> 65.5), where teams of equal rows meet very unequal numbers of
-// ends. With blocks and teams sharing rows by cost (rows + 4 or 8 per segment
-// start) the power law gained 1 to 5 points, to 84 % at most, and short
-// segments moved by -1.5 to +1. 64-byte rows lost (bf16, short segments 79.7
-// -> 65.0). With the team's next segment ends held one per lane, a window of
-// them read ahead, instead of a dependent indptr load per end: short
-// segments 84.0 -> 88.1 (fp32, 32 columns) and 82.7 -> 85.7 (bf16, 64
-// columns), the power law with the split by cost 79.4 -> 84.8 and 76.5 ->
-// 80.4; but that split cost uniform laws about 3 points (long segments too),
-// so it would want a sample of indptr to pick it, as the narrow sums have.
-// Rows of 128 bytes take the team sum for short segments too (split by cost:
-// kTeamSegmentCost), from a mean of kShortTeamMinRows rows and kGateMinBytes
-// (smaller inputs and shorter means keep the stream sum, as measured before).
-constexpr int64_t kShortTeamMinRows = 4;
-inline bool short_team_rows(int64_t rows, int64_t inner, int64_t elem_size) {
-  return inner * elem_size == 128 && rows * inner * elem_size >= kGateMinBytes;
-}
-
+// bandwidth against 82-83%).
 inline bool unit_rows_of_team(int64_t inner, int64_t elem_size) {
   const int64_t units = inner * elem_size / 16;
   return inner * elem_size % 16 == 0 && units >= 2 && units <= kTeam / 2 &&
          (units & (units - 1)) == 0;
+}
+
+// Short segments (a mean under kTeam rows) stream, except in rows of 128
+// bytes, from a mean of kShortTeamMinRows rows and kGateMinBytes: those take
+// the team sum split by cost (kTeamSegmentCost says why and what it gained).
+// Smaller inputs and shorter means, not measured there, keep the stream sum.
+// Other widths lost in the team sum: bf16, 32 columns (64-byte rows), short
+// segments 79.7 -> 65.0 % of copy bandwidth; fp32, 64 columns (256-byte
+// rows), power law 86.4 -> 82.4 split by cost.
+constexpr int64_t kShortTeamMinRows = 4;
+inline bool short_team_rows(int64_t rows, int64_t inner, int64_t elem_size) {
+  return inner * elem_size == 128 && rows * inner * elem_size >= kGateMinBytes;
 }
 
 }  // namespace detail
