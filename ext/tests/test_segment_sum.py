@@ -58,27 +58,27 @@ def random_src(rows, trailing, dtype, device):
     )
 
 
+def assert_sum(indptr, trailing, dtype):
+    """segment_sum of random rows in [-1, 1] against the float64 reference."""
+    src = random_src(int(indptr[-1]), trailing, dtype, indptr.device)
+    assert_matches(segment_ops.segment_sum(src, indptr), src, indptr)
+
+
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_layouts_and_dtypes(device, layout, dtype):
-    indptr = make_indptr(LAYOUTS[layout], device)
-    src = random_src(int(indptr[-1]), (3,), dtype, device)
-    assert_matches(segment_ops.segment_sum(src, indptr), src, indptr)
+    assert_sum(make_indptr(LAYOUTS[layout], device), (3,), dtype)
 
 
 @pytest.mark.parametrize("trailing", [(), (1,), (5,), (4, 3), (2, 0), (64,), (300,)])
 def test_trailing_shapes(device, trailing):
-    indptr = make_indptr([2, 0, 300, 1], device)
-    src = random_src(int(indptr[-1]), trailing, torch.float32, device)
-    assert_matches(segment_ops.segment_sum(src, indptr), src, indptr)
+    assert_sum(make_indptr([2, 0, 300, 1], device), trailing, torch.float32)
 
 
 @pytest.mark.parametrize("inner", [1, 2, 3, 16, 256])
 def test_long_segments(device, inner):
     # Long segments with few columns take the GPU's block-per-segment path.
-    indptr = make_indptr([5000, 0, 700, 1], device)
-    src = random_src(int(indptr[-1]), (inner,), torch.float32, device)
-    assert_matches(segment_ops.segment_sum(src, indptr), src, indptr)
+    assert_sum(make_indptr([5000, 0, 700, 1], device), (inner,), torch.float32)
 
 
 def test_non_contiguous(device):
@@ -141,9 +141,8 @@ LAW_CASES = [
 
 def assert_sum_and_gather(indptr, inner, dtype):
     """segment_sum against the reference, segment_gather against repeat_interleave."""
+    assert_sum(indptr, (inner,), dtype)
     rows = int(indptr[-1])
-    src = random_src(rows, (inner,), dtype, indptr.device)
-    assert_matches(segment_ops.segment_sum(src, indptr), src, indptr)
     grad = random_src(indptr.numel() - 1, (inner,), dtype, indptr.device)
     expected = grad.repeat_interleave(indptr.diff(), dim=0, output_size=rows)
     assert torch.equal(segment_ops.segment_gather(grad, indptr, rows), expected)
@@ -340,9 +339,7 @@ def test_narrow_rows_at_tile_and_block_edges(device, layout, dtype, inner):
     "dtype, inner", [(torch.bfloat16, 1), (torch.bfloat16, 2), (torch.float16, 1)]
 )
 def test_gated_narrow_sums(law, dtype, inner):
-    indptr = make_indptr(GATED_LAWS[law](), "cuda")
-    src = random_src(int(indptr[-1]), (inner,), dtype, "cuda")
-    assert_matches(segment_ops.segment_sum(src, indptr), src, indptr)
+    assert_sum(make_indptr(GATED_LAWS[law](), "cuda"), (inner,), dtype)
 
 
 # name -> segment lengths over at least 2^18 rows: enough bytes in rows of 128 bytes for
@@ -362,9 +359,7 @@ SHORT_TEAM_LAWS = {
     "dtype, inner", [(torch.float32, 32), (torch.bfloat16, 64), (torch.float64, 16)]
 )
 def test_short_team_sums(law, dtype, inner):
-    indptr = make_indptr(SHORT_TEAM_LAWS[law](), "cuda")
-    src = random_src(int(indptr[-1]), (inner,), dtype, "cuda")
-    assert_matches(segment_ops.segment_sum(src, indptr), src, indptr)
+    assert_sum(make_indptr(SHORT_TEAM_LAWS[law](), "cuda"), (inner,), dtype)
 
 
 @pytest.mark.gpu
@@ -379,9 +374,7 @@ def test_lane_sum_rows(layout, dtype, inner):
     rows of 4 columns or more; under 32 MiB their 2-column rows take the tile sum); rows
     under 16 bytes are read there both row by row (lanes) and as 16-byte units (teams,
     blocks)."""
-    indptr = make_indptr(LANE_SUM_LAYOUTS[layout](), "cuda")
-    src = random_src(int(indptr[-1]), (inner,), dtype, "cuda")
-    assert_matches(segment_ops.segment_sum(src, indptr), src, indptr)
+    assert_sum(make_indptr(LANE_SUM_LAYOUTS[layout](), "cuda"), (inner,), dtype)
 
 
 @pytest.mark.gpu
