@@ -588,6 +588,14 @@ __device__ __forceinline__ void fetch_starts(const int64_t* __restrict__ indptr,
 //   segments within 0.7.
 // * kThreadAtomic (label gather): an atomic per thread. Counted in the
 //   barrier it was 0.3 to 2 points slower on rows of 32 to 256 columns.
+// Rounds past the first larger than kWindowSteps lost wherever a tile has
+// more starts than the first round holds, though a tile of 8192 starts then
+// waits on fewer rounds (H100, % of copy bandwidth, power law, tile sum then
+// tile gather, bf16, 1 column): 8 steps 58.2 -> 47.1 and 70.7 -> 59.8;
+// doubling from round to round up to 8 steps 47.1 and 64.0, up to 16 steps
+// 35.2 and 54.9. The gather reading each round's segment values alongside
+// its starts, not after the window, lost too: 70.6 -> 58.1 (short segments
+// 70.0 -> 54.4).
 enum class WindowCount { kThreadAtomic, kWarpAtomic, kInBarrier };
 
 template <WindowCount kCount, int kSteps>
@@ -2060,6 +2068,11 @@ constexpr int64_t kTeamSegmentCost = 4;
 // team t's range is [bound[t], bound[t + 1]). kThreads probes of indptr go
 // out at once, then each cut is searched between two probes. All threads call
 // it (barriers). Every cut lies in [r0, r1), whatever indptr holds.
+// The kTeams - 1 cuts searched together through block_partitions instead (no
+// shared arrays, each thread computing its team's two cuts) spilled and lost:
+// on an H100, % of copy bandwidth, short segments then power law, fp32, 32
+// columns 85.3 -> 81.8 and 84.8 -> 82.0; bf16, 64 columns 82.6 -> 69.0 and
+// 80.5 -> 67.8.
 __device__ __forceinline__ void split_by_cost(const int64_t* __restrict__ indptr, int64_t rows,
                                               int64_t r0, int64_t r1, int64_t first,
                                               int64_t last, int64_t per_start, int64_t* probe,
