@@ -1546,7 +1546,9 @@ struct TileGatherShared {
 // block stores the tile as contiguous 16-byte units. (Runs of 16 rows on
 // 2-byte rows, tiles whose starts mostly fit the round read ahead: bf16, 1
 // column, short segments 70.2 -> 74.7 % of copy bandwidth, power law 70.3 ->
-// 57.4.)
+// 57.4. Tiles without a start, half of them on the power law, stored straight
+// from their segment's value: bf16, 4 columns 78.4 -> 79.0, fp32, 1 column
+// 77.5 -> 77.8; bf16, 1 column spilled and lost 11 points.)
 template <typename T, int W>
 __device__ __forceinline__ void tile_gather_block(const T* __restrict__ src,
                                                   const int64_t* __restrict__ indptr,
@@ -3003,6 +3005,9 @@ cudaError_t launch_narrow_sum(const T* src, const int64_t* indptr, T* out, int64
 // bytes: bf16, 1 column, short segments 68.5 -> 59.0), as did 2 or 4
 // segments per thread and round (fp32, 4 columns, short segments 64.8 and
 // 81.4), the long ones filled by a warp each (83.5) and tiles of 32 KB (82.0).
+// Each segment's value and end read with its start, not once the start
+// puts it in the tile, lost a little too (fp32, 4 columns, short segments
+// 84.4 -> 83.4, power law 83.1 -> 82.7).
 constexpr int kFillTileRows = 1024;  // 16 KB of shared memory
 constexpr int kFillRows = 32;        // the longest segment one thread fills alone
 constexpr int kFillBlocksPerSm = 8;  // <= 32 registers; at 4 (64), power law 83.0 -> 77.8 %
