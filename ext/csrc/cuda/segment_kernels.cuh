@@ -1521,6 +1521,22 @@ __global__ void __launch_bounds__(kThreads, kTileBlocksPerSm)
 
 // segment_gather
 
+// How far ahead the tile gather reads starts and values, in entries per
+// thread, and the resident blocks its registers are budgeted for. A tile of
+// 2-byte rows holds 8192 rows, about 1000 starts of short segments: read 4
+// deep, they mostly come in the round read ahead, where 2 deep left a further
+// round to wait on, but the registers that takes allow 3 blocks per SM, not
+// 4 (4 deep at 4 blocks spilled). On an H100, % of copy bandwidth, bf16, 1
+// column: short segments 70.2 -> 83.2, power law 70.7 -> 68.2 (at 3 blocks
+// alone 61.7 and 64.9). Rows of 4 bytes lost as much as they gained with
+// either (4 deep: fp32, 1 column, power law 77.7 -> 83.6, short segments 84.6
+// -> 83.2; bf16, 2 columns 77.1 -> 80.0 and 84.3 -> 78.6; 3 deep within 2
+// points), and rows of 8 bytes lost 3 to 5 points.
+template <typename T, int W>
+constexpr int kTileGatherAhead = W * sizeof(T) == 2 ? kWindowSteps : kPrefetchSteps;
+template <typename T, int W>
+constexpr int kTileGatherBlocksPerSm = W * sizeof(T) == 2 ? 3 : kTileBlocksPerSm;
+
 template <typename T, int W>
 struct TileGatherShared {
   using G = Geometry<T, W>;
@@ -1574,23 +1590,24 @@ __device__ __forceinline__ void tile_gather_block(const T* __restrict__ src,
   int64_t first = block_lower_bound(indptr, segments, rows, r0);
   int round = 0;
   const int64_t expected = starts_per_tile(segments, rows, G::kTileRows);
-  int steps = walk_steps(expected, kPrefetchSteps);
+  // Starts read a tile ahead, per thread (kTileGatherAhead says how many).
+  constexpr int kAhead = kTileGatherAhead<T, W>;
+  int steps = walk_steps(expected, kAhead);
   // Rows of 4 bytes read the values of as many segments ahead as one window
   // round holds starts (kWindowSteps), the starts themselves staying
   // kPrefetchSteps deep: a tile of short segments then waits on one further
   // round of indptr, not on that and a round of values after it. On an H100,
   // % of copy bandwidth: bf16, 2 columns, short segments 82.5 -> 85.3, power
   // law 69.5 -> 73.8; fp32, 1 column, 1-3-row segments 68.9 -> 71.2, and on
-  // the op benchmark power law 74.5 -> 76.0. Only there: 2-byte rows spilled
-  // with it (bf16, 1 column, power law 66.0 -> 59.2), and wider rows keep the
-  // code they had (with the depth picked at run time, bf16 rows of 4 columns
-  // lost 9 points on short segments).
-  constexpr int kValueSteps = G::kRowBytes == 4 ? kWindowSteps : kPrefetchSteps;
+  // the op benchmark power law 74.5 -> 76.0. Wider rows keep the code they
+  // had (with the depth picked at run time, bf16 rows of 4 columns lost 9
+  // points on short segments); 2-byte rows read values as deep as starts.
+  constexpr int kValueSteps = G::kRowBytes == 4 ? kWindowSteps : kAhead;
   const int least_value_steps = walk_steps(expected, kValueSteps);
-  int64_t raw[kPrefetchSteps];
+  int64_t raw[kAhead];
   P raw_values[kValueSteps];
   auto value_steps = [&] {  // values read ahead, per thread
-    if constexpr (kValueSteps == kPrefetchSteps) return steps;
+    if constexpr (kValueSteps == kAhead) return steps;
     else return steps > least_value_steps ? steps : least_value_steps;
   };
   auto prefetch = [&](int64_t from) {  // the starts from `from`, the values from from - 1
@@ -1635,7 +1652,7 @@ __device__ __forceinline__ void tile_gather_block(const T* __restrict__ src,
     }
     cached = cached > wanted ? cached : wanted;
     if (t0 + G::kTileRows < r1) {  // raw and raw_values are free again
-      steps = kPrefetchSteps;
+      steps = kAhead;
       prefetch(first + w.n);
     }
     auto start = [&](int64_t i) {
@@ -1685,7 +1702,7 @@ __device__ __forceinline__ void tile_gather_block(const T* __restrict__ src,
 }
 
 template <typename T, int W>
-__global__ void __launch_bounds__(kThreads, kTileBlocksPerSm)
+__global__ void __launch_bounds__(kThreads, kTileGatherBlocksPerSm<T, W>)
     tile_gather_kernel(const T* __restrict__ src, const int64_t* __restrict__ indptr,
                        T* __restrict__ out, int64_t rows, int64_t segments,
                        int64_t rows_per_block) {
