@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
+import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -57,3 +60,38 @@ def test_ext_benchmark_page_is_rendered_from_its_json(tmp_path):
                     str(docs / "benchmarks.json"), "--out", str(out)], check=True)
     assert out.read_text() == (docs / "benchmarks.md").read_text(), (
         "ext/docs/benchmarks.md is stale: rerun render.py on ext/docs/benchmarks.json")
+
+
+def load_ext_sources():
+    path = ROOT / "ext" / "benchmarks" / "sources.py"
+    spec = importlib.util.spec_from_file_location("ext_benchmark_sources", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_ext_benchmark_page_was_measured_on_this_code():
+    """The page's JSON names the digest of the kernels and package it measured
+    (bench.py records it); code changed since then needs a new run on the GPU."""
+    recorded = json.loads((ROOT / "ext" / "docs" / "benchmarks.json").read_text())["header"]
+    now = load_ext_sources().digest(ROOT / "ext")
+    assert recorded.get("sources") == now, (
+        f"ext/docs/benchmarks.json was measured on code with digest {recorded.get('sources')}, "
+        f"ext/csrc and ext/src now digest to {now}: rerun ext/benchmarks/bench.py on the GPU "
+        "and render.py (comments and layout do not count)"
+    )
+
+
+def test_ext_source_digest_ignores_comments_and_layout_but_not_code(tmp_path):
+    sources = load_ext_sources()
+    for folder in ("csrc", "src"):
+        shutil.copytree(ROOT / "ext" / folder, tmp_path / folder)
+    before = sources.digest(tmp_path)
+    kernel = tmp_path / "csrc" / "cuda" / "segment_kernels.cuh"
+    text = kernel.read_text()
+    kernel.write_text("// a new first line\n" + text.replace(" = ", "=").replace("\n", "\n\n"))
+    package = tmp_path / "src" / "segment_ops" / "ops.py"
+    package.write_text(package.read_text() + "\n# a trailing comment\n")
+    assert sources.digest(tmp_path) == before
+    kernel.write_text(text.replace("kThreads = 256;", "kThreads = 128;"))
+    assert sources.digest(tmp_path) != before

@@ -37,7 +37,9 @@ Bytes moved: forward and backward both read or write rows*inner + segments*inner
 elements and read indptr once; the copy moves 2 * src bytes. ``copy_fraction``
 is an op's GB/s over the copy's GB/s, ``vs_segment_reduce`` is segment_reduce's
 time over the op's (forward against forward, backward against backward; > 1 is
-faster). An op that cannot run here (triton on CPU) is null.
+faster). An op that cannot run here (triton on CPU) is null. The header's
+``sources`` is the digest of csrc/ and src/ beside this script (sources.py):
+run it from the checkout the installed build came from.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ import sys
 import time
 
 import numpy as np
+import sources  # this folder's digest of the measured code
 import torch
 
 import segment_ops
@@ -395,6 +398,8 @@ def main(argv=None):
         "triton": triton_version,
         "python": platform.python_version(),
         "segment_ops": build,
+        # The code beside this script: run it from the checkout the build came from.
+        "sources": sources.digest(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join(shlex.quote(a) for a in ["python", *sys.argv]),
         "settings": {

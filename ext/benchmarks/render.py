@@ -110,6 +110,7 @@ def render(data: dict, source_name: str) -> str:
     build = describe_build(header.get("segment_ops") or {})
     if header.get("placeholder") and not header.get("segment_ops"):
         build = MISSING
+    sources = code(header["sources"]) if header.get("sources") else MISSING
     device = header.get("device", "?")
     if header.get("device_type") and header["device_type"] != "cuda":
         device += f" ({header['device_type']})"
@@ -121,6 +122,7 @@ def render(data: dict, source_name: str) -> str:
         f"| CUDA | {header.get('cuda') or MISSING} |",
         f"| Triton | {header.get('triton') or MISSING} |",
         f"| segment_ops | {build} |",
+        f"| Sources (csrc/, src/) | {sources} |",
         f"| Date (UTC) | {header.get('date', '?')} |",
         f"| Size per case | {size(settings)} |",
         f"| Timing | median of up to {settings.get('repeat', '?')} runs after "

@@ -1,0 +1,79 @@
+"""A digest of the code the benchmark page measures: the kernels in csrc/ and the
+Python package in src/, with comments and layout left out. bench.py records it, and
+a test can then tell that docs/benchmarks.json was measured on other code than the
+checkout holds, while an edit to a comment leaves the page current.
+
+    python benchmarks/sources.py     # prints the digest of this checkout
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import re
+import sys
+import tokenize
+from pathlib import Path
+
+EXT_ROOT = Path(__file__).resolve().parents[1]
+MEASURED = ("csrc", "src")
+CXX_SUFFIXES = frozenset({".h", ".hpp", ".cpp", ".cc", ".cu", ".cuh"})
+
+# One C/C++ token at a time: a comment or a literal is taken whole where it starts,
+# so a quote inside a comment or "//" inside a string is read as what it is.
+CXX_TOKEN = re.compile(
+    r"""
+      (?P<comment> //[^\n]* | /\*.*?\*/ )
+    | (?P<literal> "(?:\\.|[^"\\\n])*" | '(?:\\.|[^'\\\n])*' )
+    | (?P<space> \s+ )
+    | (?P<other> . )
+    """,
+    re.S | re.X,
+)
+
+
+def cxx_code(text: str) -> str:
+    """The source without comments, and without white space except one blank
+    between two words (so that reformatting leaves it as it was)."""
+    out: list[str] = []
+    gap = False
+    for match in CXX_TOKEN.finditer(text):
+        kind, token = match.lastgroup, match.group()
+        if kind in ("comment", "space"):
+            gap = True
+            continue
+        if gap and out and (out[-1][-1:].isalnum() or out[-1][-1:] == "_") and (
+            token[:1].isalnum() or token[:1] == "_"
+        ):
+            out.append(" ")
+        out.append(token)
+        gap = False
+    return "".join(out)
+
+
+def python_code(text: str) -> str:
+    """The token stream without comments and blank lines (docstrings stay: they are code)."""
+    skipped = {tokenize.COMMENT, tokenize.NL, tokenize.ENCODING}
+    tokens = tokenize.generate_tokens(io.StringIO(text).readline)
+    return "\n".join(f"{tok.type} {tok.string}" for tok in tokens if tok.type not in skipped)
+
+
+def digest(ext_root: Path = EXT_ROOT) -> str:
+    h = hashlib.sha256()
+    for folder in MEASURED:
+        for path in sorted((ext_root / folder).rglob("*")):
+            if "__pycache__" in path.parts or not path.is_file():
+                continue
+            if path.suffix in CXX_SUFFIXES:
+                code = cxx_code(path.read_text(encoding="utf-8"))
+            elif path.suffix == ".py":
+                code = python_code(path.read_text(encoding="utf-8"))
+            else:
+                continue
+            h.update(path.relative_to(ext_root).as_posix().encode() + b"\0")
+            h.update(code.encode() + b"\0")
+    return "sha256:" + h.hexdigest()[:16]
+
+
+if __name__ == "__main__":
+    print(digest(Path(sys.argv[1]) if len(sys.argv) > 1 else EXT_ROOT))
