@@ -32,19 +32,21 @@ CXX_TOKEN = re.compile(
 )
 
 
+def is_word_char(char: str) -> bool:
+    return char.isalnum() or char == "_"
+
+
 def cxx_code(text: str) -> str:
     """The source without comments, and without white space except one blank
     between two words (so that reformatting leaves it as it was)."""
     out: list[str] = []
     gap = False
     for match in CXX_TOKEN.finditer(text):
-        kind, token = match.lastgroup, match.group()
-        if kind in ("comment", "space"):
+        token = match.group()
+        if match.lastgroup in ("comment", "space"):
             gap = True
             continue
-        if gap and out and (out[-1][-1:].isalnum() or out[-1][-1:] == "_") and (
-            token[:1].isalnum() or token[:1] == "_"
-        ):
+        if gap and out and is_word_char(out[-1][-1]) and is_word_char(token[0]):
             out.append(" ")
         out.append(token)
         gap = False
