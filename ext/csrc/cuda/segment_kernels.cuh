@@ -96,8 +96,12 @@ constexpr int64_t kSplitQuantum = 8;  // tile and lane sums: blocks start on 8 r
 // 55.8 at 4, 46.2 at 24; 2 columns 59.7 -> 65.0 at 8; lane sum, fp32, 1
 // column 58.5 -> 61.9 at 8, 65.3 at 24, 69.8 at 96, 71.0 at 192; bf16, 4
 // columns 66.5 -> 72.0 at 24, 76.2 at 96, 76.3 at 192.
+// Rows of 16 bytes: 192, against 96 (fp32, 4 columns, power law 83.6 ->
+// 84.8; bf16, 8 columns 81.1 -> 82.9; short segments within 0.2; 48 lost 1
+// to 2 points).
 constexpr int64_t kTileSegmentCost = 8;
-constexpr int64_t kLaneSegmentCost = 96;
+template <typename T, int W>
+constexpr int64_t kLaneSegmentCost = W * sizeof(T) == 16 ? 192 : 96;
 constexpr int kThreadBytes = 64;     // tile kernels: src bytes per thread and tile (16 KB tiles)
 constexpr int kWindow = 4096;        // tile kernels: segment starts per tile kept in shared memory
 constexpr int kWindowSteps = 4;      // tile kernels: indptr entries per thread and round
@@ -1528,12 +1532,17 @@ __global__ void __launch_bounds__(kThreads, kTileBlocksPerSm)
 // round to wait on, but the registers that takes allow 3 blocks per SM, not
 // 4 (4 deep at 4 blocks spilled). On an H100, % of copy bandwidth, bf16, 1
 // column: short segments 70.2 -> 83.2, power law 70.7 -> 68.2 (at 3 blocks
-// alone 61.7 and 64.9). Rows of 4 bytes lost as much as they gained with
-// either (4 deep: fp32, 1 column, power law 77.7 -> 83.6, short segments 84.6
-// -> 83.2; bf16, 2 columns 77.1 -> 80.0 and 84.3 -> 78.6; 3 deep within 2
-// points), and rows of 8 bytes lost 3 to 5 points.
+// alone 61.7 and 64.9). Rows of 4 bytes (tiles of 4096 rows) read as many as
+// their mean segment length asks (3 steps for 8-row segments), and 4 after a
+// tile whose starts overflowed that: fp32, 1 column, power law 77.6 -> 81.3,
+// short segments 84.8 -> 83.8; bf16, 2 columns 76.9 -> 80.3 and 84.5 -> 83.6.
+// (4 steps always: short segments lost up to 5.7 points; 2 steps until an
+// overflow, values as deep: bf16, 2 columns lost 3 to 4.5 points.) Rows of
+// 8 bytes lost 3 to 5 points 4 deep.
 template <typename T, int W>
-constexpr int kTileGatherAhead = W * sizeof(T) == 2 ? kWindowSteps : kPrefetchSteps;
+constexpr int kTileGatherAhead = W * sizeof(T) <= 4 ? kWindowSteps : kPrefetchSteps;
+template <typename T, int W>
+constexpr bool kTileGatherAdapts = W * sizeof(T) == 4;
 template <typename T, int W>
 constexpr int kTileGatherBlocksPerSm = W * sizeof(T) == 2 ? 3 : kTileBlocksPerSm;
 
@@ -1590,44 +1599,33 @@ __device__ __forceinline__ void tile_gather_block(const T* __restrict__ src,
   int64_t first = block_lower_bound(indptr, segments, rows, r0);
   int round = 0;
   const int64_t expected = starts_per_tile(segments, rows, G::kTileRows);
-  // Starts read a tile ahead, per thread (kTileGatherAhead says how many).
+  // Starts, and the values of their segments, read a tile ahead: as many
+  // per thread as kTileGatherAhead and kTileGatherAdapts say. Values go as
+  // deep as starts, so a tile of short segments waits on no round of values
+  // after its round of starts (values 4 deep against 2, starts 2 deep, on an
+  // H100, % of copy bandwidth: bf16, 2 columns, short segments 82.5 -> 85.3,
+  // power law 69.5 -> 73.8; fp32, 1 column, 1-3-row segments 68.9 -> 71.2).
   constexpr int kAhead = kTileGatherAhead<T, W>;
+  const int usual_steps = kTileGatherAdapts<T, W> ? walk_steps(expected, kAhead) : kAhead;
   int steps = walk_steps(expected, kAhead);
-  // Rows of 4 bytes read the values of as many segments ahead as one window
-  // round holds starts (kWindowSteps), the starts themselves staying
-  // kPrefetchSteps deep: a tile of short segments then waits on one further
-  // round of indptr, not on that and a round of values after it. On an H100,
-  // % of copy bandwidth: bf16, 2 columns, short segments 82.5 -> 85.3, power
-  // law 69.5 -> 73.8; fp32, 1 column, 1-3-row segments 68.9 -> 71.2, and on
-  // the op benchmark power law 74.5 -> 76.0. Wider rows keep the code they
-  // had (with the depth picked at run time, bf16 rows of 4 columns lost 9
-  // points on short segments); 2-byte rows read values as deep as starts.
-  constexpr int kValueSteps = G::kRowBytes == 4 ? kWindowSteps : kAhead;
-  const int least_value_steps = walk_steps(expected, kValueSteps);
   int64_t raw[kAhead];
-  P raw_values[kValueSteps];
-  auto value_steps = [&] {  // values read ahead, per thread
-    if constexpr (kValueSteps == kAhead) return steps;
-    else return steps > least_value_steps ? steps : least_value_steps;
-  };
+  P raw_values[kAhead];
   auto prefetch = [&](int64_t from) {  // the starts from `from`, the values from from - 1
     fetch_starts(indptr, segments, from, steps, raw);
-    const int vs = value_steps();
 #pragma unroll
-    for (int k = 0; k < kValueSteps; ++k)
-      raw_values[k] = k < vs ? value(from - 1 + k * kThreads + tid) : zero_pack<T, W>();
+    for (int k = 0; k < kAhead; ++k)
+      raw_values[k] = k < steps ? value(from - 1 + k * kThreads + tid) : zero_pack<T, W>();
   };
   prefetch(first);
   for (int64_t t0 = r0; t0 < r1; t0 += G::kTileRows) {
     const int nrows = static_cast<int>(imin(r1, t0 + G::kTileRows) - t0);
     __syncthreads();  // the previous tile's window, values and stage are read
-    const int vs = value_steps();
 #pragma unroll
-    for (int k = 0; k < kValueSteps; ++k) {
+    for (int k = 0; k < kAhead; ++k) {
       const int i = k * kThreads + tid;
-      if (k < vs && i < kValues) sm.values[i] = raw_values[k];
+      if (k < steps && i < kValues) sm.values[i] = raw_values[k];
     }
-    int cached = static_cast<int>(imin(vs * kThreads, kValues));
+    int cached = static_cast<int>(imin(steps * kThreads, kValues));
     if (tid == 0) sm.crowded = 0;
     const Window w{first, load_window<WindowCount::kInBarrier>(indptr, segments, rows, t0, nrows,
                                                                first, steps, raw, sm.window,
@@ -1652,7 +1650,7 @@ __device__ __forceinline__ void tile_gather_block(const T* __restrict__ src,
     }
     cached = cached > wanted ? cached : wanted;
     if (t0 + G::kTileRows < r1) {  // raw and raw_values are free again
-      steps = kAhead;
+      steps = w.n >= static_cast<int64_t>(steps) * kThreads ? kAhead : usual_steps;
       prefetch(first + w.n);
     }
     auto start = [&](int64_t i) {
@@ -2755,7 +2753,7 @@ cudaError_t launch_lane_sum(const T* src, const int64_t* indptr, T* out, int64_t
       indptr, out, rows, segments, kThreads * 8, workspace, stream,
       [&](unsigned blocks, const Crossing<typename Num<T>::acc>& c) {
         lane_sum_kernel<T, W><<<blocks, kThreads, 0, stream>>>(
-            src, indptr, out, rows, segments, kSplitCosts<T, W, kLaneSegmentCost>, c,
+            src, indptr, out, rows, segments, kSplitCosts<T, W, kLaneSegmentCost<T, W>>, c,
             TailGate::kAny);
       });
 }
@@ -2780,7 +2778,7 @@ cudaError_t launch_gated_sum(const T* src, const int64_t* indptr, T* out, int64_
   if (err != cudaSuccess) return err;
   if (blocks > 1) c.picked = static_cast<int*>(workspace);
   lane_sum_kernel<T, W><<<static_cast<unsigned>(lane.blocks), kThreads, 0, stream>>>(
-      src, indptr, out, rows, segments, kSplitCosts<T, W, kLaneSegmentCost>, c,
+      src, indptr, out, rows, segments, kSplitCosts<T, W, kLaneSegmentCost<T, W>>, c,
       TailGate::kShortTail);
   err = cudaGetLastError();
   if (err != cudaSuccess) return err;
