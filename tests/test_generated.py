@@ -95,3 +95,14 @@ def test_ext_source_digest_ignores_comments_and_layout_but_not_code(tmp_path):
     assert sources.digest(tmp_path) == before
     kernel.write_text(text.replace("kThreads = 256;", "kThreads = 128;"))
     assert sources.digest(tmp_path) != before
+
+
+def test_ext_source_digest_spells_python_alike_on_every_version():
+    """The GPU machine's Python is not the builder's: 3.12 splits an f-string into
+    tokens 3.11 reads as one, and numbers token types differently, so the digest
+    spells each token by what it is, and an f-string as written."""
+    code = 'x = f"a {b!r:>{w}} {f\'{c}\'} # no comment"  # a comment\nif x:\n    pass\n'
+    assert load_ext_sources().python_code(code).split("\n") == [
+        "x", "=", 'f"a {b!r:>{w}} {f\'{c}\'} # no comment"', "<newline>",
+        "if", "x", ":", "<newline>", "<indent>", "pass", "<newline>", "<dedent>",
+    ]
