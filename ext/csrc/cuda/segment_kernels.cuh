@@ -2056,15 +2056,20 @@ __device__ __forceinline__ TeamPlace team_place(int64_t rows, int64_t team_rows)
   return p;
 }
 
-template <typename T, int kCols, int U>
+struct CostCuts {  // split_by_cost's
+  int64_t probe[kThreads];
+  int64_t bound[kTeams + 1];
+};
+struct NoCuts {};
+
+template <typename T, int kCols, int U, bool kShort>
 struct TeamSumShared {
   using Acc = typename Num<T>::acc;
   using Reduce = cub::WarpReduce<Partial<Acc, kCols>, TeamShape<T, kCols, U>::RS>;
   typename Reduce::TempStorage reduce[kThreads / TeamShape<T, kCols, U>::RS];
   int64_t item_key[2 * kTeams];  // as in StreamSumShared, one group per team
   Acc item_val[2 * kTeams * kCols * U];
-  int64_t probe[kThreads];       // split_by_cost
-  int64_t bound[kTeams + 1];
+  std::conditional_t<kShort, CostCuts, NoCuts> cuts;  // only the cost split needs them
 };
 
 // Short segments in rows of 128 bytes (kShort below): on the power law,
@@ -2144,7 +2149,7 @@ __global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
                     Crossing<typename Num<T>::acc> cross) {
   using Acc = typename Num<T>::acc;
   using Shape = TeamShape<T, kCols, U>;
-  using Shared = TeamSumShared<T, kCols, U>;
+  using Shared = TeamSumShared<T, kCols, U, kShort>;
   using Part = Partial<Acc, kCols>;
   constexpr int R = Shape::R, RS = Shape::RS, kInner = Shape::kInner;
   constexpr int kStepRows = Shape::kStepRows;
@@ -2156,11 +2161,11 @@ __global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
     const BlockRows b = balanced_rows(indptr, segments, rows, blockIdx.x, gridDim.x,
                                       Costs{1, kTeamSegmentCost}, 1);
     split_by_cost(indptr, rows, b.r0, b.r1, b.first, imin(b.next, segments),
-                  kTeamSegmentCost, sm.probe, sm.bound);
+                  kTeamSegmentCost, sm.cuts.probe, sm.cuts.bound);
     at.r0 = b.r0;
     at.r1 = b.r1;
-    at.a0 = sm.bound[at.t];
-    at.a1 = sm.bound[at.t + 1];
+    at.a0 = sm.cuts.bound[at.t];
+    at.a1 = sm.cuts.bound[at.t + 1];
     range = {b.first - 1, b.next};
   } else {
     range = block_segments(indptr, segments, rows, at.r0, at.r1);
@@ -2874,19 +2879,14 @@ cudaError_t launch_team_sum(const T* src, const int64_t* indptr, T* out, int64_t
   Crossing<Acc> c;
   err = crossing(workspace, blocks, Shape::kInner, &c);
   if (err != cudaSuccess) return err;
-  bool launched = false;
+  auto kernel = &team_sum_kernel<T, kCols, U, false>;
   if constexpr (U == 8) {  // rows of 128 bytes: the only ones with short segments here
-    if (short_segments) {
-      team_sum_kernel<T, kCols, U, true><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
-          src, indptr, out, rows, segments, team_rows, c);
-      launched = true;
-    }
+    if (short_segments) kernel = &team_sum_kernel<T, kCols, U, true>;
+  } else if (short_segments) {
+    return cudaErrorInvalidValue;  // not reached: see segment_sum
   }
-  if (!launched) {
-    if (short_segments) return cudaErrorInvalidValue;  // not reached: see segment_sum
-    team_sum_kernel<T, kCols, U, false><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
-        src, indptr, out, rows, segments, team_rows, c);
-  }
+  kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(src, indptr, out, rows,
+                                                                  segments, team_rows, c);
   err = cudaGetLastError();
   if (err != cudaSuccess || blocks == 1) return err;
   return launch_fixup<T>(out, rows, segments, Shape::kInner, block_rows, blocks, c,
