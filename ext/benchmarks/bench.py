@@ -52,6 +52,7 @@ import shlex
 import statistics
 import sys
 import time
+from collections.abc import Callable
 
 import numpy as np
 import sources  # this folder's digest of the measured code
@@ -73,6 +74,7 @@ OPS = (
 FORWARD_OPS = ("native_forward", "triton_forward", "segment_reduce_forward")
 PARETO_ALPHA = 1.1
 SPIN_CYCLES = 2_000_000  # about a millisecond: longer than dispatching any op here
+TIMING_ROUNDS = 4  # rounds over a case's ops that share out its timed runs
 
 
 def segment_lengths(law: str, rows: int, seed: int) -> np.ndarray:
@@ -143,8 +145,43 @@ class Timer:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         first = self.once(fn)
-        runs = max(3, min(self.repeat, int(self.budget_s / max(first, 1e-9))))
-        return statistics.median([first] + [self.once(fn) for _ in range(runs - 1)])
+        return statistics.median([first] + [self.once(fn) for _ in range(self.runs(first) - 1)])
+
+    def runs(self, first: float) -> int:
+        return max(3, min(self.repeat, int(self.budget_s / max(first, 1e-9))))
+
+    def interleaved_medians(
+        self, fns: dict[str, Callable[[], object]], rounds: int
+    ) -> tuple[dict[str, float], dict[str, str]]:
+        """Seconds per op, and why an op could not run. Each op is warmed up and
+        timed once; its other timed runs go in `rounds` rounds that visit every
+        op in turn, so a stretch of slow clocks or a busy host costs each op a
+        few runs, not one op its whole median (a page run once timed one op at
+        twice its time, and that op alone)."""
+        errors: dict[str, str] = {}
+        times: dict[str, list[float]] = {}
+        planned: dict[str, int] = {}
+        for op, fn in fns.items():
+            try:
+                for _ in range(self.warmup):
+                    fn()
+                if self.device.type == "cuda":
+                    torch.cuda.synchronize(self.device)
+                times[op] = [self.once(fn)]
+            except (RuntimeError, NotImplementedError) as err:
+                errors[op] = " ".join(str(err).split())[:200]
+                continue
+            planned[op] = self.runs(times[op][0])
+        for done in range(1, rounds + 1):
+            for op in list(times):
+                target = -(-planned[op] * done // rounds)  # ceil: the last round reaches `planned`
+                try:
+                    while len(times[op]) < target:
+                        times[op].append(self.once(fns[op]))
+                except (RuntimeError, NotImplementedError) as err:
+                    errors[op] = " ".join(str(err).split())[:200]
+                    del times[op]
+        return {op: statistics.median(t) for op, t in times.items()}, errors
 
 
 def triton_available(device: torch.device) -> str | None:
@@ -235,14 +272,10 @@ def run_case(dtype_name, law, inner, rows_for, lengths_for, timer, device, no_tr
     except RuntimeError as err:
         errors["segment_reduce_backward"] = " ".join(str(err).split())[:200]
 
-    seconds = {}
-    for op in OPS:
-        if op not in fns:
-            continue
-        try:
-            seconds[op] = timer.median(fns[op])
-        except (RuntimeError, NotImplementedError) as err:
-            errors[op] = " ".join(str(err).split())[:200]
+    seconds, failed = timer.interleaved_medians(
+        {op: fns[op] for op in OPS if op in fns}, TIMING_ROUNDS
+    )
+    errors.update(failed)
 
     # One sanity check per case: the Triton forward against the native one.
     check = None
@@ -417,6 +450,7 @@ def main(argv=None):
             "timer": "cuda events" if device.type == "cuda" else "perf_counter",
             "triton_tuning": "per case",
             "statistic": "median",
+            "rounds": TIMING_ROUNDS,
         },
     }
     print(

@@ -92,6 +92,11 @@ def size(settings: dict) -> str:
     return "?"
 
 
+def rounds(settings: dict) -> str:
+    count = settings.get("rounds")
+    return f", in {count} rounds over each case's ops" if count else ""
+
+
 def render(data: dict, source_name: str) -> str:
     header, cases = data["header"], data["cases"]
     settings = header.get("settings", {})
@@ -126,7 +131,8 @@ def render(data: dict, source_name: str) -> str:
         f"| Date (UTC) | {header.get('date', '?')} |",
         f"| Size per case | {size(settings)} |",
         f"| Timing | median of up to {settings.get('repeat', '?')} runs after "
-        f"{settings.get('warmup', '?')} warm-up run(s) ({settings.get('timer', '?')}) |",
+        f"{settings.get('warmup', '?')} warm-up run(s){rounds(settings)} "
+        f"({settings.get('timer', '?')}) |",
         "",
     ]
     lines += textwrap.wrap(
