@@ -75,6 +75,7 @@ FORWARD_OPS = ("native_forward", "triton_forward", "segment_reduce_forward")
 PARETO_ALPHA = 1.1
 SPIN_CYCLES = 2_000_000  # about a millisecond: longer than dispatching any op here
 TIMING_ROUNDS = 4  # rounds over a case's ops that share out its timed runs
+HOST_RETRIES = 3  # tries per timed run whose dispatch outlasted the spin
 
 
 def segment_lengths(law: str, rows: int, seed: int) -> np.ndarray:
@@ -120,22 +121,45 @@ class Timer:
 
     def __init__(self, device: torch.device, warmup: int, repeat: int, budget_s: float):
         self.device, self.warmup, self.repeat, self.budget_s = device, warmup, repeat, budget_s
+        self._spin_s: float | None = None
 
-    def once(self, fn) -> float:
+    def spin_seconds(self) -> float:
+        """How long the device spins before each timed run (measured once)."""
+        if self._spin_s is None:
+            spins = []
+            for _ in range(3):
+                start = torch.cuda.Event(enable_timing=True)
+                end = torch.cuda.Event(enable_timing=True)
+                start.record()
+                torch.cuda._sleep(SPIN_CYCLES)
+                end.record()
+                end.synchronize()
+                spins.append(start.elapsed_time(end) / 1e3)
+            self._spin_s = min(spins)
+        return self._spin_s
+
+    def timed(self, fn) -> tuple[float, bool]:
+        """Seconds, and whether they may include host time: on the GPU, the
+        device spins while Python dispatches the op, so the events bracket device
+        work only, unless the dispatch outlasted the spin (a busy host)."""
         if self.device.type != "cuda":
             t0 = time.perf_counter()
             fn()
-            return time.perf_counter() - t0
+            return time.perf_counter() - t0, False
+        spin = self.spin_seconds()
         start = torch.cuda.Event(enable_timing=True)
         end = torch.cuda.Event(enable_timing=True)
-        # The device spins while Python dispatches the op, so the events bracket
-        # device work only (a short op would otherwise time the host).
         torch.cuda._sleep(SPIN_CYCLES)
         start.record()
+        t0 = time.perf_counter()
         fn()
+        dispatch = time.perf_counter() - t0
         end.record()
         end.synchronize()
-        return start.elapsed_time(end) / 1e3
+        return start.elapsed_time(end) / 1e3, dispatch >= spin
+
+    def once(self, fn) -> float:
+        return self.timed(fn)[0]
 
     def median(self, fn) -> float:
         """Seconds; warm-up runs first (allocator, Triton compile and autotuning),
@@ -152,8 +176,9 @@ class Timer:
 
     def interleaved_medians(
         self, fns: dict[str, Callable[[], object]], rounds: int
-    ) -> tuple[dict[str, float], dict[str, str]]:
-        """Seconds per op, and why an op could not run. Each op is warmed up and
+    ) -> tuple[dict[str, float], dict[str, str], dict[str, int]]:
+        """Seconds per op, why an op could not run, and how many of an op's runs
+        kept host time in them after HOST_RETRIES tries. Each op is warmed up and
         timed once; its other timed runs go in `rounds` rounds that visit every
         op in turn, so a stretch of slow clocks or a busy host costs each op a
         few runs, not one op its whole median (a page run once timed one op at
@@ -161,13 +186,22 @@ class Timer:
         errors: dict[str, str] = {}
         times: dict[str, list[float]] = {}
         planned: dict[str, int] = {}
+        host_bound: dict[str, int] = {}
+
+        def sample(op: str) -> float:
+            for _ in range(HOST_RETRIES):
+                seconds, with_host = self.timed(fns[op])
+                if not with_host:
+                    return seconds
+            host_bound[op] = host_bound.get(op, 0) + 1
+            return seconds
         for op, fn in fns.items():
             try:
                 for _ in range(self.warmup):
                     fn()
                 if self.device.type == "cuda":
                     torch.cuda.synchronize(self.device)
-                times[op] = [self.once(fn)]
+                times[op] = [sample(op)]
             except (RuntimeError, NotImplementedError) as err:
                 errors[op] = " ".join(str(err).split())[:200]
                 continue
@@ -177,11 +211,12 @@ class Timer:
                 target = -(-planned[op] * done // rounds)  # ceil: the last round reaches `planned`
                 try:
                     while len(times[op]) < target:
-                        times[op].append(self.once(fns[op]))
+                        times[op].append(sample(op))
                 except (RuntimeError, NotImplementedError) as err:
                     errors[op] = " ".join(str(err).split())[:200]
                     del times[op]
-        return {op: statistics.median(t) for op, t in times.items()}, errors
+        medians = {op: statistics.median(t) for op, t in times.items()}
+        return medians, errors, host_bound
 
 
 def triton_available(device: torch.device) -> str | None:
@@ -272,10 +307,17 @@ def run_case(dtype_name, law, inner, rows_for, lengths_for, timer, device, no_tr
     except RuntimeError as err:
         errors["segment_reduce_backward"] = " ".join(str(err).split())[:200]
 
-    seconds, failed = timer.interleaved_medians(
+    seconds, failed, host_bound = timer.interleaved_medians(
         {op: fns[op] for op in OPS if op in fns}, TIMING_ROUNDS
     )
     errors.update(failed)
+    for op, count in host_bound.items():
+        print(
+            f"warning: {dtype_name} {law} x{inner} {op}: {count} timed run(s) kept host "
+            f"time after {HOST_RETRIES} tries (the host dispatched slower than the "
+            "device spun): a busy host; rerun on an idle one",
+            file=sys.stderr,
+        )
 
     # One sanity check per case: the Triton forward against the native one.
     check = None
@@ -324,6 +366,8 @@ def run_case(dtype_name, law, inner, rows_for, lengths_for, timer, device, no_tr
     }
     if errors:
         case["errors"] = errors
+    if host_bound:
+        case["host_bound_runs"] = host_bound
     return case
 
 

@@ -1,5 +1,7 @@
-"""The benchmark's timer, on the CPU: what it times and in which order."""
+"""The benchmark's timer, on the CPU: what it times, in which order, and what it
+does with a run that kept host time in it."""
 
+import importlib
 import os
 import sys
 from pathlib import Path
@@ -11,13 +13,16 @@ SOURCE_DIR = Path(os.environ.get("SEGMENT_OPS_SRC", Path(__file__).resolve().par
 BENCHMARKS = SOURCE_DIR / "benchmarks"
 
 
-def test_timer_interleaves_ops_and_names_the_one_that_fails(monkeypatch):
+@pytest.fixture
+def bench(monkeypatch):
     if not (BENCHMARKS / "bench.py").exists():
         pytest.skip(f"benchmarks not found at {BENCHMARKS} (set SEGMENT_OPS_SRC)")
     monkeypatch.syspath_prepend(str(BENCHMARKS))
     monkeypatch.delitem(sys.modules, "bench", raising=False)
-    import bench
+    return importlib.import_module("bench")
 
+
+def test_timer_interleaves_ops_and_names_the_one_that_fails(bench):
     calls = []
 
     def op(name):
@@ -27,9 +32,31 @@ def test_timer_interleaves_ops_and_names_the_one_that_fails(monkeypatch):
         raise RuntimeError("no kernel\nfor this")
 
     timer = bench.Timer(torch.device("cpu"), warmup=1, repeat=8, budget_s=60.0)
-    seconds, errors = timer.interleaved_medians({"a": op("a"), "b": op("b"), "c": broken}, 4)
+    seconds, errors, host_bound = timer.interleaved_medians(
+        {"a": op("a"), "b": op("b"), "c": broken}, 4
+    )
     assert sorted(seconds) == ["a", "b"] and errors == {"c": "no kernel for this"}
+    assert host_bound == {}
     # Each op's warm-up and first run, then its 7 other runs shared out over 4
     # rounds (2, 4, 6, 8 runs done), each round visiting a, then b.
     assert calls[:4] == ["a", "a", "b", "b"]
     assert calls[4:] == ["a", "b"] + ["a", "a", "b", "b"] * 3
+
+
+def test_timer_retries_a_run_that_kept_host_time_and_counts_those_that_still_do(
+    bench, monkeypatch
+):
+    tries = {"a": 0, "b": 0}
+    timer = bench.Timer(torch.device("cpu"), warmup=0, repeat=5, budget_s=60.0)
+
+    def timed(fn):
+        name = fn()
+        tries[name] += 1
+        # a: the first try of every run kept host time, the retry did not; b: every try
+        return 1.0, name == "b" or tries[name] % 2 == 1
+
+    monkeypatch.setattr(timer, "timed", timed)
+    seconds, errors, host_bound = timer.interleaved_medians({"a": lambda: "a", "b": lambda: "b"}, 2)
+    assert seconds == {"a": 1.0, "b": 1.0} and errors == {}
+    assert host_bound == {"b": 5}
+    assert tries == {"a": 2 * 5, "b": bench.HOST_RETRIES * 5}
