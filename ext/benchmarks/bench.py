@@ -23,7 +23,8 @@ case says so).
 
 Per case, measured side by side in one run (CUDA events, warm-up, median; the
 GPU is kept busy while the host enqueues each op, so the host's own overhead
-is not timed):
+is not timed, and a run where it was is retried; the ops take turns over
+TIMING_ROUNDS rounds, so a slow stretch does not land on one op alone):
 
     native_forward           segment_ops.segment_sum(src, indptr)
     native_backward          segment_ops.segment_gather(grad_out, indptr, rows)
