@@ -79,6 +79,11 @@ TIMING_ROUNDS = 4  # rounds over a case's ops that share out its timed runs
 HOST_RETRIES = 3  # tries per timed run whose dispatch outlasted the spin
 
 
+def one_line(err: BaseException) -> str:
+    """An error as the JSON keeps it: one line, at most 200 characters."""
+    return " ".join(str(err).split())[:200]
+
+
 def segment_lengths(law: str, rows: int, seed: int) -> np.ndarray:
     """Segment lengths (int64, all >= 1 except for rows == 0) summing to rows."""
     if rows == 0:
@@ -196,6 +201,7 @@ class Timer:
                     return seconds
             host_bound[op] = host_bound.get(op, 0) + 1
             return seconds
+
         for op, fn in fns.items():
             try:
                 for _ in range(self.warmup):
@@ -204,7 +210,7 @@ class Timer:
                     torch.cuda.synchronize(self.device)
                 times[op] = [sample(op)]
             except (RuntimeError, NotImplementedError) as err:
-                errors[op] = " ".join(str(err).split())[:200]
+                errors[op] = one_line(err)
                 continue
             planned[op] = self.runs(times[op][0])
         for done in range(1, rounds + 1):
@@ -214,7 +220,7 @@ class Timer:
                     while len(times[op]) < target:
                         times[op].append(sample(op))
                 except (RuntimeError, NotImplementedError) as err:
-                    errors[op] = " ".join(str(err).split())[:200]
+                    errors[op] = one_line(err)
                     del times[op]
         medians = {op: statistics.median(t) for op, t in times.items()}
         return medians, errors, host_bound
@@ -306,7 +312,7 @@ def run_case(dtype_name, law, inner, rows_for, lengths_for, timer, device, no_tr
             reduced, leaf, grad_out, retain_graph=True
         )
     except RuntimeError as err:
-        errors["segment_reduce_backward"] = " ".join(str(err).split())[:200]
+        errors["segment_reduce_backward"] = one_line(err)
 
     seconds, failed, host_bound = timer.interleaved_medians(
         {op: fns[op] for op in OPS if op in fns}, TIMING_ROUNDS
