@@ -164,8 +164,14 @@ class Timer:
         end.synchronize()
         return start.elapsed_time(end) / 1e3, dispatch >= spin
 
-    def once(self, fn) -> float:
-        return self.timed(fn)[0]
+    def once(self, fn) -> tuple[float, bool]:
+        """A timed run, retried while it kept host time (HOST_RETRIES tries);
+        the flag says the last try still did."""
+        for _ in range(HOST_RETRIES):
+            seconds, with_host = self.timed(fn)
+            if not with_host:
+                break
+        return seconds, with_host
 
     def median(self, fn) -> float:
         """Seconds; warm-up runs first (allocator, Triton compile and autotuning),
@@ -174,8 +180,8 @@ class Timer:
             fn()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        first = self.once(fn)
-        return statistics.median([first] + [self.once(fn) for _ in range(self.runs(first) - 1)])
+        first = self.once(fn)[0]
+        return statistics.median([first] + [self.once(fn)[0] for _ in range(self.runs(first) - 1)])
 
     def runs(self, first: float) -> int:
         return max(3, min(self.repeat, int(self.budget_s / max(first, 1e-9))))
@@ -195,11 +201,9 @@ class Timer:
         host_bound: dict[str, int] = {}
 
         def sample(op: str) -> float:
-            for _ in range(HOST_RETRIES):
-                seconds, with_host = self.timed(fns[op])
-                if not with_host:
-                    return seconds
-            host_bound[op] = host_bound.get(op, 0) + 1
+            seconds, with_host = self.once(fns[op])
+            if with_host:
+                host_bound[op] = host_bound.get(op, 0) + 1
             return seconds
 
         for op, fn in fns.items():
