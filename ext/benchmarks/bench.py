@@ -176,12 +176,16 @@ class Timer:
     def median(self, fn) -> float:
         """Seconds; warm-up runs first (allocator, Triton compile and autotuning),
         then up to `repeat` timed runs, fewer when one run takes long."""
+        self.warm(fn)
+        first = self.once(fn)[0]
+        return statistics.median([first] + [self.once(fn)[0] for _ in range(self.runs(first) - 1)])
+
+    def warm(self, fn) -> None:
+        """The untimed runs (allocator, Triton compile and autotuning), finished."""
         for _ in range(self.warmup):
             fn()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        first = self.once(fn)[0]
-        return statistics.median([first] + [self.once(fn)[0] for _ in range(self.runs(first) - 1)])
 
     def runs(self, first: float) -> int:
         return max(3, min(self.repeat, int(self.budget_s / max(first, 1e-9))))
@@ -208,10 +212,7 @@ class Timer:
 
         for op, fn in fns.items():
             try:
-                for _ in range(self.warmup):
-                    fn()
-                if self.device.type == "cuda":
-                    torch.cuda.synchronize(self.device)
+                self.warm(fn)
                 times[op] = [sample(op)]
             except (RuntimeError, NotImplementedError) as err:
                 errors[op] = one_line(err)
