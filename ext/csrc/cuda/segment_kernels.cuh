@@ -1349,8 +1349,16 @@ __device__ __forceinline__ void block_rows_sum(const T* __restrict__ src, int64_
   __syncthreads();  // the temp storage is reused
 }
 
+// Rows of one fp32 take 5 blocks per SM (48 registers, no spills), the others
+// 4. On an H100 against 4 (ab.py, % of copy bandwidth): fp32, 1 column, power
+// law 69.9 -> 71.4, short segments 87.6 -> 88.2. Lost at 5: 16-byte rows (10
+// to 14 points; at 6 they spill), 8-byte rows (spill), bf16 rows of 2 columns
+// (short segments 1.1 points).
 template <typename T, int W>
-__global__ void __launch_bounds__(kThreads, kTileBlocksPerSm)
+constexpr int kLaneBlocksPerSm = std::is_same_v<T, float> && W == 1 ? 5 : kTileBlocksPerSm;
+
+template <typename T, int W>
+__global__ void __launch_bounds__(kThreads, kLaneBlocksPerSm<T, W>)
     lane_sum_kernel(const T* __restrict__ src, const int64_t* __restrict__ indptr,
                     T* __restrict__ out, int64_t rows, int64_t segments, Costs cost,
                     Crossing<typename Num<T>::acc> cross, TailGate gate) {
@@ -1606,8 +1614,8 @@ __device__ __forceinline__ void tile_gather_block(const T* __restrict__ src,
   // H100, % of copy bandwidth: bf16, 2 columns, short segments 82.5 -> 85.3,
   // power law 69.5 -> 73.8; fp32, 1 column, 1-3-row segments 68.9 -> 71.2).
   constexpr int kAhead = kTileGatherAhead<T, W>;
-  const int usual_steps = kTileGatherAdapts<T, W> ? walk_steps(expected, kAhead) : kAhead;
   int steps = walk_steps(expected, kAhead);
+  const int usual_steps = kTileGatherAdapts<T, W> ? steps : kAhead;
   int64_t raw[kAhead];
   P raw_values[kAhead];
   auto prefetch = [&](int64_t from) {  // the starts from `from`, the values from from - 1
