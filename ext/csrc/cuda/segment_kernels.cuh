@@ -925,7 +925,11 @@ struct TileSumShared {
 // blocks fit per SM, but bf16, 1 column, power law went 57.8 -> 52.9 % of
 // copy bandwidth at 3 blocks, 54.1 at 4. Totals gathered in shared memory and
 // stored coalesced after the tile, for fewer instructions per row, stayed
-// within noise: 57.7 -> 57.6, and 2 columns lost 2.4 points.) Thread g sums
+// within noise: 57.7 -> 57.6, and 2 columns lost 2.4 points. Neither did
+// tiles without a start gain from less work: a plain sum of the run instead
+// of the walk, 57.6 -> 57.6 (2 columns 65.0 -> 63.8); that, and their sums
+// kept per thread and added by one block reduce before the next tile with a
+// start, skipping the marks and both scans, 57.2 -> 54.9.) Thread g sums
 // its run of kRunRows consecutive rows in one pass: segments that start and
 // end inside the run are written at once; the rows before its first start
 // (the head) wait for a segmented scan over the runs, which gives the sum of
@@ -1143,7 +1147,10 @@ __device__ __forceinline__ void tile_sum_block(const T* __restrict__ src,
 // keep the lane sum: the gate would lift their power law, but bring short
 // segments to the edge of 85 % (gated against the lane sum alone: short
 // segments 85.0 against 87.3, power law 58.8 against 54.5, half empty 77.5
-// against 78.8, spiky 81.3 against 83.6).
+// against 78.8, spiky 81.3 against 83.6). Measured again after the lane sum
+// was tuned (ab.py, the sample forced each way, bf16): 1 column, short
+// segments 77.7 against 63.1, power law 49.2 against 57.8; 2 columns 86.5
+// against 71.4, 60.7 against 64.8.
 // Smaller inputs skip the gate: the second kernel and its fix-up would cost
 // more than the better kernel saves (H100, bf16, 1 column, short segments
 // then power law: at 2 MiB 33.9 -> 22.8 and 38.8 -> 23.3 % of copy
