@@ -530,7 +530,8 @@ struct Geometry {
   static constexpr int kTileRows = kThreads * kRunRows;
   // Rows go through shared memory as 16-byte units.
   static constexpr int kStageUnits = kRunRows * kRowBytes / 16;  // 16-byte loads per thread
-  // indptr entries per thread the tile sum reads a tile ahead: enough for a
+  // indptr entries per thread the tile sum over long segments reads a tile
+  // ahead (over short ones, kWindowSteps: tile_sum_block): enough for a
   // tile of 8-row segments in one round (2-byte rows make tiles of 8192 rows).
   // Measured on an H100, bf16, 1 column: 51 -> 56% of copy bandwidth on short
   // segments; the gather, which also holds the values read ahead, spilled
@@ -989,8 +990,15 @@ __device__ __forceinline__ void tile_sum_block(const T* __restrict__ src,
   };
 
   int round = 0;
-  int steps = walk_steps(starts_per_tile(segments, rows, G::kTileRows), G::kPrefetch);
-  int64_t raw[G::kPrefetch];
+  // Starts read a tile ahead, in entries per thread. Over short segments a
+  // tile of 4-byte rows (4096 rows) reads 4 too, not 2: on the power law it
+  // holds up to 1100 starts, which 2 left to a second round that waited on
+  // memory. On an H100, bf16, 2 columns, power law: 64.5 -> 69.1 % of copy
+  // bandwidth (ab.py; starts held as 32-bit words, for fewer registers,
+  // 69.4). Over long segments it would only read further past the tile.
+  constexpr int kAhead = kShort ? kWindowSteps : G::kPrefetch;
+  int steps = walk_steps(starts_per_tile(segments, rows, G::kTileRows), kAhead);
+  int64_t raw[kAhead];
   fetch_starts(indptr, segments, first, steps, raw);
   for (int64_t t0 = r0; t0 < r1; t0 += G::kTileRows) {
     const int nrows = static_cast<int>(imin(r1, t0 + G::kTileRows) - t0);
@@ -1002,7 +1010,7 @@ __device__ __forceinline__ void tile_sum_block(const T* __restrict__ src,
                                                                 sm.counts, round)};
     if (t0 + G::kTileRows < r1) {  // staged and raw are free again
       load_tile(t0 + G::kTileRows);
-      steps = G::kPrefetch;
+      steps = kAhead;
       fetch_starts(indptr, segments, first + w.n, steps, raw);
     }
     auto start = [&](int64_t i) {
