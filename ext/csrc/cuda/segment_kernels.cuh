@@ -999,7 +999,8 @@ __device__ __forceinline__ void tile_sum_block(const T* __restrict__ src,
   // holds up to 1100 starts, which 2 left to a second round that waited on
   // memory. On an H100, bf16, 2 columns, power law: 64.5 -> 69.1 % of copy
   // bandwidth (ab.py; starts held as 32-bit words, for fewer registers,
-  // 69.4). Over long segments it would only read further past the tile.
+  // 69.4). Over long segments (not measured) a tile holds few starts, and a
+  // deeper read would only fetch entries past it: they keep G::kPrefetch.
   // Reading 1 or 2 steps after a tile without a start (the next one's starts
   // then come in later rounds) stayed within 0.5 points, here and in the
   // tile gather; 1 step lost 3.5 there (bf16, 4 columns, power law).
