@@ -1563,7 +1563,9 @@ __global__ void __launch_bounds__(kThreads, kLaneBlocksPerSm<T, W>)
 // round to wait on, but the registers that takes allow 3 blocks per SM, not
 // 4 (4 deep at 4 blocks spilled). On an H100, % of copy bandwidth, bf16, 1
 // column: short segments 70.2 -> 83.2, power law 70.7 -> 68.2 (at 3 blocks
-// alone 61.7 and 64.9). Rows of 4 bytes (tiles of 4096 rows) read as many as
+// alone 61.7 and 64.9). Starts held as 32-bit words still spilled 64 bytes
+// at 4 blocks (power law 68.4 -> 62.6, short segments 83.2 -> 70.1), and
+// were within 0.3 points everywhere at 3. Rows of 4 bytes (tiles of 4096 rows) read as many as
 // their mean segment length asks (3 steps for 8-row segments), and 4 after a
 // tile whose starts overflowed that: fp32, 1 column, power law 77.6 -> 81.3,
 // short segments 84.8 -> 83.8; bf16, 2 columns 76.9 -> 80.3 and 84.5 -> 83.6.
