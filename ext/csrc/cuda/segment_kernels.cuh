@@ -98,7 +98,11 @@ constexpr int64_t kSplitQuantum = 8;  // tile and lane sums: blocks start on 8 r
 // columns 66.5 -> 72.0 at 24, 76.2 at 96, 76.3 at 192.
 // Rows of 16 bytes: 192, against 96 (fp32, 4 columns, power law 83.6 ->
 // 84.8; bf16, 8 columns 81.1 -> 82.9; short segments within 0.2; 48 lost 1
-// to 2 points). With the tile sum reading 4 steps ahead on 2 columns too,
+// to 2 points). The lane sum splitting by rows alone where a sample of
+// indptr (long_tailed) finds short segments lost 0.1 to 0.8 points there
+// (fp32, 1, 2 and 4 columns; bf16, 1 to 8 columns; ab.py, H100): the cost
+// split no longer costs short segments anything the sample does not.
+// With the tile sum reading 4 steps ahead on 2 columns too,
 // 8 still held (ab.py, bf16, power law): 2 columns 69.1 against 70.0 at 4
 // (within the run-to-run spread of 1 column, which 4 left alone), 66.4 at
 // 12, 63.4 at 16; 1 column 57.6 against 56.2 at 12.
