@@ -98,14 +98,13 @@ constexpr int64_t kSplitQuantum = 8;  // tile and lane sums: blocks start on 8 r
 // columns 66.5 -> 72.0 at 24, 76.2 at 96, 76.3 at 192.
 // Rows of 16 bytes: 192, against 96 (fp32, 4 columns, power law 83.6 ->
 // 84.8; bf16, 8 columns 81.1 -> 82.9; short segments within 0.2; 48 lost 1
-// to 2 points). The lane sum splitting by rows alone where a sample of
-// indptr (long_tailed) finds short segments lost 0.1 to 0.8 points there
-// (fp32, 1, 2 and 4 columns; bf16, 1 to 8 columns; ab.py, H100): the cost
-// split no longer costs short segments anything the sample does not.
-// With the tile sum reading 4 steps ahead on 2 columns too,
-// 8 still held (ab.py, bf16, power law): 2 columns 69.1 against 70.0 at 4
-// (within the run-to-run spread of 1 column, which 4 left alone), 66.4 at
-// 12, 63.4 at 16; 1 column 57.6 against 56.2 at 12.
+// to 2 points). Short segments lose nothing to the cost split: the lane sum
+// splitting by rows alone where a sample of indptr (long_tailed) finds no
+// long tail was 0.1 to 0.8 points slower on them (fp32, 1, 2 and 4 columns;
+// bf16, 1 to 8 columns; ab.py, H100). With the tile sum reading 4 steps
+// ahead on 2 columns too, 8 still held (ab.py, bf16, power law): 2 columns
+// 69.1 against 70.0 at 4 (within the run-to-run spread of 1 column, which 4
+// left alone), 66.4 at 12, 63.4 at 16; 1 column 57.6 against 56.2 at 12.
 constexpr int64_t kTileSegmentCost = 8;
 template <typename T, int W>
 constexpr int64_t kLaneSegmentCost = W * sizeof(T) == 16 ? 192 : 96;
@@ -1563,22 +1562,22 @@ __global__ void __launch_bounds__(kThreads, kLaneBlocksPerSm<T, W>)
 
 // segment_gather
 
-// How far ahead the tile gather reads starts and values, in entries per
-// thread, and the resident blocks its registers are budgeted for. A tile of
-// 2-byte rows holds 8192 rows, about 1000 starts of short segments: read 4
-// deep, they mostly come in the round read ahead, where 2 deep left a further
-// round to wait on, but the registers that takes allow 3 blocks per SM, not
-// 4 (4 deep at 4 blocks spilled). On an H100, % of copy bandwidth, bf16, 1
-// column: short segments 70.2 -> 83.2, power law 70.7 -> 68.2 (at 3 blocks
-// alone 61.7 and 64.9). Starts held as 32-bit words still spilled 64 bytes
-// at 4 blocks (power law 68.4 -> 62.6, short segments 83.2 -> 70.1), and
-// were within 0.3 points everywhere at 3. Rows of 4 bytes (tiles of 4096 rows) read as many as
-// their mean segment length asks (3 steps for 8-row segments), and 4 after a
-// tile whose starts overflowed that: fp32, 1 column, power law 77.6 -> 81.3,
-// short segments 84.8 -> 83.8; bf16, 2 columns 76.9 -> 80.3 and 84.5 -> 83.6.
-// (4 steps always: short segments lost up to 5.7 points; 2 steps until an
-// overflow, values as deep: bf16, 2 columns lost 3 to 4.5 points.) Rows of
-// 8 bytes lost 3 to 5 points 4 deep.
+// How far ahead the tile gather reads starts and values, in entries per thread,
+// and the resident blocks its registers are budgeted for. A tile of 2-byte rows
+// holds 8192 rows, about 1000 starts of short segments: read 4 deep, they
+// mostly come in the round read ahead, where 2 deep left a further round to
+// wait on, but the registers that takes allow 3 blocks per SM, not 4 (4 deep at
+// 4 blocks spilled). On an H100, % of copy bandwidth, bf16, 1 column: short
+// segments 70.2 -> 83.2, power law 70.7 -> 68.2 (at 3 blocks alone 61.7 and
+// 64.9). Starts held as 32-bit words still spilled 64 bytes at 4 blocks (power
+// law 68.4 -> 62.6, short segments 83.2 -> 70.1), and were within 0.3 points
+// everywhere at 3. Rows of 4 bytes (tiles of 4096 rows) read as many as their
+// mean segment length asks (3 steps for 8-row segments), and 4 after a tile
+// whose starts overflowed that: fp32, 1 column, power law 77.6 -> 81.3, short
+// segments 84.8 -> 83.8; bf16, 2 columns 76.9 -> 80.3 and 84.5 -> 83.6. (4
+// steps always: short segments lost up to 5.7 points; 2 steps until an
+// overflow, values as deep: bf16, 2 columns lost 3 to 4.5 points.) Rows of 8
+// bytes lost 3 to 5 points 4 deep.
 template <typename T, int W>
 constexpr int kTileGatherAhead = W * sizeof(T) <= 4 ? kWindowSteps : kPrefetchSteps;
 template <typename T, int W>
