@@ -35,7 +35,11 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench  # noqa: E402  (this folder's benchmark: laws, indptr, timer)
+try:
+    import bench  # this folder's benchmark: laws, indptr, timer
+except ImportError as err:  # it needs numpy and an installed segment_ops; `build` needs neither
+    bench = None
+    BENCH_MISSING = err
 
 SOURCE_DIR = Path(__file__).resolve().parents[1]
 HEADER = Path("csrc", "cuda", "segment_kernels.cuh")
@@ -298,6 +302,11 @@ def main(argv=None) -> int:
             args.out.mkdir(parents=True, exist_ok=True)
             build(args.out, variants)
         else:
+            if bench is None:
+                raise UsageError(
+                    f"run needs what benchmarks/bench.py imports: {BENCH_MISSING} "
+                    "(install numpy and this extension)"
+                )
             cases = [parse_case(c) for c in args.cases.split(",") if c]
             results = run(
                 args.dir,

@@ -60,3 +60,23 @@ def test_timer_retries_a_run_that_kept_host_time_and_counts_those_that_still_do(
     assert seconds == {"a": 1.0, "b": 1.0} and errors == {}
     assert host_bound == {"b": 5}
     assert tries == {"a": 2 * 5, "b": bench.HOST_RETRIES * 5}
+
+
+def test_ab_builds_without_the_benchmark_and_says_in_one_line_why_it_cannot_run(
+    monkeypatch, tmp_path, capsys
+):
+    if not (BENCHMARKS / "ab.py").exists():
+        pytest.skip(f"benchmarks not found at {BENCHMARKS} (set SEGMENT_OPS_SRC)")
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    monkeypatch.setitem(sys.modules, "bench", None)  # as when numpy or segment_ops is missing
+    monkeypatch.delitem(sys.modules, "ab", raising=False)
+    ab = importlib.import_module("ab")
+
+    # build gets past the import to its own check of the variant
+    assert ab.main(["build", "--out", str(tmp_path), f"x={tmp_path / 'none.cuh'}"]) == 2
+    assert "variant x: no file" in capsys.readouterr().err
+
+    assert ab.main(["run", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("ab.py: run needs what benchmarks/bench.py imports:")
+    assert err.count("\n") == 1
