@@ -45,6 +45,7 @@ SOURCE_DIR = Path(__file__).resolve().parents[1]
 HEADER = Path("csrc", "cuda", "segment_kernels.cuh")
 MANIFEST = "variants.json"
 DEFAULT_CASES = "float32:short:1,float32:power:1,bfloat16:short:1,bfloat16:power:1,bfloat16:power:4"
+KINDS = ("fwd", "bwd")  # the sum, the gather
 
 
 class UsageError(Exception):
@@ -195,6 +196,13 @@ def parse_case(text: str) -> tuple[str, str, int]:
     return parts[0], parts[1], int(parts[2])
 
 
+def parse_ops(text: str) -> tuple[str, ...]:
+    kinds = tuple(dict.fromkeys(k for k in text.split(",") if k))
+    if not kinds or any(k not in KINDS for k in kinds):
+        raise UsageError(f"--ops {text!r}: expected a comma-separated list of {', '.join(KINDS)}")
+    return kinds
+
+
 def run_case(
     ops: dict,
     timer: bench.Timer,
@@ -204,6 +212,7 @@ def run_case(
     device: torch.device,
     rows: int,
     rounds: int,
+    kinds: tuple[str, ...] = KINDS,
 ) -> dict:
     names = list(ops)
     dtype = getattr(torch, dtype_name)
@@ -216,15 +225,17 @@ def run_case(
     moved = (rows + segments) * inner * elem + indptr.numel() * indptr.element_size()
     fns = {("copy", "-"): lambda: dst.copy_(src)}
     for name in names:
-        fns[("fwd", name)] = lambda op=ops[name]: op.segment_sum(src, indptr)
-        fns[("bwd", name)] = lambda op=ops[name]: op.segment_gather(grad, indptr, rows)
+        if "fwd" in kinds:
+            fns[("fwd", name)] = lambda op=ops[name]: op.segment_sum(src, indptr)
+        if "bwd" in kinds:
+            fns[("bwd", name)] = lambda op=ops[name]: op.segment_gather(grad, indptr, rows)
     times = {key: [] for key in fns}
     for _ in range(rounds):  # interleaved, so drift hits every variant alike
         for key, fn in fns.items():
             times[key].append(timer.median(fn))
     median = {key: statistics.median(t) for key, t in times.items()}
     copy_rate = 2 * rows * inner * elem / median[("copy", "-")]
-    first = {kind: fns[(kind, names[0])]().double() for kind in ("fwd", "bwd")}
+    first = {kind: fns[(kind, names[0])]().double() for kind in kinds}
     case = {
         "dtype": dtype_name,
         "law": law,
@@ -236,7 +247,7 @@ def run_case(
     }
     for name in names:
         results = {}
-        for kind in ("fwd", "bwd"):
+        for kind in kinds:
             seconds = median[(kind, name)]
             diff = fns[(kind, name)]().double() - first[kind]
             results[kind] = {
@@ -263,6 +274,7 @@ def run(
     rows: int | None,
     rounds: int,
     budget: float,
+    kinds: tuple[str, ...] = KINDS,
 ) -> list[dict]:
     ops = load(directory)
     timer = bench.Timer(device, 2, 10, budget)
@@ -270,7 +282,7 @@ def run(
     for dtype_name, law, inner in cases:
         elem = torch.empty((), dtype=getattr(torch, dtype_name)).element_size()
         n = rows or max(1024, (src_mib << 20) // (inner * elem))
-        results.append(run_case(ops, timer, dtype_name, law, inner, device, n, rounds))
+        results.append(run_case(ops, timer, dtype_name, law, inner, device, n, rounds, kinds))
         if device.type == "cuda":
             torch.cuda.empty_cache()
     return results
@@ -292,6 +304,9 @@ def main(argv=None) -> int:
     r.add_argument("--rows", type=int, help="rows per case instead of --src-mib")
     r.add_argument("--rounds", type=int, default=3, help="interleaved rounds, median")
     r.add_argument("--budget", type=float, default=0.3, help="seconds per op and round")
+    r.add_argument(
+        "--ops", default=",".join(KINDS), help="comma-separated: fwd (the sum), bwd (the gather)"
+    )
     r.add_argument("--out", type=Path, help="write the results here as JSON")
     args = parser.parse_args(argv)
     try:
@@ -308,6 +323,7 @@ def main(argv=None) -> int:
                     "(install numpy and this extension)"
                 )
             cases = [parse_case(c) for c in args.cases.split(",") if c]
+            kinds = parse_ops(args.ops)
             results = run(
                 args.dir,
                 cases,
@@ -316,6 +332,7 @@ def main(argv=None) -> int:
                 args.rows,
                 args.rounds,
                 args.budget,
+                kinds,
             )
             if args.out:
                 args.out.write_text(json.dumps({"cases": results}, indent=1) + "\n")

@@ -80,3 +80,29 @@ def test_ab_builds_without_the_benchmark_and_says_in_one_line_why_it_cannot_run(
     err = capsys.readouterr().err
     assert err.startswith("ab.py: run needs what benchmarks/bench.py imports:")
     assert err.count("\n") == 1
+
+
+def test_ab_times_only_the_ops_asked_for_and_refuses_others_in_one_line(
+    bench, monkeypatch, tmp_path, capsys
+):
+    monkeypatch.delitem(sys.modules, "ab", raising=False)
+    ab = importlib.import_module("ab")
+
+    class GatherOnly:  # a variant whose sum must not be timed
+        @staticmethod
+        def segment_sum(src, indptr):
+            raise AssertionError("the sum was run though only bwd was asked for")
+
+        @staticmethod
+        def segment_gather(grad, indptr, rows):
+            return grad.new_zeros(rows, grad.shape[1])
+
+    timer = bench.Timer(torch.device("cpu"), warmup=0, repeat=2, budget_s=1.0)
+    cpu = torch.device("cpu")
+    kinds = ab.parse_ops("bwd,bwd")
+    case = ab.run_case({"only": GatherOnly}, timer, "float32", "short", 1, cpu, 64, 1, kinds)
+    assert list(case["variants"]["only"]) == ["bwd"]
+
+    assert ab.main(["run", str(tmp_path), "--ops", "fwd,grad"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("ab.py: --ops 'fwd,grad': expected") and err.count("\n") == 1
