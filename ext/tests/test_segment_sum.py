@@ -285,10 +285,10 @@ def lengths_over(rows, pattern):
     return out
 
 
-# name -> segment lengths over at least 2^24 rows, enough bytes on rows of 1 or 2
-# columns of a 2-byte type for the CUDA sum to sample indptr and pick the lane or the
-# tile sum: short segments and a power law with every third segment empty take the lane
-# sum, the power law the tile sum.
+# name -> segment lengths over at least 2^24 rows, enough bytes on rows of up to 4 bytes
+# (1 or 2 columns of a 2-byte type, 1 of fp32) for the CUDA sum to sample indptr and pick
+# the lane or the tile sum: short segments and a power law with every third segment empty
+# take the lane sum, the power law the tile sum.
 GATED_LAWS = {
     "short": lambda: lengths_over(1 << 24, [1 + (i * 7) % 16 for i in range(4096)]),
     "power": lambda: power_law(1 << 24, seed=2),
@@ -336,7 +336,8 @@ def test_narrow_rows_at_tile_and_block_edges(device, layout, dtype, inner):
 @pytest.mark.gpu
 @pytest.mark.parametrize("law", GATED_LAWS)
 @pytest.mark.parametrize(
-    "dtype, inner", [(torch.bfloat16, 1), (torch.bfloat16, 2), (torch.float16, 1)]
+    "dtype, inner",
+    [(torch.bfloat16, 1), (torch.bfloat16, 2), (torch.float16, 1), (torch.float32, 1)],
 )
 def test_gated_narrow_sums(law, dtype, inner):
     assert_sum(make_indptr(GATED_LAWS[law](), "cuda"), (inner,), dtype)
@@ -371,9 +372,10 @@ def test_short_team_sums(law, dtype, inner):
 )
 def test_lane_sum_rows(layout, dtype, inner):
     """Rows of 4 to 16 bytes over short segments take the CUDA lane sum (half types:
-    rows of 4 columns or more; under 32 MiB their 2-column rows take the tile sum); rows
-    under 16 bytes are read there both row by row (lanes) and as 16-byte units (teams,
-    blocks)."""
+    rows of 4 columns or more; under 32 MiB their 2-column rows take the tile sum; fp32
+    rows of 1 column under 32 MiB, as here: from there a sample of indptr picks, see
+    test_gated_narrow_sums); rows under 16 bytes are read there both row by row (lanes)
+    and as 16-byte units (teams, blocks)."""
     assert_sum(make_indptr(LANE_SUM_LAYOUTS[layout](), "cuda"), (inner,), dtype)
 
 

@@ -25,11 +25,12 @@
 //   the same labelling for wider rows, whatever the segment lengths (the team
 //   gather takes long segments of rows it fits). The sum over rows of 4 to 16
 //   bytes uses a lane kernel instead: a thread per short segment, a load per
-//   row, teams and blocks for the longer ones. On rows of 1 or 2 columns of a
-//   2-byte type a sample of indptr picks one of the two (TailGate), or on
-//   small inputs the tile sum. The gather over rows of exactly 16 bytes uses
-//   a fill kernel instead: a thread per segment writes its value into the
-//   segment's rows of a shared tile, the block the longer ones.
+//   row, teams and blocks for the longer ones. On rows of up to 4 bytes (1
+//   or 2 columns of a 2-byte type, 1 of fp32) a sample of indptr picks one
+//   of the two (TailGate); small inputs of 2-byte types take the tile sum.
+//   The gather over rows of exactly 16 bytes uses a fill kernel instead: a
+//   thread per segment writes its value into the segment's rows of a shared
+//   tile, the block the longer ones.
 //
 // * Stream kernels (the rest: the sum over short segments of wider rows, rows
 //   wider than 256 bytes or of other widths; the gather of rows that are not
@@ -149,6 +150,16 @@ constexpr int kTeams = kThreads / kTeam;  // team kernels: teams per block
 // different rows). More rows per batch lost: bf16, 12 rows after the adds
 // (spilling 32 bytes), 32 columns, short segments 79.8 -> 77.4; fp32, 6 rows
 // ahead, 256 columns, power law 85.5 -> 82.8, 8 rows (spilling) 72.7.
+// Nor did asking L2 for the rows ahead, which costs no registers (sm_90's
+// bulk prefetch, cp.async.bulk.prefetch.L2, one instruction per group and
+// batch): on an H100 (ab.py, % of copy bandwidth), 32 rows past the next
+// batch, bf16, 32 columns, short segments 76.9 -> 51.7, power law 69.9 ->
+// 50.7; 256 columns, power law 84.5 -> 60.7; fp32, 64 columns 85.8 -> 56.1;
+// 64 rows lost as much. The same for the tile sum's tile after next (bf16, 1
+// column, power law 57.6 -> 55.1, two tiles 52.5), the lane sum's stripe 8
+// stripes on (fp32, 4 columns, short segments 80.2 -> 69.1; 1 column, power
+// law 71.7 -> 68.7) and the team sum's steps ahead (fp32, 32 columns, short
+// segments 85.1 -> 56.0).
 template <typename T, bool kWideRows>
 struct StreamSumRows {
   static constexpr bool kReadAhead = sizeof(T) >= 4 || kWideRows;
@@ -1152,27 +1163,27 @@ __device__ __forceinline__ void tile_sum_block(const T* __restrict__ src,
     for (int64_t s = imax(open + 1, 0) + tid; s < segments; s += kThreads) zero(s);
 }
 
-// Rows of 2-byte types of 1 or 2 columns have two sums for short segments, and
+// Rows of up to 4 bytes have two sums for short segments, and
 // which one is faster depends on how the lengths spread, not on their mean. The
 // lane sum (a thread per segment, below) wins while the segments stay short,
 // but a warp of lanes runs as long as its longest segment; the tile sum pays
 // the same for every row, except that rows starting several segments (empty
 // ones) take its slow path. The host cannot look at indptr without waiting for
-// the device, so it launches both kernels, each with a gate; every block of
-// either samples indptr the same way, and only the kernel the sample picks does
-// the work; the other one's blocks return at once, and one fix-up follows
-// both. % of copy bandwidth on an H100, lane against tile sum, bf16, 1 column,
+// the device, so it launches both kernels, each with a gate: a sample of
+// indptr (gated_out) picks one, which does the work; the other one's blocks
+// return at once, and one fix-up follows both. % of copy bandwidth on an H100, lane against tile sum, bf16, 1 column,
 // then fp32, 1 column: short segments 81.0 against 58.8, 86.4 against 69.5;
 // power law 35.6 against 45.4, 54.2 against 58.5; power law with 30 % of the
 // segments empty 36.9 against 22.9, 56.4 against 31.4; short segments with 1 %
-// of 64-512 rows 74.3 against 57.6, 83.8 against 67.0. fp32 rows of 1 column
-// keep the lane sum: the gate would lift their power law, but bring short
-// segments to the edge of 85 % (gated against the lane sum alone: short
-// segments 85.0 against 87.3, power law 58.8 against 54.5, half empty 77.5
-// against 78.8, spiky 81.3 against 83.6). Measured again after the lane sum
-// was tuned (ab.py, the sample forced each way, bf16): 1 column, short
-// segments 77.7 against 63.1, power law 49.2 against 57.8; 2 columns 86.5
-// against 71.4, 60.7 against 64.8.
+// of 64-512 rows 74.3 against 57.6, 83.8 against 67.0. Measured again after
+// the lane sum was tuned (ab.py, the sample forced each way, bf16): 1
+// column, short segments 77.7 against 63.1, power law 49.2 against 57.8; 2
+// columns 86.5 against 71.4, 60.7 against 64.8; fp32, 1 column (each kernel
+// alone) 88.3 against 84.1, 71.6 against 81.7. So fp32 rows of 1 column are
+// gated too, once the tile sum no longer lost their power law: gated against
+// the lane sum alone, short segments 86.4 against 88.3, power law 80.1
+// against 71.7 (before, with the tile sum at 58.5 there, they kept the lane
+// sum).
 // Smaller inputs skip the gate: the second kernel and its fix-up would cost
 // more than the better kernel saves (H100, bf16, 1 column, short segments
 // then power law: at 2 MiB 33.9 -> 22.8 and 38.8 -> 23.3 % of copy
@@ -1215,17 +1226,25 @@ __device__ __forceinline__ bool long_tailed(const int64_t* __restrict__ indptr, 
   return tally[0] * 40 >= kSamples && tally[1] * 10 < kSamples;
 }
 
-// Whether this block's kernel is gated out. Block 0 of the kernel that runs
-// records which one it is, for the fix-up both share.
+// Whether this block's kernel is gated out. The lane sum, launched first,
+// samples indptr, and its block 0 records the answer (for the tile sum, and
+// for the fix-up both share); the tile sum's blocks, which start only once
+// the lane sum is done (same stream), read it instead of sampling again. On an
+// H100 (ab.py, % of copy bandwidth), against a sample in both: fp32, 1 column,
+// short segments 85.9 -> 86.4, power law 79.8 -> 80.1; bf16, 1 column, 77.8
+// -> 78.0 and 57.8 -> 58.0. Without a workspace (a single block) both sample.
 template <typename Acc>
 __device__ __forceinline__ bool gated_out(TailGate gate, const int64_t* __restrict__ indptr,
                                           int64_t segments, int64_t rows,
                                           const Crossing<Acc>& cross) {
   if (gate == TailGate::kAny) return false;
+  if (gate == TailGate::kLongTail && cross.picked != nullptr)
+    return *static_cast<volatile const int*>(cross.picked) == 0;  // written by an earlier kernel
   const bool long_tail = long_tailed(indptr, segments, rows);
-  if (long_tail != (gate == TailGate::kLongTail)) return true;
-  if (blockIdx.x == 0 && threadIdx.x == 0 && cross.picked != nullptr) *cross.picked = long_tail;
-  return false;
+  if (gate == TailGate::kShortTail && blockIdx.x == 0 && threadIdx.x == 0 &&
+      cross.picked != nullptr)
+    *cross.picked = long_tail;
+  return long_tail != (gate == TailGate::kLongTail);
 }
 
 // Grid: x = row ranges (one per block, of equal cost, as many as fit on the
@@ -2803,8 +2822,9 @@ cudaError_t launch_lane_sum(const T* src, const int64_t* indptr, T* out, int64_t
 }
 
 // The lane and the tile sum behind their gates, and one fix-up for whichever
-// ran: both carve the workspace for the larger of their block counts, and the
-// one that runs records itself there for the fix-up.
+// ran: both carve the workspace for the larger of their block counts. The
+// lane sum goes first: it samples indptr and records the pick there, for the
+// tile sum after it and for the fix-up (gated_out).
 template <typename T, int W>
 cudaError_t launch_gated_sum(const T* src, const int64_t* indptr, T* out, int64_t rows,
                              int64_t segments, void* workspace, cudaStream_t stream) {
@@ -3012,16 +3032,16 @@ cudaError_t launch_narrow_sum(const T* src, const int64_t* indptr, T* out, int64
       if (mean_rows >= TeamShape<T, W, 1>::kStepRows)  // the gather waits for two steps
         return launch_team_sum<T, W, 1>(src, indptr, out, rows, segments, workspace, stream);
       // Mean segments under 64 rows (under 32 on 16-byte rows: the team sum
-      // above takes them from there): the lane sum on rows of 4 to 16 bytes;
-      // on 2-byte types in rows of 1 or 2 columns the lane or the tile sum, as
-      // a sample of indptr decides (TailGate), and under kGateMinBytes the
-      // tile sum. On an H100, % of copy bandwidth against the tile sum, short
+      // above takes them from there): on rows of up to 4 bytes from
+      // kGateMinBytes, the lane or the tile sum, as a sample of indptr decides
+      // (TailGate); otherwise the lane sum on rows of 4 to 16 bytes of fp32 or
+      // 8 to 16 bytes of a 2-byte type, the tile sum on narrower ones. On an H100, % of copy bandwidth against the tile sum, short
       // segments then power law: fp32, 2 columns 84 against 71, 69 against
       // 66; bf16, 4 columns 82 against 56, 62 against 53; fp32, 4 columns 75
       // against 70, 69 against 69 (16-byte rows took the lane sum before:
       // against it without kLaneSide, claimed stripes and units).
       if (mean_rows < kShortSegmentRows) {
-        if constexpr (sizeof(T) == 2 && W <= 2) {
+        if constexpr (W * sizeof(T) <= 4) {
           if (rows * W * static_cast<int64_t>(sizeof(T)) >= kGateMinBytes)
             return launch_gated_sum<T, W>(src, indptr, out, rows, segments, workspace, stream);
         }
@@ -3230,8 +3250,8 @@ inline int64_t segment_sum_workspace_bytes(int64_t rows, int64_t segments, int64
 
 // out[segments, inner] = per-segment sums of src[rows, inner] (contiguous,
 // row-major). Enqueues up to three kernels on `stream` (two sums gated by a
-// sample of indptr and their shared fix-up, on 2-byte types in rows of 1 or 2
-// columns; one memset when rows == 0) and returns the launch error.
+// sample of indptr and their shared fix-up, on rows of up to 4 bytes; one
+// memset when rows == 0) and returns the launch error.
 template <typename T>
 cudaError_t segment_sum(const T* src, const int64_t* indptr, T* out, int64_t rows,
                         int64_t segments, int64_t inner, void* workspace, cudaStream_t stream) {
