@@ -3226,8 +3226,10 @@ inline bool unit_rows_of_team(int64_t inner, int64_t elem_size) {
 // the team sum split by cost (kTeamSegmentCost says why and what it gained).
 // Smaller inputs and shorter means, not measured there, keep the stream sum.
 // Other widths lost in the team sum: bf16, 32 columns (64-byte rows), short
-// segments 79.7 -> 65.0 % of copy bandwidth; fp32, 64 columns (256-byte
-// rows), power law 86.4 -> 82.4 split by cost.
+// segments 79.7 -> 65.0 % of copy bandwidth, and split by cost (ab.py) 77.4
+// -> 62.8, power law 70.1 -> 51.2 (fp32, 16 columns: 81.4 -> 77.4 and 74.1 ->
+// 66.2); fp32, 64 columns (256-byte rows), power law 86.4 -> 82.4 split by
+// cost.
 constexpr int64_t kShortTeamMinRows = 4;
 inline bool short_team_rows(int64_t rows, int64_t inner, int64_t elem_size) {
   return inner * elem_size == 128 && rows * inner * elem_size >= kGateMinBytes;
