@@ -1163,25 +1163,25 @@ __device__ __forceinline__ void tile_sum_block(const T* __restrict__ src,
     for (int64_t s = imax(open + 1, 0) + tid; s < segments; s += kThreads) zero(s);
 }
 
-// Rows of up to 4 bytes have two sums for short segments, and
-// which one is faster depends on how the lengths spread, not on their mean. The
-// lane sum (a thread per segment, below) wins while the segments stay short,
-// but a warp of lanes runs as long as its longest segment; the tile sum pays
-// the same for every row, except that rows starting several segments (empty
-// ones) take its slow path. The host cannot look at indptr without waiting for
-// the device, so it launches both kernels, each with a gate: a sample of
-// indptr (gated_out) picks one, which does the work; the other one's blocks
-// return at once, and one fix-up follows both. % of copy bandwidth on an H100, lane against tile sum, bf16, 1 column,
-// then fp32, 1 column: short segments 81.0 against 58.8, 86.4 against 69.5;
-// power law 35.6 against 45.4, 54.2 against 58.5; power law with 30 % of the
-// segments empty 36.9 against 22.9, 56.4 against 31.4; short segments with 1 %
-// of 64-512 rows 74.3 against 57.6, 83.8 against 67.0. Measured again after
-// the lane sum was tuned (ab.py, the sample forced each way, bf16): 1
-// column, short segments 77.7 against 63.1, power law 49.2 against 57.8; 2
-// columns 86.5 against 71.4, 60.7 against 64.8; fp32, 1 column (each kernel
-// alone) 88.3 against 84.1, 71.6 against 81.7. So fp32 rows of 1 column are
-// gated too, once the tile sum no longer lost their power law: gated against
-// the lane sum alone, short segments 86.4 against 88.3, power law 80.1
+// Rows of up to 4 bytes have two sums for short segments, and which one is
+// faster depends on how the lengths spread, not on their mean. The lane sum (a
+// thread per segment, below) wins while the segments stay short, but a warp of
+// lanes runs as long as its longest segment; the tile sum pays the same for
+// every row, except that rows starting several segments (empty ones) take its
+// slow path. The host cannot look at indptr without waiting for the device, so
+// it launches both kernels, each with a gate: a sample of indptr (gated_out)
+// picks one, which does the work; the other one's blocks return at once, and
+// one fix-up follows both. % of copy bandwidth on an H100, lane against tile
+// sum, bf16, 1 column, then fp32, 1 column: short segments 81.0 against 58.8,
+// 86.4 against 69.5; power law 35.6 against 45.4, 54.2 against 58.5; power law
+// with 30 % of the segments empty 36.9 against 22.9, 56.4 against 31.4; short
+// segments with 1 % of 64-512 rows 74.3 against 57.6, 83.8 against 67.0.
+// Measured again after the lane sum was tuned (ab.py, the sample forced each
+// way, bf16): 1 column, short segments 77.7 against 63.1, power law 49.2
+// against 57.8; 2 columns 86.5 against 71.4, 60.7 against 64.8; fp32, 1 column
+// (each kernel alone) 88.3 against 84.1, 71.6 against 81.7. So fp32 rows of 1
+// column are gated too, once the tile sum no longer lost their power law: gated
+// against the lane sum alone, short segments 86.4 against 88.3, power law 80.1
 // against 71.7 (before, with the tile sum at 58.5 there, they kept the lane
 // sum).
 // Smaller inputs skip the gate: the second kernel and its fix-up would cost
@@ -3035,11 +3035,12 @@ cudaError_t launch_narrow_sum(const T* src, const int64_t* indptr, T* out, int64
       // above takes them from there): on rows of up to 4 bytes from
       // kGateMinBytes, the lane or the tile sum, as a sample of indptr decides
       // (TailGate); otherwise the lane sum on rows of 4 to 16 bytes of fp32 or
-      // 8 to 16 bytes of a 2-byte type, the tile sum on narrower ones. On an H100, % of copy bandwidth against the tile sum, short
-      // segments then power law: fp32, 2 columns 84 against 71, 69 against
-      // 66; bf16, 4 columns 82 against 56, 62 against 53; fp32, 4 columns 75
-      // against 70, 69 against 69 (16-byte rows took the lane sum before:
-      // against it without kLaneSide, claimed stripes and units).
+      // 8 to 16 bytes of a 2-byte type, the tile sum on narrower ones. On an
+      // H100, % of copy bandwidth against the tile sum, short segments then
+      // power law: fp32, 2 columns 84 against 71, 69 against 66; bf16, 4
+      // columns 82 against 56, 62 against 53; fp32, 4 columns 75 against 70, 69
+      // against 69 (16-byte rows took the lane sum before: against it without
+      // kLaneSide, claimed stripes and units).
       if (mean_rows < kShortSegmentRows) {
         if constexpr (W * sizeof(T) <= 4) {
           if (rows * W * static_cast<int64_t>(sizeof(T)) >= kGateMinBytes)
