@@ -1397,13 +1397,14 @@ __device__ __forceinline__ void block_rows_sum(const T* __restrict__ src, int64_
   __syncthreads();  // the temp storage is reused
 }
 
-// Rows of one fp32 take 5 blocks per SM (48 registers, no spills), the others
-// 4. On an H100 against 4 (ab.py, % of copy bandwidth): fp32, 1 column, power
-// law 69.9 -> 71.4, short segments 87.6 -> 88.2. Lost at 5: 16-byte rows (10
-// to 14 points; at 6 they spill), 8-byte rows (spill), bf16 rows of 2 columns
-// (short segments 1.1 points).
+// Rows of one element of 4 or 2 bytes take 5 blocks per SM (48 registers, no
+// spills), the others 4. On an H100 against 4 (ab.py, % of copy bandwidth):
+// fp32, 1 column, power law 69.9 -> 71.4, short segments 87.6 -> 88.2; bf16,
+// 1 column, short segments 78.1 -> 81.9 (its power law takes the tile sum:
+// 58.0 -> 57.7). Lost at 5: 16-byte rows (10 to 14 points; at 6 they spill),
+// 8-byte rows (spill), bf16 rows of 2 columns (short segments 1.1 points).
 template <typename T, int W>
-constexpr int kLaneBlocksPerSm = std::is_same_v<T, float> && W == 1 ? 5 : kTileBlocksPerSm;
+constexpr int kLaneBlocksPerSm = W == 1 && sizeof(T) <= 4 ? 5 : kTileBlocksPerSm;
 
 template <typename T, int W>
 __global__ void __launch_bounds__(kThreads, kLaneBlocksPerSm<T, W>)
