@@ -13,9 +13,10 @@ parent with csrc/cuda/segment_kernels.cuh replaced by HEADER and each MACRO
 defined, built with CMake (as CMakeLists.txt says) into DIR/NAME/; e.g.
 try=/tmp/try.cuh:NEW_SPLIT=1 is that header built with NEW_SPLIT defined to 1,
 for a header that switches a change on with a macro. `run` prints, per case
-and op (fwd: the sum, bwd: the gather), each variant's bandwidth as a fraction
-of the copy's and its time relative to the first variant's (> 1: faster), and
-the largest difference of its results from the first variant's. Built against
+and op (fwd: the sum, bwd: the gather; `--ops fwd` times only the sum), each
+variant's bandwidth as a fraction of the copy's and its time relative to the
+first variant's (> 1: faster), and the largest difference of its results from
+the first variant's. Built against
 a CPU torch, the libraries hold only the CPU kernels, which the header does not
 touch: enough to try the tool with `run --device cpu`, not to compare kernels.
 """
