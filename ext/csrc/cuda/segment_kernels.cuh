@@ -3041,12 +3041,13 @@ cudaError_t launch_narrow_sum(const T* src, const int64_t* indptr, T* out, int64
       // power law: fp32, 2 columns 84 against 71, 69 against 66; bf16, 4
       // columns 82 against 56, 62 against 53; fp32, 4 columns 75 against 70, 69
       // against 69 (16-byte rows took the lane sum before: against it without
-      // kLaneSide, claimed stripes and units). Again with today's kernels
-      // (ab.py), lane against tile sum, the power law then short segments:
-      // fp32, 2 columns 81.8 against 79.3, 85.3 against 77.5; bf16, 4 columns
-      // 76.3 against 61.5, 85.4 against 59.1; fp32, 4 columns 84.9 against
-      // 63.7, 80.2 against 61.7; bf16, 8 columns, power law 83.1 against 38.4
-      // (the tile sum spills on 8- and 16-byte rows). So no gate there.
+      // kLaneSide, claimed stripes and units). Measured again once both were
+      // tuned (ab.py), lane against tile sum, the power law then short
+      // segments: fp32, 2 columns 81.8 against 79.3, 85.3 against 77.5; bf16,
+      // 4 columns 76.3 against 61.5, 85.4 against 59.1 (the tile sum spills
+      // there, as on 16-byte rows); fp32, 4 columns 84.9 against 63.7, 80.2
+      // against 61.7; bf16, 8 columns, power law 83.1 against 38.4. So no
+      // gate there.
       if (mean_rows < kShortSegmentRows) {
         if constexpr (W * sizeof(T) <= 4) {
           if (rows * W * static_cast<int64_t>(sizeof(T)) >= kGateMinBytes)
