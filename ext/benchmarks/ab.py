@@ -16,9 +16,9 @@ for a header that switches a change on with a macro. `run` prints, per case
 and op (fwd: the sum, bwd: the gather; `--ops fwd` times only the sum), each
 variant's bandwidth as a fraction of the copy's and its time relative to the
 first variant's (> 1: faster), and the largest difference of its results from
-the first variant's. Built against
-a CPU torch, the libraries hold only the CPU kernels, which the header does not
-touch: enough to try the tool with `run --device cpu`, not to compare kernels.
+the first variant's. Built against a CPU torch, the libraries hold only the CPU
+kernels, which the header does not touch: enough to try the tool with
+`run --device cpu`, not to compare kernels.
 """
 
 from __future__ import annotations
