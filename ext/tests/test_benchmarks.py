@@ -97,8 +97,8 @@ def test_ab_times_only_the_ops_asked_for_and_refuses_others_in_one_line(
         def segment_gather(grad, indptr, rows):
             return grad.new_zeros(rows, grad.shape[1])
 
-    timer = bench.Timer(torch.device("cpu"), warmup=0, repeat=2, budget_s=1.0)
     cpu = torch.device("cpu")
+    timer = bench.Timer(cpu, warmup=0, repeat=2, budget_s=1.0)
     kinds = ab.parse_ops("bwd,bwd")
     case = ab.run_case({"only": GatherOnly}, timer, "float32", "short", 1, cpu, 64, 1, kinds)
     assert list(case["variants"]["only"]) == ["bwd"]
