@@ -37,11 +37,11 @@
 //   whole 16-byte units). The rows are cut into equal contiguous ranges, one
 //   per group of threads, as many groups as fit on the GPU at once (several
 //   times as many for the gather: kStreamGatherWaves); a group has one thread
-//   per 8-byte (sum) or 16-byte (gather) piece of a row. A group finds the
-//   segment open at its first row with one search and streams its rows in
-//   order, several loads in flight per thread, summing in registers and
-//   writing each total when the segment's last row has gone by. No thread
-//   waits for another in the loop.
+//   per 8-byte (sum; 4 bytes in rows of 64 bytes of a 2-byte type) or 16-byte
+//   (gather) piece of a row. A group finds the segment open at its first row
+//   with one search and streams its rows in order, several loads in flight
+//   per thread, summing in registers and writing each total when the
+//   segment's last row has gone by. No thread waits for another in the loop.
 //
 // The tile and lane sums, and the team sum over short segments, give each
 // block an equal share of rows and segment starts together (balanced_rows);
@@ -167,6 +167,7 @@ struct StreamSumRows {
   static constexpr int kBlocksPerSm = sizeof(T) >= 4 || !kWideRows ? kStreamBlocksPerSm : 3;
 };
 constexpr int kWideHalfLanes = 16;  // stream sum: packs per row from which half types read ahead
+constexpr int64_t kPairRowBytes = 64;  // stream sum: rows of 2-byte types it sums in pairs
 // The gathers launch several waves of blocks, so that blocks that finish early
 // are followed by more: with one wave, blocks finished so unevenly that a
 // quarter of the warp slots sat idle (Nsight Compute on an H100, tile gather,
@@ -2606,8 +2607,18 @@ __global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
 // blocks are the tile sum's where cross.picked says it ran. It is a template
 // flag so that the other sums' fix-up keeps its code: with the choice in it,
 // a giant segment's forward lost 2-3 points of copy bandwidth on an H100.
+// Held to 64 registers (4 blocks per SM; it took 80, 3 per SM), with the first
+// kThreads heads' keys read beside the tail's: the sums launch up to 4 blocks
+// per SM, so their fix-up runs in one wave, and a block waits on memory twice
+// before it adds, not three times. On an H100 (ab.py, % of copy bandwidth,
+// the sum with its fix-up): a giant segment, fp32, 1 column 93.7 -> 95.0,
+// bf16, 64 columns 90.3 -> 91.5; bf16, 256 columns, power law 84.5 -> 85.4;
+// the other cases within 0.5. At 40 or 32 registers it spilled and lost up to
+// 2.6 points.
+constexpr int kFixupBlocksPerSm = 4;
+
 template <typename T, bool kGated>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, kFixupBlocksPerSm)
     segment_sum_fixup_kernel(T* __restrict__ out, int64_t segments, int64_t inner, int64_t blocks,
                              Crossing<typename Num<T>::acc> cross, int64_t tile_blocks) {
   using Acc = typename Num<T>::acc;
@@ -2618,15 +2629,15 @@ __global__ void __launch_bounds__(kThreads)
     if (b >= blocks) return;
   }
   const int64_t s = cross.tail_key[b];
+  const int64_t first_head = b + 1 + threadIdx.x;
+  const int64_t first_key = first_head < blocks ? cross.head_key[first_head] : -1;
   if (s < 0 || s >= segments) return;
   // The blocks after b that hold part of s have it as their head, one after
   // another: counted kThreads at a time, whatever rows each block owns.
-  int64_t n = 0;
-  for (;;) {
+  int64_t n = __syncthreads_count(first_key == s);
+  for (int got = static_cast<int>(n); got == kThreads; n += got) {
     const int64_t bb = b + 1 + n + threadIdx.x;
-    const int got = __syncthreads_count(bb < blocks && cross.head_key[bb] == s);
-    n += got;
-    if (got < kThreads) break;
+    got = __syncthreads_count(bb < blocks && cross.head_key[bb] == s);
   }
   const int64_t share = ceil_div(inner, static_cast<int64_t>(gridDim.y));
   const int64_t k0 = static_cast<int64_t>(blockIdx.y) * share, k1 = imin(inner, k0 + share);
@@ -2893,9 +2904,9 @@ cudaError_t launch_stream_sum(const T* src, const int64_t* indptr, T* out, int64
                               cudaStream_t stream) {
   using Acc = typename Num<T>::acc;
   const StreamShape<W> shape(inner);
-  // Rows of single elements (unaligned or odd widths) keep the narrow shape:
-  // the read-ahead was measured on packs.
-  if constexpr (sizeof(T) == 2 && W > 1 && !kWideRows) {
+  // Rows of single elements (unaligned or odd widths) or pairs keep the
+  // narrow shape: the read-ahead was measured on 8-byte packs.
+  if constexpr (sizeof(T) == 2 && W > 2 && !kWideRows) {
     if (shape.lanes >= kWideHalfLanes)
       return launch_stream_sum<T, W, true>(src, indptr, out, rows, segments, inner, workspace,
                                            stream);
@@ -3288,7 +3299,20 @@ cudaError_t segment_sum(const T* src, const int64_t* indptr, T* out, int64_t row
   // The sum loads 8 bytes per thread and row: more accumulators per thread
   // would cost the registers that keep blocks resident and loads in flight
   // (measured on an H100: 16-byte loads were 2 to 26 points of copy bandwidth
-  // slower).
+  // slower). Rows of kPairRowBytes of a 2-byte type load 4 bytes, a pair, per
+  // thread and row: twice the threads per row, so half the groups per warp and
+  // fewer of a warp's lanes idle while one group closes a segment. On an H100
+  // (ab.py, % of copy bandwidth), bf16, 32 columns: short segments 76.8 ->
+  // 81.1, power law 69.9 -> 70.5. They keep the narrow loop (kWideHalfLanes):
+  // with the read-ahead, short segments lost (75.5), and so did the power law
+  // (63.1). Other widths lost on the power law or gained nothing: 16 columns,
+  // short segments 68.1 -> 73.9 but power law 62.6 -> 61.5; 24 columns 69.1
+  // -> 73.1 and 65.0 -> 62.2; 64 columns within 0.2.
+  if constexpr (sizeof(T) == 2) {
+    if (inner * 2 == detail::kPairRowBytes && detail::aligned(src, 4) && detail::aligned(out, 4))
+      return detail::launch_stream_sum<T, 2>(src, indptr, out, rows, segments, inner, workspace,
+                                             stream);
+  }
   constexpr int kSumVec = 8 / sizeof(T);
   if (inner % kSumVec == 0 && detail::aligned(src, 8) && detail::aligned(out, 8))
     return detail::launch_stream_sum<T, kSumVec>(src, indptr, out, rows, segments, inner,
