@@ -952,7 +952,13 @@ struct TileSumShared {
 // tiles without a start gain from less work: a plain sum of the run instead
 // of the walk, 57.6 -> 57.6 (2 columns 65.0 -> 63.8); that, and their sums
 // kept per thread and added by one block reduce before the next tile with a
-// start, skipping the marks and both scans, 57.2 -> 54.9.) Thread g sums
+// start, skipping the marks and both scans, 57.2 -> 54.9. Nor did blocks of
+// one warp, whose barriers wait on no other warp (18 % of the stall samples
+// wait at a barrier here, Nsight Compute): this code with 32 threads, tiles
+// of 1024 rows and windows of 1024 starts, 24 blocks per SM at the same 80
+// registers, lost on the power law, bf16, 1 column 58.1 -> 52.7 and fp32 80.3
+// -> 75.2; at 32 blocks per SM (64 registers) 47.2 and 60.1; reading 8
+// starts per thread and round 43.6 and 62.0.) Thread g sums
 // its run of kRunRows consecutive rows in one pass: segments that start and
 // end inside the run are written at once; the rows before its first start
 // (the head) wait for a segmented scan over the runs, which gives the sum of
@@ -3307,7 +3313,8 @@ cudaError_t segment_sum(const T* src, const int64_t* indptr, T* out, int64_t row
   // with the read-ahead, short segments lost (75.5), and so did the power law
   // (63.1). Other widths lost on the power law or gained nothing: 16 columns,
   // short segments 68.1 -> 73.9 but power law 62.6 -> 61.5; 24 columns 69.1
-  // -> 73.1 and 65.0 -> 62.2; 64 columns within 0.2.
+  // -> 73.1 and 65.0 -> 62.2; 64 columns within 0.2. At 5 blocks per SM
+  // (48 registers) the pairs' loop spills, with 8 rows per batch or 12.
   if constexpr (sizeof(T) == 2) {
     if (inner * 2 == detail::kPairRowBytes && detail::aligned(src, 4) && detail::aligned(out, 4))
       return detail::launch_stream_sum<T, 2>(src, indptr, out, rows, segments, inner, workspace,
