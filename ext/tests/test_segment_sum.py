@@ -157,9 +157,11 @@ def test_laws_and_widths(device_name, law, inner, dtype):
 @pytest.mark.gpu
 @pytest.mark.parametrize(("dtype", "inner"), [(torch.float32, 64), (torch.bfloat16, 32)])
 def test_misaligned_views(dtype, inner):
-    """Vector loads need aligned rows: a view that starts 1 or 2 elements into its
-    storage (contiguous, so only the pointer's alignment differs) must take a path
-    that loads fewer bytes at once."""
+    """Vector loads need aligned rows. Views that start 0, 1 or 2 elements into
+    their storage (contiguous, so only the pointer's alignment differs): 1 element
+    leaves bf16 rows 2-byte aligned (no pairs) and fp32 rows 4-byte aligned (no
+    8-byte packs), so the sum must fall back to single elements; 0 and 2 keep the
+    vector loads those rows take."""
     indptr = make_indptr([3, 0, 5, 9], "cuda")
     rows = int(indptr[-1])
     flat = random_src(rows * inner + 2, (), dtype, "cuda")

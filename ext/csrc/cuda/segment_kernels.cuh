@@ -37,11 +37,12 @@
 //   whole 16-byte units). The rows are cut into equal contiguous ranges, one
 //   per group of threads, as many groups as fit on the GPU at once (several
 //   times as many for the gather: kStreamGatherWaves); a group has one thread
-//   per 8-byte (sum; 4 bytes in rows of 64 bytes of a 2-byte type) or 16-byte
-//   (gather) piece of a row. A group finds the segment open at its first row
-//   with one search and streams its rows in order, several loads in flight
-//   per thread, summing in registers and writing each total when the
-//   segment's last row has gone by. No thread waits for another in the loop.
+//   per 8-byte (sum; 4 bytes in 4-byte aligned rows of 64 bytes of a 2-byte
+//   type) or 16-byte (gather) piece of a row. A group finds the segment open
+//   at its first row with one search and streams its rows in order, several
+//   loads in flight per thread, summing in registers and writing each total
+//   when the segment's last row has gone by. No thread waits for another in
+//   the loop.
 //
 // The tile and lane sums, and the team sum over short segments, give each
 // block an equal share of rows and segment starts together (balanced_rows);
@@ -2613,14 +2614,13 @@ __global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
 // blocks are the tile sum's where cross.picked says it ran. It is a template
 // flag so that the other sums' fix-up keeps its code: with the choice in it,
 // a giant segment's forward lost 2-3 points of copy bandwidth on an H100.
-// Held to 64 registers (4 blocks per SM; it took 80, 3 per SM), with the first
-// kThreads heads' keys read beside the tail's: the sums launch up to 4 blocks
-// per SM, so their fix-up runs in one wave, and a block waits on memory twice
-// before it adds, not three times. On an H100 (ab.py, % of copy bandwidth,
-// the sum with its fix-up): a giant segment, fp32, 1 column 93.7 -> 95.0,
-// bf16, 64 columns 90.3 -> 91.5; bf16, 256 columns, power law 84.5 -> 85.4;
-// the other cases within 0.5. At 40 or 32 registers it spilled and lost up to
-// 2.6 points.
+// Held to 64 registers (4 blocks per SM, not the 3 that its 80 allowed), so
+// more of its blocks run at once, and with the first kThreads heads' keys read
+// beside the tail's, so a block waits on memory twice before it adds, not three
+// times. On an H100 (ab.py, % of copy bandwidth, the sum with its fix-up): a
+// giant segment, fp32, 1 column 93.7 -> 95.0, bf16, 64 columns 90.3 -> 91.5;
+// bf16, 256 columns, power law 84.5 -> 85.4; the other cases within 0.5. At 40
+// or 32 registers it spilled and lost up to 2.6 points.
 constexpr int kFixupBlocksPerSm = 4;
 
 template <typename T, bool kGated>
@@ -2911,7 +2911,8 @@ cudaError_t launch_stream_sum(const T* src, const int64_t* indptr, T* out, int64
   using Acc = typename Num<T>::acc;
   const StreamShape<W> shape(inner);
   // Rows of single elements (unaligned or odd widths) or pairs keep the
-  // narrow shape: the read-ahead was measured on 8-byte packs.
+  // narrow shape: the read-ahead won on 8-byte packs only (pairs: see
+  // segment_sum).
   if constexpr (sizeof(T) == 2 && W > 2 && !kWideRows) {
     if (shape.lanes >= kWideHalfLanes)
       return launch_stream_sum<T, W, true>(src, indptr, out, rows, segments, inner, workspace,
@@ -3309,12 +3310,14 @@ cudaError_t segment_sum(const T* src, const int64_t* indptr, T* out, int64_t row
   // thread and row: twice the threads per row, so half the groups per warp and
   // fewer of a warp's lanes idle while one group closes a segment. On an H100
   // (ab.py, % of copy bandwidth), bf16, 32 columns: short segments 76.8 ->
-  // 81.1, power law 69.9 -> 70.5. They keep the narrow loop (kWideHalfLanes):
-  // with the read-ahead, short segments lost (75.5), and so did the power law
-  // (63.1). Other widths lost on the power law or gained nothing: 16 columns,
-  // short segments 68.1 -> 73.9 but power law 62.6 -> 61.5; 24 columns 69.1
-  // -> 73.1 and 65.0 -> 62.2; 64 columns within 0.2. At 5 blocks per SM
-  // (48 registers) the pairs' loop spills, with 8 rows per batch or 12.
+  // 81.1, power law 69.9 -> 70.5. They keep the narrow loop (launch_stream_sum
+  // sends only 8-byte packs to the read-ahead, though pairs make as many lanes
+  // as kWideHalfLanes): with the read-ahead, short segments lost (75.5), and so
+  // did the power law (63.1). Other widths lost on the power law or gained
+  // nothing: 16 columns, short segments 68.1 -> 73.9 but power law 62.6 ->
+  // 61.5; 24 columns 69.1 -> 73.1 and 65.0 -> 62.2; 64 columns within 0.2. At 5
+  // blocks per SM (48 registers) the pairs' loop spills, with 8 rows per batch
+  // or 12.
   if constexpr (sizeof(T) == 2) {
     if (inner * 2 == detail::kPairRowBytes && detail::aligned(src, 4) && detail::aligned(out, 4))
       return detail::launch_stream_sum<T, 2>(src, indptr, out, rows, segments, inner, workspace,
