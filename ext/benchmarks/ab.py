@@ -10,7 +10,8 @@ side in one process on the same inputs, rounds interleaved, against a copy.
 
 A variant is NAME=HEADER[:MACRO[=VALUE]...]: the sources of this folder's
 parent with csrc/cuda/segment_kernels.cuh replaced by HEADER and each MACRO
-defined, built with CMake (as CMakeLists.txt says) into DIR/NAME/; e.g.
+defined, built with CMake (as CMakeLists.txt says) into DIR/NAME/ (the
+library, its sources and its build log: DIR copies to the GPU as it is); e.g.
 try=/tmp/try.cuh:NEW_SPLIT=1 is that header built with NEW_SPLIT defined to 1,
 for a header that switches a change on with a macro. `run` prints, per case
 and op (fwd: the sum, bwd: the gather; `--ops fwd` times only the sum), each
@@ -31,6 +32,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
@@ -129,34 +131,37 @@ def build(out: Path, variants: list[tuple[str, Path, list[str]]]) -> None:
         shutil.copytree(SOURCE_DIR / "csrc", src / "csrc")
         shutil.copy2(SOURCE_DIR / "CMakeLists.txt", src)
         shutil.copy2(header, src / HEADER)
-        work = out / name / "build"
         log = out / name / "build.log"
-        namespace = f"segment_ops_ab_{name}"
-        steps = [
-            [
-                cmake,
-                "-S",
-                str(src),
-                "-B",
-                str(work),
-                "-DCMAKE_BUILD_TYPE=Release",
-                f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}",
-                f"-DSEGMENT_OPS_NAMESPACE={namespace}",
-                # Every variant defines the same kernels: kept private, each
-                # library launches its own.
-                "-DCMAKE_CXX_VISIBILITY_PRESET=hidden",
-                "-DCMAKE_CUDA_VISIBILITY_PRESET=hidden",
-                *extra,
-                *macro_flags(defines),
-            ],
-            [cmake, "--build", str(work), "-j", os.environ.get("MAX_JOBS", "2")],
-        ]
-        with open(log, "w") as f:
-            for step in steps:
-                if subprocess.run(step, stdout=f, stderr=subprocess.STDOUT).returncode:
-                    raise UsageError(f"variant {name}: build failed, see {log}")
         lib = out / name / "libsegment_ops.so"
-        shutil.copy2(work / "libsegment_ops.so", lib)
+        namespace = f"segment_ops_ab_{name}"
+        # The build tree (objects of every kernel, several times the library)
+        # goes once the library is out: DIR then holds what `run` loads, the
+        # sources and the logs, small enough to copy to the GPU machine whole.
+        with tempfile.TemporaryDirectory(prefix="build-", dir=out / name) as work:
+            steps = [
+                [
+                    cmake,
+                    "-S",
+                    str(src),
+                    "-B",
+                    work,
+                    "-DCMAKE_BUILD_TYPE=Release",
+                    f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}",
+                    f"-DSEGMENT_OPS_NAMESPACE={namespace}",
+                    # Every variant defines the same kernels: kept private, each
+                    # library launches its own.
+                    "-DCMAKE_CXX_VISIBILITY_PRESET=hidden",
+                    "-DCMAKE_CUDA_VISIBILITY_PRESET=hidden",
+                    *extra,
+                    *macro_flags(defines),
+                ],
+                [cmake, "--build", work, "-j", os.environ.get("MAX_JOBS", "2")],
+            ]
+            with open(log, "w") as f:
+                for step in steps:
+                    if subprocess.run(step, stdout=f, stderr=subprocess.STDOUT).returncode:
+                        raise UsageError(f"variant {name}: build failed, see {log}")
+            shutil.copy2(Path(work, "libsegment_ops.so"), lib)
         manifest[name] = {
             "namespace": namespace,
             "header": str(header),

@@ -3,6 +3,7 @@ does with a run that kept host time in it."""
 
 import importlib
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -106,3 +107,38 @@ def test_ab_times_only_the_ops_asked_for_and_refuses_others_in_one_line(
     assert ab.main(["run", str(tmp_path), "--ops", "fwd,grad"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("ab.py: --ops 'fwd,grad': expected") and err.count("\n") == 1
+
+
+def test_ab_build_keeps_the_library_sources_and_log_not_the_build_tree(
+    monkeypatch, tmp_path
+):
+    """`build --out DIR` leaves DIR small enough to copy to a GPU machine whole: the
+    CMake tree (objects of every kernel) goes once the library is copied out of it."""
+    if not (BENCHMARKS / "ab.py").exists():
+        pytest.skip(f"benchmarks not found at {BENCHMARKS} (set SEGMENT_OPS_SRC)")
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    monkeypatch.delitem(sys.modules, "ab", raising=False)
+    ab = importlib.import_module("ab")
+    monkeypatch.setattr(ab, "find_cmake", lambda: "cmake")
+    monkeypatch.setattr(ab, "cuda_args", lambda: [])
+
+    def cmake(step, stdout, stderr):  # configure, then build: a library among objects
+        if step[1] == "--build":
+            tree = Path(step[2])
+            (tree / "kernels.o").write_bytes(bytes(4096))
+            (tree / "libsegment_ops.so").write_bytes(b"library")
+        return subprocess.CompletedProcess(step, 0)
+
+    monkeypatch.setattr(ab.subprocess, "run", cmake)
+    header = tmp_path / "try.cuh"
+    header.write_text("// the variant's kernels\n")
+    out = tmp_path / "ab"
+    assert ab.main(["build", "--out", str(out), f"x={header}"]) == 0
+    assert sorted(p.name for p in (out / "x").iterdir()) == [
+        "build.log",
+        "libsegment_ops.so",
+        "src",
+    ]
+    assert (out / "x" / "libsegment_ops.so").read_bytes() == b"library"
+    built = out / "x" / "src" / "csrc" / "cuda" / "segment_kernels.cuh"
+    assert built.read_text() == "// the variant's kernels\n"
