@@ -11,7 +11,8 @@ side in one process on the same inputs, rounds interleaved, against a copy.
 A variant is NAME=HEADER[:MACRO[=VALUE]...]: the sources of this folder's
 parent with csrc/cuda/segment_kernels.cuh replaced by HEADER and each MACRO
 defined, built with CMake (as CMakeLists.txt says) into DIR/NAME/ (the
-library, its sources and its build log: DIR copies to the GPU as it is); e.g.
+library, its sources, CMake cache and build log: DIR copies to the GPU as it
+is); e.g.
 try=/tmp/try.cuh:NEW_SPLIT=1 is that header built with NEW_SPLIT defined to 1,
 for a header that switches a change on with a macro. `run` prints, per case
 and op (fwd: the sum, bwd: the gather; `--ops fwd` times only the sum), each
@@ -135,8 +136,10 @@ def build(out: Path, variants: list[tuple[str, Path, list[str]]]) -> None:
         lib = out / name / "libsegment_ops.so"
         namespace = f"segment_ops_ab_{name}"
         # The build tree (objects of every kernel, several times the library)
-        # goes once the library is out: DIR then holds what `run` loads, the
-        # sources and the logs, small enough to copy to the GPU machine whole.
+        # goes once the library and the CMake cache (how it was configured:
+        # compilers, flags, architectures) are out: DIR then holds what `run`
+        # loads and the record of how it was built, small enough to copy to
+        # the GPU machine whole.
         with tempfile.TemporaryDirectory(prefix="build-", dir=out / name) as work:
             steps = [
                 [
@@ -162,6 +165,7 @@ def build(out: Path, variants: list[tuple[str, Path, list[str]]]) -> None:
                     if subprocess.run(step, stdout=f, stderr=subprocess.STDOUT).returncode:
                         raise UsageError(f"variant {name}: build failed, see {log}")
             shutil.copy2(Path(work, "libsegment_ops.so"), lib)
+            shutil.copy2(Path(work, "CMakeCache.txt"), out / name / "CMakeCache.txt")
         manifest[name] = {
             "namespace": namespace,
             "header": str(header),

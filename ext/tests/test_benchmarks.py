@@ -109,11 +109,12 @@ def test_ab_times_only_the_ops_asked_for_and_refuses_others_in_one_line(
     assert err.startswith("ab.py: --ops 'fwd,grad': expected") and err.count("\n") == 1
 
 
-def test_ab_build_keeps_the_library_sources_and_log_not_the_build_tree(
+def test_ab_build_keeps_the_library_and_how_it_was_built_not_the_build_tree(
     monkeypatch, tmp_path
 ):
     """`build --out DIR` leaves DIR small enough to copy to a GPU machine whole: the
-    CMake tree (objects of every kernel) goes once the library is copied out of it."""
+    CMake tree (objects of every kernel) goes once the library and the CMake cache
+    are copied out of it."""
     if not (BENCHMARKS / "ab.py").exists():
         pytest.skip(f"benchmarks not found at {BENCHMARKS} (set SEGMENT_OPS_SRC)")
     monkeypatch.syspath_prepend(str(BENCHMARKS))
@@ -123,7 +124,11 @@ def test_ab_build_keeps_the_library_sources_and_log_not_the_build_tree(
     monkeypatch.setattr(ab, "cuda_args", lambda: [])
 
     def cmake(step, stdout, stderr):  # configure, then build: a library among objects
-        if step[1] == "--build":
+        if step[1] == "-S":
+            tree = Path(step[step.index("-B") + 1])
+            tree.mkdir(exist_ok=True)
+            (tree / "CMakeCache.txt").write_text("CMAKE_CXX_FLAGS:STRING=\n")
+        else:
             tree = Path(step[2])
             (tree / "kernels.o").write_bytes(bytes(4096))
             (tree / "libsegment_ops.so").write_bytes(b"library")
@@ -135,6 +140,7 @@ def test_ab_build_keeps_the_library_sources_and_log_not_the_build_tree(
     out = tmp_path / "ab"
     assert ab.main(["build", "--out", str(out), f"x={header}"]) == 0
     assert sorted(p.name for p in (out / "x").iterdir()) == [
+        "CMakeCache.txt",
         "build.log",
         "libsegment_ops.so",
         "src",

@@ -196,8 +196,8 @@ def test_ab_variants_side_by_side(tmp_path, monkeypatch, flavor):
     # b also defines a macro that nothing reads: its build must still match a's.
     probe = "SEGMENT_OPS_AB_PROBE=1"
     assert ab.main(["build", "--out", str(tmp_path), f"a={header}", f"b={header}:{probe}"]) == 0
-    assert f"-D{probe}" in (tmp_path / "b" / "build" / "CMakeCache.txt").read_text()
-    assert f"-D{probe}" not in (tmp_path / "a" / "build" / "CMakeCache.txt").read_text()
+    assert f"-D{probe}" in (tmp_path / "b" / "CMakeCache.txt").read_text()
+    assert f"-D{probe}" not in (tmp_path / "a" / "CMakeCache.txt").read_text()
     assert ab.main(["build", "--out", str(tmp_path), "c"]) == 2  # not NAME=HEADER
     assert ab.main(["build", "--out", str(tmp_path), f"c={header}:1X"]) == 2  # not a macro
     out = tmp_path / "ab.json"
