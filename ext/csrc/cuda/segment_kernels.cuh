@@ -2620,7 +2620,7 @@ __global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
 // times. On an H100 (ab.py, % of copy bandwidth, the sum with its fix-up): a
 // giant segment, fp32, 1 column 93.7 -> 95.0, bf16, 64 columns 90.3 -> 91.5;
 // bf16, 256 columns, power law 84.5 -> 85.4; the other cases within 0.5. At 40
-// or 32 registers it spilled and lost up to 2.6 points.
+// or 32 registers it spilled and lost up to 2.4 points.
 constexpr int kFixupBlocksPerSm = 4;
 
 template <typename T, bool kGated>
