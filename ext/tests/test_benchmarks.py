@@ -63,15 +63,20 @@ def test_timer_retries_a_run_that_kept_host_time_and_counts_those_that_still_do(
     assert tries == {"a": 2 * 5, "b": bench.HOST_RETRIES * 5}
 
 
-def test_ab_builds_without_the_benchmark_and_says_in_one_line_why_it_cannot_run(
-    monkeypatch, tmp_path, capsys
-):
+def fresh_ab(monkeypatch):
+    """benchmarks/ab.py, imported anew: it binds `bench` (or its absence) at import."""
     if not (BENCHMARKS / "ab.py").exists():
         pytest.skip(f"benchmarks not found at {BENCHMARKS} (set SEGMENT_OPS_SRC)")
     monkeypatch.syspath_prepend(str(BENCHMARKS))
-    monkeypatch.setitem(sys.modules, "bench", None)  # as when numpy or segment_ops is missing
     monkeypatch.delitem(sys.modules, "ab", raising=False)
-    ab = importlib.import_module("ab")
+    return importlib.import_module("ab")
+
+
+def test_ab_builds_without_the_benchmark_and_says_in_one_line_why_it_cannot_run(
+    monkeypatch, tmp_path, capsys
+):
+    monkeypatch.setitem(sys.modules, "bench", None)  # as when numpy or segment_ops is missing
+    ab = fresh_ab(monkeypatch)
 
     # build gets past the import to its own check of the variant
     assert ab.main(["build", "--out", str(tmp_path), f"x={tmp_path / 'none.cuh'}"]) == 2
@@ -86,8 +91,7 @@ def test_ab_builds_without_the_benchmark_and_says_in_one_line_why_it_cannot_run(
 def test_ab_times_only_the_ops_asked_for_and_refuses_others_in_one_line(
     bench, monkeypatch, tmp_path, capsys
 ):
-    monkeypatch.delitem(sys.modules, "ab", raising=False)
-    ab = importlib.import_module("ab")
+    ab = fresh_ab(monkeypatch)
 
     class GatherOnly:  # a variant whose sum must not be timed
         @staticmethod
@@ -115,11 +119,7 @@ def test_ab_build_keeps_the_library_and_how_it_was_built_not_the_build_tree(
     """`build --out DIR` leaves DIR small enough to copy to a GPU machine whole: the
     CMake tree (objects of every kernel) goes once the library and the CMake cache
     are copied out of it."""
-    if not (BENCHMARKS / "ab.py").exists():
-        pytest.skip(f"benchmarks not found at {BENCHMARKS} (set SEGMENT_OPS_SRC)")
-    monkeypatch.syspath_prepend(str(BENCHMARKS))
-    monkeypatch.delitem(sys.modules, "ab", raising=False)
-    ab = importlib.import_module("ab")
+    ab = fresh_ab(monkeypatch)
     monkeypatch.setattr(ab, "find_cmake", lambda: "cmake")
     monkeypatch.setattr(ab, "cuda_args", lambda: [])
 
