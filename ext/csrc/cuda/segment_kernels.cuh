@@ -25,7 +25,8 @@
 //   the same labelling for wider rows, whatever the segment lengths (the team
 //   gather takes long segments of rows it fits). The sum over rows of 4 to 16
 //   bytes uses a lane kernel instead: a thread per short segment, a load per
-//   row, teams and blocks for the longer ones. On rows of up to 4 bytes (1
+//   row (on CUDA, rows of 16 bytes are first copied into shared memory by
+//   the team), teams and blocks for the longer ones. On rows of up to 4 bytes (1
 //   or 2 columns of a 2-byte type, 1 of fp32) a sample of indptr picks one
 //   of the two (TailGate); small inputs of 2-byte types take the tile sum.
 //   The gather over rows of exactly 16 bytes uses a fill kernel instead: a
@@ -54,7 +55,9 @@
 // ROCm builds hipify this header, so it keeps to the CUDA runtime, the fp16/bf16
 // headers and cub block and warp primitives (hipcub): no warp intrinsics, no
 // inline PTX, no assumption about the warp size for correctness (a 32-thread
-// team is a cub logical warp). Nothing here synchronizes with the host or
+// team is a cub logical warp). The one exception, the lane sum's staging of
+// 16-byte rows (cp.async and __syncwarp), is compiled for CUDA alone; ROCm
+// keeps the lane loads there. Nothing here synchronizes with the host or
 // allocates: the ops can be captured in a CUDA graph.
 //
 // indptr is never validated (that would need a device-to-host copy). Every
@@ -68,6 +71,9 @@
 // The headers hipify maps to hipcub (it knows no cub/warp/ header).
 #include <cub/block/block_reduce.cuh>  // brings cub::WarpReduce
 #include <cub/block/block_scan.cuh>
+#if !defined(__HIP_PLATFORM_AMD__)
+#include <cuda_pipeline_primitives.h>  // the staged lane sum's cp.async
+#endif
 
 #include <atomic>
 #include <climits>
@@ -959,7 +965,13 @@ struct TileSumShared {
 // of 1024 rows and windows of 1024 starts, 24 blocks per SM at the same 80
 // registers, lost on the power law, bf16, 1 column 58.1 -> 52.7 and fp32 80.3
 // -> 75.2; at 32 blocks per SM (64 registers) 47.2 and 60.1; reading 8
-// starts per thread and round 43.6 and 62.0.) Thread g sums
+// starts per thread and round 43.6 and 62.0. Nor did summing the tile by
+// segment, with no marks and no scans: a thread per segment of up to 32 rows
+// in the tile, adding its rows from the staged tile and storing its total
+// (coalesced, the threads' segments being consecutive), a warp per segment of
+// up to 1024 rows, the block for longer ones: power law, bf16, 1 column 57.9
+// -> 41.7 (8 rows per thread: 30.6), 2 columns 69.4 -> 54.4, fp32, 1 column
+// 80.3 -> 61.1; a warp's threads wait for its longest segment.) Thread g sums
 // its run of kRunRows consecutive rows in one pass: segments that start and
 // end inside the run are written at once; the rows before its first start
 // (the head) wait for a segmented scan over the runs, which gives the sum of
@@ -1312,6 +1324,42 @@ constexpr int kLaneSide = 16 / (W * static_cast<int>(sizeof(T))) < kLaneRound
 constexpr int kTeamRows = 2048;  // a team sums segments of up to this many rows, at least
 constexpr int kBigSlots = 64;    // segments a block sums at the end, at most
 
+// Rows of 16 bytes: a stripe whose segments are all short is staged first. Its
+// lanes' loads, one row each at 32 scattered places, kept the lane sum waiting
+// on memory (fp32, 4 columns, short segments: 90 % of the stall samples on
+// global loads, Nsight Compute), each row of a warp's load its own request to
+// the L1 cache. Instead the team copies the rows its segments span into
+// shared memory with cp.async, kLaneStageBytes at a time (a warp moves 512
+// contiguous bytes per instruction), and the lanes add their rows from there
+// in the same order. A stripe spanning more than kLaneStageChunks stages, or
+// holding a segment the team or block sums, is read as before: the staged
+// rows would be rows of the long segment, read twice. On an H100 (ab.py, %
+// of copy bandwidth, against the lane loads alone, two runs): fp32, 4
+// columns, short segments 80.7 -> 83.4 and 80.2 -> 82.6, power law 85.1 ->
+// 85.8 and 84.8 -> 85.5; bf16, 8 columns 78.1 -> 81.4 and 77.6 -> 80.5,
+// 83.2 -> 82.0 and 83.2 -> 82.0. On the benchmark page, fp32, 4 columns:
+// 80.2 -> 83.7 and 84.9 -> 85.5. Dropped (same runs):
+// * staging every stripe, long segments and all: power law, fp32, 4 columns
+//   84.8 -> 80.1; bf16, 4 columns 76.4 -> 66.0;
+// * narrower rows, whose lanes then spend more instructions per byte: bf16, 4
+//   columns, short segments 85.9 -> 80.5; 1 column 82.1 -> 55.3; fp32, 1
+//   column 86.3 -> 75.3;
+// * stages of 2 KB (fp32, 4 columns, short segments 82.4, against 83.5 at 4
+//   KB); of 5 KB, staged round by round (one stage each, mostly), 84.0 but
+//   power law 79.4, the whole stripe 83.4 and 79.5: the larger shared
+//   memory leaves the L1 cache less room for the stripes read as before.
+// ROCm keeps the lane loads (no cp.async, and a team is half a wavefront).
+#if defined(__HIP_PLATFORM_AMD__)
+constexpr bool kStagedLaneSum = false;
+#else
+constexpr bool kStagedLaneSum = true;
+#endif
+constexpr int kLaneStageBytes = 4096;  // per team
+constexpr int kLaneStageChunks = 4;
+template <typename T, int W>
+constexpr int kLaneStageRows =
+    kStagedLaneSum && W * sizeof(T) == 16 ? kLaneStageBytes / 16 : 0;
+
 template <typename T, int W>
 struct LaneSumShared {
   using Acc = typename Num<T>::acc;
@@ -1321,6 +1369,9 @@ struct LaneSumShared {
   typename Reduce::TempStorage reduce;
   typename TeamLanes::TempStorage lanes[kTeams];
   typename TeamReduce::TempStorage team[kTeams];
+  using TeamSpan = cub::WarpReduce<int64_t, kTeam>;
+  typename TeamSpan::TempStorage span[kTeams];
+  uint4 stage[kTeams][kLaneStageRows<T, W> > 0 ? kLaneStageRows<T, W> : 1];
   unsigned nbig;
   unsigned next_stripe;
   // The block's rows, read where needed: held in registers, they left the
@@ -1405,6 +1456,81 @@ __device__ __forceinline__ void block_rows_sum(const T* __restrict__ src, int64_
   __syncthreads();  // the temp storage is reused
 }
 
+struct MinOf {
+  __device__ __forceinline__ int64_t operator()(int64_t x, int64_t y) const { return imin(x, y); }
+};
+struct MaxOf {
+  __device__ __forceinline__ int64_t operator()(int64_t x, int64_t y) const { return imax(x, y); }
+};
+
+// The staged lane sum of a stripe (kLaneStageRows says when and why): sums and
+// stores this lane's segments `mine`, rows [a[i], e[i]), and returns true; or
+// returns false, having done nothing, when the team's segments are not all
+// short (`uneven` in some lane) or span too many rows. Rows of 16 bytes.
+template <typename T, int W>
+__device__ __forceinline__ bool staged_lane_sums(const T* __restrict__ src, T* __restrict__ out,
+                                                 int64_t base, unsigned mine, bool uneven,
+                                                 const int64_t (&a)[kLaneRound],
+                                                 const int64_t (&e)[kLaneRound],
+                                                 LaneSumShared<T, W>& sm) {
+#if defined(__HIP_PLATFORM_AMD__)
+  return false;
+#else
+  using Acc = typename Num<T>::acc;
+  using TeamSpan = typename LaneSumShared<T, W>::TeamSpan;
+  constexpr int kRows = kLaneStageRows<T, W>;
+  static_assert(W * sizeof(T) == 16 && kRows % kTeam == 0, "16-byte rows, whole rows per lane");
+  const int t = threadIdx.x / kTeam, lane = threadIdx.x % kTeam;
+  int64_t lo = uneven ? INT64_MIN : INT64_MAX, hi = 0;  // the rows of the team's segments
+#pragma unroll
+  for (int i = 0; i < kLaneRound; ++i) {
+    if (mine >> i & 1u) {
+      lo = imin(lo, a[i]);
+      hi = imax(hi, e[i]);
+    }
+  }
+  lo = cub::ShuffleIndex<kTeam>(TeamSpan(sm.span[t]).Reduce(lo, MinOf()), 0, 0xffffffffu);
+  hi = cub::ShuffleIndex<kTeam>(TeamSpan(sm.span[t]).Reduce(hi, MaxOf()), 0, 0xffffffffu);
+  if (lo == INT64_MIN || lo >= hi || hi - lo > int64_t{kLaneStageChunks} * kRows) return false;
+  Acc acc[kLaneRound][W];
+#pragma unroll
+  for (int i = 0; i < kLaneRound; ++i)
+#pragma unroll
+    for (int k = 0; k < W; ++k) acc[i][k] = 0;
+  uint4* stage = sm.stage[t];
+  for (int64_t c0 = lo; c0 < hi; c0 += kRows) {
+    const int n = static_cast<int>(imin(hi - c0, kRows));
+    __syncwarp();  // the previous stage is read
+#pragma unroll
+    for (int k = 0; k < kRows / kTeam; ++k) {
+      const int r = k * kTeam + lane;
+      if (r < n) __pipeline_memcpy_async(&stage[r], src + (c0 + r) * W, 16);
+    }
+    __pipeline_commit();
+    __pipeline_wait_prior(0);
+    __syncwarp();  // every lane's copies have landed
+    int q0[kLaneRound], q1[kLaneRound], longest = 0;
+#pragma unroll
+    for (int i = 0; i < kLaneRound; ++i) {
+      const bool m = mine >> i & 1u;
+      q0[i] = m ? static_cast<int>(imin(imax(a[i] - c0, 0), n)) : 0;
+      q1[i] = m ? static_cast<int>(imin(imax(e[i] - c0, q0[i]), n)) : 0;
+      longest = q1[i] - q0[i] > longest ? q1[i] - q0[i] : longest;
+    }
+    for (int q = 0; q < longest; ++q) {
+#pragma unroll
+      for (int i = 0; i < kLaneRound; ++i)
+        if (q0[i] + q < q1[i])
+          add_raw<T, W>(acc[i], load_raw<T, W>(reinterpret_cast<const T*>(&stage[q0[i] + q])));
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kLaneRound; ++i)
+    if (mine >> i & 1u) store_sum<T, W>(out + (base + i * kTeam + lane) * W, acc[i]);
+  return true;
+#endif
+}
+
 // Rows of one element of 4 or 2 bytes take 5 blocks per SM (48 registers, no
 // spills), the others 4. On an H100 against 4 (ab.py, % of copy bandwidth):
 // fp32, 1 column, power law 69.9 -> 71.4, short segments 87.6 -> 88.2; bf16,
@@ -1457,6 +1583,7 @@ __global__ void __launch_bounds__(kThreads, kLaneBlocksPerSm<T, W>)
     if (base >= last) break;
     int64_t a[kLaneRound], e[kLaneRound];
     unsigned mine = 0, longs = 0;  // bit i: segment i is summed by this lane, by the team
+    bool uneven = false;  // some segment of this lane's is summed by the team or block
     const int64_t r0 = sm.r0, r1 = sm.r1;
     // A block's rows hold at most kBigSlots segments longer than this.
     const int64_t big_rows = imax(kTeamRows, ceil_div(r1 - r0, kBigSlots));
@@ -1470,6 +1597,7 @@ __global__ void __launch_bounds__(kThreads, kLaneBlocksPerSm<T, W>)
       a[i] = in ? imax(start_of(indptr, s, rows), r0) : 0;
       e[i] = in ? imin(start_of(indptr, s + 1, rows), r1) : 0;
       const int64_t len = e[i] - a[i];
+      uneven |= len > kLaneRows;
       if (len > big_rows) {
         const unsigned slot = atomicAdd(&sm.nbig, 1u);
         if (slot < kBigSlots) sm.big[slot] = s;
@@ -1493,8 +1621,11 @@ __global__ void __launch_bounds__(kThreads, kLaneBlocksPerSm<T, W>)
     // segments 77.4 -> 79.0, half of them empty 58.5 -> 64.7. Wider rows lost
     // (fp32, 4 columns, short segments 79.3 -> 75.4).
     constexpr bool kStepped = kSide == 4;
+    bool staged = false;
+    if constexpr (kLaneStageRows<T, W> > 0)
+      staged = staged_lane_sums<T, W>(src, out, base, mine, uneven, a, e, sm);
 #pragma unroll
-    for (int i0 = 0; i0 < kLaneRound; i0 += kSide) {
+    for (int i0 = 0; i0 < kLaneRound && !staged; i0 += kSide) {
       Acc acc[kSide][W];
       const T* at[kSide];
       int len[kSide], longest = 0;
@@ -3319,7 +3450,8 @@ cudaError_t segment_sum(const T* src, const int64_t* indptr, T* out, int64_t row
   // blocks per SM (48 registers) the pairs' loop spills, with 8 rows per batch
   // or 12.
   if constexpr (sizeof(T) == 2) {
-    if (inner * 2 == detail::kPairRowBytes && detail::aligned(src, 4) && detail::aligned(out, 4))
+    if (inner * static_cast<int64_t>(sizeof(T)) == detail::kPairRowBytes &&
+        detail::aligned(src, 4) && detail::aligned(out, 4))
       return detail::launch_stream_sum<T, 2>(src, indptr, out, rows, segments, inner, workspace,
                                              stream);
   }
