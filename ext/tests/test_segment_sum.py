@@ -380,9 +380,10 @@ def test_lane_sum_rows(layout, dtype, inner):
     rows of 4 columns or more; under 32 MiB their 2-column rows take the tile sum; fp32
     rows of 1 column under 32 MiB, as here: from there a sample of indptr picks, see
     test_gated_narrow_sums); rows under 16 bytes are read there both row by row (lanes)
-    and as 16-byte units (teams, blocks). Rows of 16 bytes are first copied into shared
-    memory by the team wherever its segments are all short (the short, spiky and
-    many_tiny layouts, and parts of the others), several copies per stripe."""
+    and as 16-byte units (teams, blocks). On CUDA, rows of 16 bytes are first copied into
+    shared memory by the team wherever a stripe's segments are all short: every stripe
+    of the short, many_tiny, mixed and empty_ends layouts (three copies per stripe on
+    short), the stripes of spiky and power that hold no long segment."""
     assert_sum(make_indptr(LANE_SUM_LAYOUTS[layout](), "cuda"), (inner,), dtype)
 
 

@@ -1481,7 +1481,9 @@ __device__ __forceinline__ bool staged_lane_sums(const T* __restrict__ src, T* _
   constexpr int kRows = kLaneStageRows<T, W>;
   static_assert(W * sizeof(T) == 16 && kRows % kTeam == 0, "16-byte rows, whole rows per lane");
   const int t = threadIdx.x / kTeam, lane = threadIdx.x % kTeam;
-  int64_t lo = uneven ? INT64_MIN : INT64_MAX, hi = 0;  // the rows of the team's segments
+  // The rows of the team's segments; a lane with a long segment votes against
+  // staging with lo = INT64_MIN, which the team's minimum keeps.
+  int64_t lo = uneven ? INT64_MIN : INT64_MAX, hi = 0;
 #pragma unroll
   for (int i = 0; i < kLaneRound; ++i) {
     if (mine >> i & 1u) {
