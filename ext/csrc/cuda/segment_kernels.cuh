@@ -587,6 +587,24 @@ struct Window {
 // segments: 13 % of the stall samples, on the clamp). On the op benchmark
 // (H100, % of copy bandwidth): bf16, 1 column, power law, forward 49.2 ->
 // 52.5; fp32, 1 column, short segments, backward 82.6 -> 85.1.
+// A power-law tile that holds more starts than were read ahead waits on a
+// second round (Nsight Compute, tile sum, bf16, 1 column: 38 % of the tiles,
+// 7 % of the stall samples on its loads). Neither way of reading further
+// ahead without registers paid (ab.py, H100, tile sum then tile gather):
+// * the entries copied into shared memory with cp.async (dynamic shared
+//   memory), as deep as now: bf16, 1 column, power law 58.1 -> 54.5 and
+//   68.5 -> 66.4; 2 columns 69.9 -> 62.9 and 80.4 -> 75.1; fp32, 1 column
+//   80.2 -> 72.6 and 81.2 -> 77.3; twice as deep, worse (bf16, 1 column
+//   46.1 and 61.8);
+// * the next 1024 entries pulled toward the SM, one 4-byte load per thread
+//   and 32-byte sector, its register read a tile later: bf16, 1 column,
+//   power law 57.6 -> 57.8 and 68.2 -> 69.6, but 2 columns 69.7 -> 65.9,
+//   and 1 column, short segments, backward 83.0 -> 81.4; 2048 entries lost
+//   everywhere.
+// Nor is the L1 cache short of room here: a window of 2048 starts (8 KB less
+// shared memory per block) left every case within 0.3 points; with the
+// gather's values in 4 KB too, it lost on two (gather, bf16, power law, 4
+// columns 78.6 -> 77.3, 2 columns 80.3 -> 79.6).
 template <int kSteps>
 __device__ __forceinline__ void fetch_starts(const int64_t* __restrict__ indptr, int64_t segments,
                                              int64_t from, int steps, int64_t (&raw)[kSteps]) {
