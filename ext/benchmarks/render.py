@@ -32,7 +32,7 @@ MISSING = "n/a"
 
 
 def percent(value) -> str:
-    return MISSING if value is None else f"{value * 100:.0f}%"
+    return MISSING if value is None else f"{value * 100:.1f}%"
 
 
 def times(value) -> str:
