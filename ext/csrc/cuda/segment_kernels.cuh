@@ -441,7 +441,11 @@ __device__ inline int64_t block_lower_bound(const int64_t* __restrict__ indptr, 
 // points (fp32, 32 columns, power law 80.1 -> 56.2 at 16). With the starts
 // found from kThreads probes at once, not a search per group, 1 row per
 // start: bf16, 32 columns +1.5 (power law) and +2.1 (short segments), 64
-// columns +1.2 and -1.2; fp32, 256 columns, power law -1.4.
+// columns +1.2 and -1.2; fp32, 256 columns, power law -1.4. Measured again
+// on the pairs' loop, which now sums those 32 columns (the team sum's cuts,
+// kThreads probes then a search per cut, rounded to whole batches; ab.py,
+// H100), it no longer paid: short segments 81.2 -> 80.1, power law 70.5 ->
+// 70.9 (2 rows per start: 80.0 and 71.4).
 struct Costs {
   int64_t row, segment;
 };
@@ -600,7 +604,9 @@ struct Window {
 //   and 32-byte sector, its register read a tile later: bf16, 1 column,
 //   power law 57.6 -> 57.8 and 68.2 -> 69.6, but 2 columns 69.7 -> 65.9,
 //   and 1 column, short segments, backward 83.0 -> 81.4; 2048 entries lost
-//   everywhere.
+//   everywhere. Pulled only after a tile that outran its read-ahead, and in
+//   the gather alone, bf16, 1 column, power law, backward went 68.2 -> 69.3,
+//   and every other case 0.1 to 0.8 points down.
 // Nor is the L1 cache short of room here: a window of 2048 starts (8 KB less
 // shared memory per block) left every case within 0.3 points; with the
 // gather's values in 4 KB too, it lost on two (gather, bf16, power law, 4
