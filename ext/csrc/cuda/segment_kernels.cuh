@@ -166,7 +166,12 @@ constexpr int kTeams = kThreads / kTeam;  // team kernels: teams per block
 // column, power law 57.6 -> 55.1, two tiles 52.5), the lane sum's stripe 8
 // stripes on (fp32, 4 columns, short segments 80.2 -> 69.1; 1 column, power
 // law 71.7 -> 68.7) and the team sum's steps ahead (fp32, 32 columns, short
-// segments 85.1 -> 56.0).
+// segments 85.1 -> 56.0). Nor did rows read ahead without registers: each
+// thread of the pairs' loop copying its pair of the next batches' rows into
+// shared memory (cp.async, a ring of 2 to 4 batches of 8 rows, each thread
+// reading back only what it copied) lost on an H100 (ab.py, bf16, 32
+// columns): short segments 81.3 -> 78.7 (2 batches), 78.4 (4); power law
+// 70.9 -> 67.3, 66.5. More bytes in flight made it slower, not faster.
 template <typename T, bool kWideRows>
 struct StreamSumRows {
   static constexpr bool kReadAhead = sizeof(T) >= 4 || kWideRows;
