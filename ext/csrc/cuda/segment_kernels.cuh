@@ -156,7 +156,10 @@ constexpr int kTeams = kThreads / kTeam;  // team kernels: teams per block
 // the warp slots and 20 of 32 threads active (a warp's groups meet ends at
 // different rows). More rows per batch lost: bf16, 12 rows after the adds
 // (spilling 32 bytes), 32 columns, short segments 79.8 -> 77.4; fp32, 6 rows
-// ahead, 256 columns, power law 85.5 -> 82.8, 8 rows (spilling) 72.7.
+// ahead, 256 columns, power law 85.5 -> 82.8, 8 rows (spilling) 72.7. Nor
+// did 3 blocks per SM, whose registers take more rows without a spill (bf16,
+// 32 columns, short segments then power law, ab.py): 8 rows 81.1 -> 80.7 and
+// 70.4 -> 70.0, 12 rows 79.9 and 66.8, 16 rows 81.4 and 67.0.
 // Nor did asking L2 for the rows ahead, which costs no registers (sm_90's
 // bulk prefetch, cp.async.bulk.prefetch.L2, one instruction per group and
 // batch): on an H100 (ab.py, % of copy bandwidth), 32 rows past the next
