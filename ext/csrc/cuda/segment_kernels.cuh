@@ -1776,7 +1776,10 @@ __global__ void __launch_bounds__(kThreads, kLaneBlocksPerSm<T, W>)
 // segments 84.8 -> 83.8; bf16, 2 columns 76.9 -> 80.3 and 84.5 -> 83.6. (4
 // steps always: short segments lost up to 5.7 points; 2 steps until an
 // overflow, values as deep: bf16, 2 columns lost 3 to 4.5 points.) Rows of 8
-// bytes lost 3 to 5 points 4 deep.
+// bytes lost 3 to 5 points 4 deep, and still did once the values were held as
+// words (tile_gather_block): bf16, 4 columns, short segments 82.9 -> 80.3,
+// power law 82.2 -> 80.2; fp32, 2 columns 82.9 -> 80.0 and 82.4 -> 80.2 (as
+// deep as the mean segment length asks, up to 4: 82.7, 80.8, 82.5, 80.7).
 template <typename T, int W>
 constexpr int kTileGatherAhead = W * sizeof(T) <= 4 ? kWindowSteps : kPrefetchSteps;
 template <typename T, int W>
@@ -1797,7 +1800,7 @@ struct TileGatherShared {
   int crowded;
   uint32_t starts[G::kTileRows / 32];
   alignas(16) int window[kWindow];
-  Pack<T, W> values[kValues];
+  RawPack<T, W> values[kValues];
   uint4 stage[kThreads * (G::kStageUnits + 1)];
 };
 
@@ -1820,7 +1823,14 @@ __device__ __forceinline__ void tile_gather_block(const T* __restrict__ src,
                                                   TileGatherShared<T, W>& sm) {
   using G = Geometry<T, W>;
   using CountScan = typename TileGatherShared<T, W>::CountScan;
-  using P = Pack<T, W>;
+  // Values stay in the 32-bit words they were loaded into. Held as Pack<T, W>
+  // of a half type, each value read ahead was rearranged into 16-bit halves
+  // as soon as its load was issued, so the thread waited there for it
+  // (Nsight Compute, H100, bf16, 4 columns, power law: 23 % of the stall
+  // samples). As words, on an H100 (ab.py, % of copy bandwidth): bf16, 4
+  // columns, short segments 80.9 -> 83.0, power law 78.7 -> 82.2; 2 columns
+  // 83.5 -> 84.0 and 80.2 -> 81.3; 1 column and fp32 within 0.3.
+  using P = RawPack<T, W>;
   constexpr int kRun = G::kRunRows;
   constexpr int kValues = TileGatherShared<T, W>::kValues;
   const int tid = threadIdx.x;
@@ -1831,7 +1841,7 @@ __device__ __forceinline__ void tile_gather_block(const T* __restrict__ src,
   for (int i = tid; i < G::kTileRows / 32; i += kThreads) sm.starts[i] = 0;
   // Rows outside every segment (before indptr[0], past indptr[segments]) get zeros.
   auto value = [&](int64_t s) {
-    return s >= 0 && s < segments ? load_pack<T, W>(src + s * W) : zero_pack<T, W>();
+    return s >= 0 && s < segments ? load_raw<T, W>(src + s * W) : P{};
   };
 
   int64_t first = block_lower_bound(indptr, segments, rows, r0);
@@ -1852,7 +1862,7 @@ __device__ __forceinline__ void tile_gather_block(const T* __restrict__ src,
     fetch_starts(indptr, segments, from, steps, raw);
 #pragma unroll
     for (int k = 0; k < kAhead; ++k)
-      raw_values[k] = k < steps ? value(from - 1 + k * kThreads + tid) : zero_pack<T, W>();
+      raw_values[k] = k < steps ? value(from - 1 + k * kThreads + tid) : P{};
   };
   prefetch(first);
   for (int64_t t0 = r0; t0 < r1; t0 += G::kTileRows) {
@@ -1880,7 +1890,7 @@ __device__ __forceinline__ void tile_gather_block(const T* __restrict__ src,
 #pragma unroll
       for (int k = 0; k < kWindowSteps; ++k) {
         const int i = i0 + k * kThreads;
-        more[k] = i < wanted ? value(first - 1 + i) : zero_pack<T, W>();
+        more[k] = i < wanted ? value(first - 1 + i) : P{};
       }
 #pragma unroll
       for (int k = 0; k < kWindowSteps; ++k)
@@ -1910,10 +1920,7 @@ __device__ __forceinline__ void tile_gather_block(const T* __restrict__ src,
       uint4 units[G::kStageUnits];
       T v[kRun * W];
     } run;
-    auto label = [&](int q, const P& value_q) {
-#pragma unroll
-      for (int e = 0; e < W; ++e) run.v[q * W + e] = value_q.v[e];
-    };
+    auto label = [&](int q, const P& value_q) { memcpy(&run.v[q * W], &value_q, sizeof(P)); };
     if (!crowded && j + __popc(marks) < cached) {
       int k = static_cast<int>(j);
 #pragma unroll
