@@ -7,6 +7,9 @@ side in one process on the same inputs, rounds interleaved, against a copy.
         base=csrc/cuda/segment_kernels.cuh try=/tmp/try/segment_kernels.cuh
     # on the GPU (a copy of /tmp/ab)
     python benchmarks/ab.py run /tmp/ab --cases bfloat16:power:1,float32:short:4
+    # one variant's op on one case, untimed, under a profiler
+    ncu --kernel-name regex:tile_gather --launch-skip 2 --launch-count 1 \\
+        python benchmarks/ab.py profile /tmp/ab --case bfloat16:power:4 --op bwd
 
 A variant is NAME=HEADER[:MACRO[=VALUE]...]: the sources of this folder's
 parent with csrc/cuda/segment_kernels.cuh replaced by HEADER and each MACRO
@@ -20,7 +23,10 @@ variant's bandwidth as a fraction of the copy's and its time relative to the
 first variant's (> 1: faster), and the largest difference of its results from
 the first variant's. Built against a CPU torch, the libraries hold only the CPU
 kernels, which the header does not touch: enough to try the tool with
-`run --device cpu`, not to compare kernels.
+`run --device cpu`, not to compare kernels. `profile` calls one variant's op
+(the first built, unless --variant names another) --calls times on one case
+of the same size, untimed, for a profiler to record; its first calls warm up,
+so skip their kernels.
 """
 
 from __future__ import annotations
@@ -213,6 +219,20 @@ def parse_ops(text: str) -> tuple[str, ...]:
     return kinds
 
 
+def case_rows(dtype_name: str, inner: int, src_mib: int, rows: int | None) -> int:
+    elem = torch.empty((), dtype=getattr(torch, dtype_name)).element_size()
+    return rows or max(1024, (src_mib << 20) // (inner * elem))
+
+
+def case_inputs(dtype_name: str, law: str, inner: int, device: torch.device, rows: int):
+    """indptr, the sum's src and the gather's grad for one case (seeded lengths)."""
+    dtype = getattr(torch, dtype_name)
+    indptr = bench.make_indptr(bench.segment_lengths(law, rows, 0), device)
+    src = torch.randn(rows, inner, device=device, dtype=dtype)
+    grad = torch.randn(indptr.numel() - 1, inner, device=device, dtype=dtype)
+    return indptr, src, grad
+
+
 def run_case(
     ops: dict,
     timer: bench.Timer,
@@ -225,12 +245,9 @@ def run_case(
     kinds: tuple[str, ...] = KINDS,
 ) -> dict:
     names = list(ops)
-    dtype = getattr(torch, dtype_name)
-    elem = torch.empty((), dtype=dtype).element_size()
-    indptr = bench.make_indptr(bench.segment_lengths(law, rows, 0), device)
+    elem = torch.empty((), dtype=getattr(torch, dtype_name)).element_size()
+    indptr, src, grad = case_inputs(dtype_name, law, inner, device, rows)
     segments = indptr.numel() - 1
-    src = torch.randn(rows, inner, device=device, dtype=dtype)
-    grad = torch.randn(segments, inner, device=device, dtype=dtype)
     dst = torch.empty_like(src)
     moved = (rows + segments) * inner * elem + indptr.numel() * indptr.element_size()
     fns = {("copy", "-"): lambda: dst.copy_(src)}
@@ -290,12 +307,38 @@ def run(
     timer = bench.Timer(device, 2, 10, budget)
     results = []
     for dtype_name, law, inner in cases:
-        elem = torch.empty((), dtype=getattr(torch, dtype_name)).element_size()
-        n = rows or max(1024, (src_mib << 20) // (inner * elem))
+        n = case_rows(dtype_name, inner, src_mib, rows)
         results.append(run_case(ops, timer, dtype_name, law, inner, device, n, rounds, kinds))
         if device.type == "cuda":
             torch.cuda.empty_cache()
     return results
+
+
+def profile(
+    ops: dict,
+    variant: str | None,
+    case: tuple[str, str, int],
+    kind: str,
+    device: torch.device,
+    rows: int,
+    calls: int,
+) -> None:
+    """Calls one variant's op `calls` times on one case, untimed: the run a
+    profiler records (skip the first calls, which load and warm up)."""
+    name = variant if variant is not None else next(iter(ops))
+    if name not in ops:
+        raise UsageError(f"--variant {name!r}: not built here; the variants are {', '.join(ops)}")
+    dtype_name, law, inner = case
+    indptr, src, grad = case_inputs(dtype_name, law, inner, device, rows)
+    op = ops[name]
+    for _ in range(calls):
+        if kind == "fwd":
+            op.segment_sum(src, indptr)
+        else:
+            op.segment_gather(grad, indptr, rows)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    print(f"{dtype_name} {law} x{inner} {kind} {name}: {calls} calls, {rows} rows", flush=True)
 
 
 def main(argv=None) -> int:
@@ -318,6 +361,15 @@ def main(argv=None) -> int:
         "--ops", default=",".join(KINDS), help="comma-separated: fwd (the sum), bwd (the gather)"
     )
     r.add_argument("--out", type=Path, help="write the results here as JSON")
+    p = commands.add_parser("profile", help="call one variant's op on one case, for a profiler")
+    p.add_argument("dir", type=Path, help="the folder `build --out` wrote")
+    p.add_argument("--case", required=True, help="DTYPE:LAW:INNER")
+    p.add_argument("--op", default="fwd", help="fwd (the sum) or bwd (the gather)")
+    p.add_argument("--variant", help="which variant (the first built by default)")
+    p.add_argument("--calls", type=int, default=5, help="calls of the op")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--src-mib", type=int, default=512, help="src size")
+    p.add_argument("--rows", type=int, help="rows instead of --src-mib")
     args = parser.parse_args(argv)
     try:
         if args.command == "build":
@@ -326,12 +378,22 @@ def main(argv=None) -> int:
                 raise UsageError("variant names must differ")
             args.out.mkdir(parents=True, exist_ok=True)
             build(args.out, variants)
+        elif bench is None:
+            raise UsageError(
+                f"{args.command} needs what benchmarks/bench.py imports: {BENCH_MISSING} "
+                "(install numpy and this extension)"
+            )
+        elif args.command == "profile":
+            case = parse_case(args.case)
+            kind = args.op
+            if kind not in KINDS:
+                raise UsageError(f"--op {kind!r}: expected fwd (the sum) or bwd (the gather)")
+            if args.calls < 1:
+                raise UsageError(f"--calls {args.calls}: expected at least 1")
+            rows = case_rows(case[0], case[2], args.src_mib, args.rows)
+            ops = load(args.dir)
+            profile(ops, args.variant, case, kind, torch.device(args.device), rows, args.calls)
         else:
-            if bench is None:
-                raise UsageError(
-                    f"run needs what benchmarks/bench.py imports: {BENCH_MISSING} "
-                    "(install numpy and this extension)"
-                )
             cases = [parse_case(c) for c in args.cases.split(",") if c]
             kinds = parse_ops(args.ops)
             results = run(

@@ -113,6 +113,44 @@ def test_ab_times_only_the_ops_asked_for_and_refuses_others_in_one_line(
     assert err.startswith("ab.py: --ops 'fwd,grad': expected") and err.count("\n") == 1
 
 
+def test_ab_profile_calls_one_op_of_one_variant_and_refuses_others_in_one_line(
+    bench, monkeypatch, tmp_path, capsys
+):
+    ab = fresh_ab(monkeypatch)
+    calls = []
+
+    class Recorded:
+        def __init__(self, name):
+            self.name = name
+
+        def segment_sum(self, src, indptr):
+            calls.append((self.name, "fwd", tuple(src.shape)))
+
+        def segment_gather(self, grad, indptr, rows):
+            calls.append((self.name, "bwd", (rows, grad.shape[1])))
+
+    monkeypatch.setattr(ab, "load", lambda directory: {"a": Recorded("a"), "b": Recorded("b")})
+    base = ["profile", str(tmp_path), "--device", "cpu", "--rows", "300"]
+    args = ["--case", "float32:power:4", "--op", "bwd", "--variant", "b", "--calls", "3"]
+    assert ab.main([*base, *args]) == 0
+    assert calls == [("b", "bwd", (300, 4))] * 3
+    calls.clear()
+    assert ab.main([*base, "--case", "bfloat16:short:2"]) == 0  # the first variant's sum
+    assert calls == [("a", "fwd", (300, 2))] * 5
+    calls.clear()
+
+    for bad, message in [
+        (["--case", "float32:short:1", "--variant", "c"], "--variant 'c': not built here"),
+        (["--case", "float32:short:1", "--op", "grad"], "--op 'grad': expected"),
+        (["--case", "float32:short:1", "--calls", "0"], "--calls 0: expected at least 1"),
+        (["--case", "float32:flat:1"], "case 'float32:flat:1': expected"),
+    ]:
+        assert ab.main([*base, *bad]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"ab.py: {message}") and err.count("\n") == 1, err
+    assert calls == []
+
+
 def test_ab_build_keeps_the_library_and_how_it_was_built_not_the_build_tree(
     monkeypatch, tmp_path
 ):

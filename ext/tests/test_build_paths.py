@@ -219,6 +219,8 @@ def test_ab_variants_side_by_side(tmp_path, monkeypatch, flavor):
         str(out),
     ]
     assert ab.main(args) == 0
+    profile = ["profile", str(tmp_path), "--device", device, "--rows", "2000", "--calls", "2"]
+    assert ab.main([*profile, "--case", "bfloat16:power:4", "--op", "bwd", "--variant", "b"]) == 0
     cases = json.loads(out.read_text())["cases"]
     assert [(c["dtype"], c["inner"]) for c in cases] == [("float32", 1), ("bfloat16", 64)]
     for case in cases:
