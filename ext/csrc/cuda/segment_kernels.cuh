@@ -1823,13 +1823,14 @@ __device__ __forceinline__ void tile_gather_block(const T* __restrict__ src,
                                                   TileGatherShared<T, W>& sm) {
   using G = Geometry<T, W>;
   using CountScan = typename TileGatherShared<T, W>::CountScan;
-  // Values stay in the 32-bit words they were loaded into. Held as Pack<T, W>
-  // of a half type, each value read ahead was rearranged into 16-bit halves
-  // as soon as its load was issued, so the thread waited there for it
-  // (Nsight Compute, H100, bf16, 4 columns, power law: 23 % of the stall
-  // samples). As words, on an H100 (ab.py, % of copy bandwidth): bf16, 4
-  // columns, short segments 80.9 -> 83.0, power law 78.7 -> 82.2; 2 columns
-  // 83.5 -> 84.0 and 80.2 -> 81.3; 1 column and fp32 within 0.3.
+  // Values stay as they were loaded: in 32-bit words wherever a row holds
+  // whole words (RawPack; a row of one half value has nothing to rearrange).
+  // Held as Pack<T, W> of a half type, each value read ahead was rearranged
+  // into 16-bit halves as soon as its load was issued, so the thread waited
+  // there for it (Nsight Compute, H100, bf16, 4 columns, power law: 23 % of
+  // the stall samples). As words, on an H100 (ab.py, % of copy bandwidth):
+  // bf16, 4 columns, short segments 80.9 -> 83.0, power law 78.7 -> 82.2; 2
+  // columns 83.5 -> 84.0 and 80.2 -> 81.3; 1 column and fp32 within 0.3.
   using P = RawPack<T, W>;
   constexpr int kRun = G::kRunRows;
   constexpr int kValues = TileGatherShared<T, W>::kValues;
