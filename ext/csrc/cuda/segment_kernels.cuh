@@ -987,7 +987,16 @@ struct TileSumShared {
 // blocks fit per SM, but bf16, 1 column, power law went 57.8 -> 52.9 % of
 // copy bandwidth at 3 blocks, 54.1 at 4. Totals gathered in shared memory and
 // stored coalesced after the tile, for fewer instructions per row, stayed
-// within noise: 57.7 -> 57.6, and 2 columns lost 2.4 points. Neither did
+// within noise: 57.7 -> 57.6, and 2 columns lost 2.4 points. So did a walk
+// with no store in it, bit-identical and about half the walk's instructions
+// (each row's segmented sum to shared memory over the stage, then a thread
+// per segment that a later start in the same run closes storing its total,
+// coalesced): 58.0 -> 58.5, while fp32, 1 column lost 80.1 -> 75.7 and bf16,
+// 2 columns 69.6 -> 62.8 (ab.py, H100; the window shrunk to 2048 starts to
+// fit 48 KB). Nor did halving the walk's chain of dependent adds, the run
+// summed as two halves whose partials join after the loop: 58.1 -> 55.3,
+// fp32 79.9 -> 69.9 (4 to 16 bytes spilled). The walk is not what limits
+// the tile. Neither did
 // tiles without a start gain from less work: a plain sum of the run instead
 // of the walk, 57.6 -> 57.6 (2 columns 65.0 -> 63.8); that, and their sums
 // kept per thread and added by one block reduce before the next tile with a
