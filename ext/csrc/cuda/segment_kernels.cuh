@@ -995,8 +995,15 @@ struct TileSumShared {
 // 2 columns 69.6 -> 62.8 (ab.py, H100; the window shrunk to 2048 starts to
 // fit 48 KB). Nor did halving the walk's chain of dependent adds, the run
 // summed as two halves whose partials join after the loop: 58.1 -> 55.3,
-// fp32 79.9 -> 69.9 (4 to 16 bytes spilled). The walk is not what limits
-// the tile. Neither did
+// fp32 79.9 -> 69.9 (4 to 16 bytes spilled). The storeless walk taken on
+// every uncrowded tile, the branches' walk left to crowded ones: 58.1 ->
+// 59.9, power law with segments cut to 256 rows 51.0 -> 59.8, but fp32 80.3
+// -> 76.5 and bf16, 2 columns 69.6 -> 64.2. Where the time goes, from
+// variants that give wrong sums (ab.py, H100, bf16, 1 column, power law):
+// no walk at all 58.1 -> 80.4 (80.2 with segments cut to 4096 rows, from
+// 52.9); no second window round 64.4; no start used after the window is
+// read 66.9; no run scan 57.5. So the walk costs the most, yet not through
+// its instruction count or its chain of adds. Neither did
 // tiles without a start gain from less work: a plain sum of the run instead
 // of the walk, 57.6 -> 57.6 (2 columns 65.0 -> 63.8); that, and their sums
 // kept per thread and added by one block reduce before the next tile with a
