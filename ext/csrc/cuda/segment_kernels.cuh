@@ -117,7 +117,7 @@ constexpr int64_t kTileSegmentCost = 8;
 template <typename T, int W>
 constexpr int64_t kLaneSegmentCost = W * sizeof(T) == 16 ? 192 : 96;
 constexpr int kThreadBytes = 64;     // tile kernels: src bytes per thread and tile (16 KB tiles)
-constexpr int kWindow = 4096;        // tile kernels: segment starts per tile kept in shared memory
+constexpr int kWindow = 2048;        // tile kernels: segment starts per tile kept in shared memory
 constexpr int kWindowSteps = 4;      // tile kernels: indptr entries per thread and round
 constexpr int kPrefetchSteps = 2;    // tile kernels: the same, for the round read a tile ahead
 // The tile sum's runs of 32 rows of 2 bytes unroll into 6600 instructions,
@@ -585,7 +585,8 @@ struct Geometry {
 // is the start of segment `first + i`, where `first` is the first segment
 // starting at or after the tile's first row. A tile of short segments holds a
 // few hundred; starts past kWindow (only a crowd of empty or one-row segments
-// has that many) are read from indptr when needed.
+// has that many: 0.1 % of the power law's tiles of 8192 rows) are read from
+// indptr when needed.
 struct Window {
   int64_t first;  // first segment starting in the tile
   int64_t n;      // segments starting in the tile
@@ -616,9 +617,11 @@ struct Window {
 //   the gather alone, bf16, 1 column, power law, backward went 68.2 -> 69.3,
 //   and every other case 0.1 to 0.8 points down.
 // Nor is the L1 cache short of room here: a window of 2048 starts (8 KB less
-// shared memory per block) left every case within 0.3 points; with the
-// gather's values in 4 KB too, it lost on two (gather, bf16, power law, 4
-// columns 78.6 -> 77.3, 2 columns 80.3 -> 79.6).
+// shared memory per block than 4096) left every case within 0.3 points,
+// measured again within 0.6 on the gathers (where the tile sum's storeless
+// walk needed the room); with the gather's values in 4 KB too, it lost on
+// two (gather, bf16, power law, 4 columns 78.6 -> 77.3, 2 columns 80.3 ->
+// 79.6).
 template <int kSteps>
 __device__ __forceinline__ void fetch_starts(const int64_t* __restrict__ indptr, int64_t segments,
                                              int64_t from, int steps, int64_t (&raw)[kSteps]) {
@@ -956,6 +959,12 @@ struct RunSumOp {
   }
 };
 
+// Runs of one column take the storeless walk (tile_sum_block), runs of 2 the
+// walk that stores as it goes: the storeless one spilled there and lost
+// (bf16, 2 columns, power law 69.6 -> 66.4 % of copy bandwidth, H100).
+template <int W>
+constexpr bool kStorelessWalk = W == 1;
+
 template <typename T, int W>
 struct TileSumShared {
   using Acc = typename Num<T>::acc;
@@ -978,52 +987,61 @@ struct TileSumShared {
   RunSum<Acc, W> carry;  // the segment open at the tile's start: its sum so far
   uint32_t starts[G::kTileRows / 32];  // bit r: a segment starts at row r
   alignas(16) int window[kWindow];
-  uint4 stage[kThreads * (G::kStageUnits + 1)];
+  // The storeless walk's per-row sums, over the stage once every run is read
+  // from it: a run's kRunRows * W floats, then 2 of padding, so that 8-byte
+  // stores from 16 threads at once meet no bank twice.
+  static constexpr int kSumsStride = G::kRunRows * W + 2;
+  static constexpr int kSums = kStorelessWalk<W> ? kThreads * kSumsStride : 2;
+  struct alignas(2 * sizeof(Acc)) AccPair {
+    Acc x, y;
+  };
+  union {
+    uint4 stage[kThreads * (G::kStageUnits + 1)];
+    AccPair sums[kSums / 2];
+  };
 };
 
 // One block's row range, tile by tile. A tile is loaded with coalesced 16-byte
-// loads into shared memory, with its segment starts beside it. (Copied there
-// with cp.async instead, into two stages, the registers fell to 62 and 4
-// blocks fit per SM, but bf16, 1 column, power law went 57.8 -> 52.9 % of
-// copy bandwidth at 3 blocks, 54.1 at 4. Totals gathered in shared memory and
-// stored coalesced after the tile, for fewer instructions per row, stayed
-// within noise: 57.7 -> 57.6, and 2 columns lost 2.4 points. So did a walk
-// with no store in it, bit-identical and about half the walk's instructions
-// (each row's segmented sum to shared memory over the stage, then a thread
-// per segment that a later start in the same run closes storing its total,
-// coalesced): 58.0 -> 58.5, while fp32, 1 column lost 80.1 -> 75.7 and bf16,
-// 2 columns 69.6 -> 62.8 (ab.py, H100; the window shrunk to 2048 starts to
-// fit 48 KB). Nor did halving the walk's chain of dependent adds, the run
-// summed as two halves whose partials join after the loop: 58.1 -> 55.3,
-// fp32 79.9 -> 69.9 (4 to 16 bytes spilled). The storeless walk taken on
-// every uncrowded tile, the branches' walk left to crowded ones: 58.1 ->
-// 59.9, power law with segments cut to 256 rows 51.0 -> 59.8, but fp32 80.3
-// -> 76.5 and bf16, 2 columns 69.6 -> 64.2. Where the time goes, from
-// variants that give wrong sums (ab.py, H100, bf16, 1 column, power law):
-// no walk at all 58.1 -> 80.4 (80.2 with segments cut to 4096 rows, from
-// 52.9); no second window round 64.4; no start used after the window is
-// read 66.9; no run scan 57.5. So the walk costs the most, yet not through
-// its instruction count or its chain of adds. Neither did
-// tiles without a start gain from less work: a plain sum of the run instead
-// of the walk, 57.6 -> 57.6 (2 columns 65.0 -> 63.8); that, and their sums
-// kept per thread and added by one block reduce before the next tile with a
-// start, skipping the marks and both scans, 57.2 -> 54.9. Nor did blocks of
-// one warp, whose barriers wait on no other warp (18 % of the stall samples
-// wait at a barrier here, Nsight Compute): this code with 32 threads, tiles
-// of 1024 rows and windows of 1024 starts, 24 blocks per SM at the same 80
-// registers, lost on the power law, bf16, 1 column 58.1 -> 52.7 and fp32 80.3
-// -> 75.2; at 32 blocks per SM (64 registers) 47.2 and 60.1; reading 8
-// starts per thread and round 43.6 and 62.0. Nor did summing the tile by
-// segment, with no marks and no scans: a thread per segment of up to 32 rows
-// in the tile, adding its rows from the staged tile and storing its total
+// loads into shared memory, with its segment starts beside it. Thread g sums
+// its run of kRunRows consecutive rows in one pass: the rows before its first
+// start (the head) wait for a segmented scan over the runs, which gives the
+// sum of the earlier rows of that segment; the segments that start and end
+// inside the run are written at once (the walk that stores as it goes, rows
+// of 2 columns), or after the scan, each by a thread of its own, from the
+// rows' segmented sums that the walk leaves in shared memory (the storeless
+// walk, rows of 1 column).
+// The storeless walk, against the walk that stores, on an H100 (ab.py, % of
+// copy bandwidth, power law, bit-identical results): bf16, 1 column 57.9 ->
+// 64.7, fp32 79.6 -> 81.4; bf16, 1 column, small inputs (1M rows), short
+// segments 23.8 -> 24.9, power law 22.9 -> 25.5; other cases within 0.6
+// (the window shrunk from 4096 starts to 2048 with it, to fit 48 KB of static
+// shared memory). Found by removing parts of the tile, giving wrong sums
+// (bf16, 1 column, power law): no walk at all 58.1 -> 80.4 % (Nsight Compute:
+// 236 -> 133 million instructions, 417 -> 299 us); no second window round
+// 64.4; no start used once the window is read 66.9; no run scan 57.5. The
+// tile is bound by instruction issue: the walk's instructions per row are
+// what it had to lose.
+// (Tried and dropped, same measure. Copied there with cp.async instead, into
+// two stages, the registers fell to 62 and 4 blocks fit per SM, but bf16, 1
+// column went 57.8 -> 52.9 at 3 blocks, 54.1 at 4. Halving the walk's chain
+// of dependent adds, the run summed as two halves whose partials join after
+// the loop: 58.1 -> 55.3, fp32 79.9 -> 69.9 (4 to 16 bytes spilled). Tiles
+// without a start summed with less work: a plain sum of the run instead of
+// the walk, 57.6 -> 57.6 (2 columns 65.0 -> 63.8); that, and their sums kept
+// per thread and added by one block reduce before the next tile with a
+// start, skipping the marks and both scans, 57.2 -> 54.9. Blocks of one
+// warp, whose barriers wait on no other warp (18 % of the stall samples wait
+// at a barrier here, Nsight Compute): this code with 32 threads, tiles of
+// 1024 rows and windows of 1024 starts, 24 blocks per SM at the same 80
+// registers, lost on the power law, bf16, 1 column 58.1 -> 52.7 and fp32
+// 80.3 -> 75.2; at 32 blocks per SM (64 registers) 47.2 and 60.1; reading 8
+// starts per thread and round 43.6 and 62.0. Summing the tile by segment,
+// with no marks and no scans: a thread per segment of up to 32 rows in the
+// tile, adding its rows from the staged tile and storing its total
 // (coalesced, the threads' segments being consecutive), a warp per segment of
 // up to 1024 rows, the block for longer ones: power law, bf16, 1 column 57.9
 // -> 41.7 (8 rows per thread: 30.6), 2 columns 69.4 -> 54.4, fp32, 1 column
-// 80.3 -> 61.1; a warp's threads wait for its longest segment.) Thread g sums
-// its run of kRunRows consecutive rows in one pass: segments that start and
-// end inside the run are written at once; the rows before its first start
-// (the head) wait for a segmented scan over the runs, which gives the sum of
-// the earlier rows of that segment.
+// 80.3 -> 61.1; a warp's threads wait for its longest segment.)
 template <typename T, int W, bool kShort>
 __device__ __forceinline__ void tile_sum_block(const T* __restrict__ src,
                                                const int64_t* __restrict__ indptr,
@@ -1121,11 +1139,14 @@ __device__ __forceinline__ void tile_sum_block(const T* __restrict__ src,
     const uint32_t marks = sm.starts[a / 32] >> (a % 32) & kRunMask;
     // Few starts (long segments): a warp rarely meets one at a given row, and
     // a branch there costs less than the predicated walk below and its scan.
-    const bool predicated = kShort && !sm.crowded && w.n > kThreads / 4;
+    // The storeless walk is cheaper still: every uncrowded tile takes it.
+    const bool predicated = kShort && !sm.crowded && (kStorelessWalk<W> || w.n > kThreads / 4);
+    uint4 run[G::kStageUnits];
+    // Read before the count scan, whose barrier lets the storeless walk write
+    // its sums over the stage.
+    read_run(sm.stage, run);
     int64_t j = starts_before<CountScan>(a, marks, predicated, sm.count_scan, sm.window, indptr,
                                          rows, t0, w);
-    uint4 run[G::kStageUnits];
-    read_run(sm.stage, run);
     uint32_t v[sizeof(run) / 4];  // the rows' elements, read by word_elem
     memcpy(v, run, sizeof(v));
     int64_t closed = -1;  // the segment that ends first in this run
@@ -1139,23 +1160,51 @@ __device__ __forceinline__ void tile_sum_block(const T* __restrict__ src,
       // A segment ends in some lane of a warp at nearly every row, so the
       // loop is kept to predicated bit tests rather than branches.
       const uint32_t first_mark = marks & (0u - marks);
-      const uint32_t later_marks = marks ^ first_mark;
-      // Stores stay below `segments` even for an unsorted indptr: the window
-      // holds only entries s <= segments (first + w.n <= segments + 1), and
-      // the tile marks at most w.n rows, so the last written is first + j +
-      // popc(marks) - 2 <= segments - 1.
-      T* dst = out + (first + j) * W;  // the segment begun at the first mark
+      if constexpr (kStorelessWalk<W>) {
+        // Each row's segmented sum goes to shared memory and the walk stores
+        // nothing: the segments that a later mark of the run closes are
+        // stored after the scan, by a thread per segment, coalesced; the
+        // head's sum is read back here.
+        using AccPair = typename TileSumShared<T, W>::AccPair;
+        static_assert(kRun * W % 2 == 0, "sums go out in pairs");
+        AccPair* mine = sm.sums + tid * (TileSumShared<T, W>::kSumsStride / 2);
+        Acc sums[kRun * W];
 #pragma unroll
-      for (int q = 0; q < kRun; ++q) {
-        if ((later_marks >> q) & 1u) {
-          store_sum<T, W>(dst, acc);
-          dst += W;
+        for (int q = 0; q < kRun; ++q) {
+#pragma unroll
+          for (int k = 0; k < W; ++k) {
+            acc[k] = (marks >> q) & 1u ? Acc(0) : acc[k];
+            acc[k] += word_elem<T>(v, q * W + k);
+            sums[q * W + k] = acc[k];
+          }
         }
 #pragma unroll
-        for (int k = 0; k < W; ++k) {
-          head_sum[k] = (first_mark >> q) & 1u ? acc[k] : head_sum[k];
-          acc[k] = (marks >> q) & 1u ? Acc(0) : acc[k];
-          acc[k] += word_elem<T>(v, q * W + k);
+        for (int u = 0; u < kRun * W / 2; ++u) mine[u] = AccPair{sums[2 * u], sums[2 * u + 1]};
+        if (first_mark > 1u) {  // rows before the first mark: the head's
+          const int p = __ffs(static_cast<int>(first_mark)) - 1;
+          const Acc* row = &mine[0].x + (p - 1) * W;
+#pragma unroll
+          for (int k = 0; k < W; ++k) head_sum[k] = row[k];
+        }
+      } else {
+        const uint32_t later_marks = marks ^ first_mark;
+        // Stores stay below `segments` even for an unsorted indptr: the window
+        // holds only entries s <= segments (first + w.n <= segments + 1), and
+        // the tile marks at most w.n rows, so the last written is first + j +
+        // popc(marks) - 2 <= segments - 1.
+        T* dst = out + (first + j) * W;  // the segment begun at the first mark
+#pragma unroll
+        for (int q = 0; q < kRun; ++q) {
+          if ((later_marks >> q) & 1u) {
+            store_sum<T, W>(dst, acc);
+            dst += W;
+          }
+#pragma unroll
+          for (int k = 0; k < W; ++k) {
+            head_sum[k] = (first_mark >> q) & 1u ? acc[k] : head_sum[k];
+            acc[k] = (marks >> q) & 1u ? Acc(0) : acc[k];
+            acc[k] += word_elem<T>(v, q * W + k);
+          }
         }
       }
       if (marks) closed = first - 1 + j;
@@ -1207,6 +1256,44 @@ __device__ __forceinline__ void tile_sum_block(const T* __restrict__ src,
 #pragma unroll
       for (int k = 0; k < W; ++k) head_sum[k] += before.sum.v[k];
       flush(closed, head_sum);
+    }
+    if constexpr (kStorelessWalk<W>) {
+      if (predicated) {  // the scan's barrier put every run's sums in place
+        // Segment i is closed in its run when the next start falls in the
+        // same run; its sum is then the row's before that start. Kept lean,
+        // window entries alone in the loop: with start(i) and 64-bit indices
+        // it took 56 instructions a segment, and the walk gained 58.0 -> 59.9
+        // % of copy bandwidth instead of 57.7 -> 64.5 (bf16, power law, H100).
+        // The checks keep an unsorted indptr's starts inside the tile.
+        constexpr int kStride = TileSumShared<T, W>::kSumsStride;
+        const Acc* sums = &sm.sums[0].x;
+        auto closed_in_run = [](int s0, int s1) {
+          return s0 >= 0 && s1 > s0 && ((s0 ^ s1) & -kRun) == 0;
+        };
+        auto sum_before = [&](int s1) {  // the row before s1
+          return sums + (s1 - 1) / kRun * kStride + (s1 - 1) % kRun * W;
+        };
+        const int in_window = static_cast<int>(imin(w.n, kWindow));
+        T* dst = out + (first + tid) * W;
+        for (int i = tid; i + 1 < in_window; i += kThreads, dst += kThreads * W) {
+          const int s0 = sm.window[i], s1 = sm.window[i + 1];
+          if (!closed_in_run(s0, s1)) continue;
+          Acc total[W];
+          const Acc* row = sum_before(s1);
+#pragma unroll
+          for (int k = 0; k < W; ++k) total[k] = row[k];
+          store_sum<T, W>(dst, total);
+        }
+        for (int64_t i = in_window - 1 + tid; i + 1 < w.n; i += kThreads) {  // past the window
+          const int s0 = start(i), s1 = start(i + 1);
+          if (!closed_in_run(s0, s1)) continue;
+          Acc total[W];
+          const Acc* row = sum_before(s1);
+#pragma unroll
+          for (int k = 0; k < W; ++k) total[k] = row[k];
+          store_sum<T, W>(out + (first + i) * W, total);
+        }
+      }
     }
     if (tid == kThreads - 1) sm.carry = RunSumOp<Acc, W>()(before, item);
     for (int i = tid; i < G::kTileRows / 32; i += kThreads) sm.starts[i] = 0;  // read before the scan
