@@ -26,7 +26,9 @@ kernels, which the header does not touch: enough to try the tool with
 `run --device cpu`, not to compare kernels. `profile` calls one variant's op
 (the first built, unless --variant names another) --calls times on one case
 of the same size, untimed, for a profiler to record; its first calls warm up,
-so skip their kernels.
+so skip their kernels. `--cut N` (both) cuts every segment longer than N rows
+into pieces of N: the same rows without the law's long tail, e.g. to tell what
+a power law's few giant segments cost from what its crowd of short ones does.
 """
 
 from __future__ import annotations
@@ -224,10 +226,28 @@ def case_rows(dtype_name: str, inner: int, src_mib: int, rows: int | None) -> in
     return rows or max(1024, (src_mib << 20) // (inner * elem))
 
 
-def case_inputs(dtype_name: str, law: str, inner: int, device: torch.device, rows: int):
-    """indptr, the sum's src and the gather's grad for one case (seeded lengths)."""
+def cut_lengths(lengths, longest: int):
+    """Segment lengths with each one over `longest` rows cut into pieces of
+    `longest` and one of the rest, in order: the same rows, and no segment
+    longer than `longest` (empty ones stay)."""
+    import numpy as np  # as bench does: `build` runs without it
+
+    pieces = np.maximum(-(-lengths // longest), 1)
+    cut = np.full(int(pieces.sum()), longest, dtype=lengths.dtype)
+    cut[np.cumsum(pieces) - 1] = lengths - (pieces - 1) * longest
+    return cut
+
+
+def case_inputs(
+    dtype_name: str, law: str, inner: int, device: torch.device, rows: int, cut: int | None = None
+):
+    """indptr, the sum's src and the gather's grad for one case (seeded lengths,
+    cut to at most `cut` rows)."""
     dtype = getattr(torch, dtype_name)
-    indptr = bench.make_indptr(bench.segment_lengths(law, rows, 0), device)
+    lengths = bench.segment_lengths(law, rows, 0)
+    if cut is not None:
+        lengths = cut_lengths(lengths, cut)
+    indptr = bench.make_indptr(lengths, device)
     src = torch.randn(rows, inner, device=device, dtype=dtype)
     grad = torch.randn(indptr.numel() - 1, inner, device=device, dtype=dtype)
     return indptr, src, grad
@@ -243,10 +263,11 @@ def run_case(
     rows: int,
     rounds: int,
     kinds: tuple[str, ...] = KINDS,
+    cut: int | None = None,
 ) -> dict:
     names = list(ops)
     elem = torch.empty((), dtype=getattr(torch, dtype_name)).element_size()
-    indptr, src, grad = case_inputs(dtype_name, law, inner, device, rows)
+    indptr, src, grad = case_inputs(dtype_name, law, inner, device, rows, cut)
     segments = indptr.numel() - 1
     dst = torch.empty_like(src)
     moved = (rows + segments) * inner * elem + indptr.numel() * indptr.element_size()
@@ -267,11 +288,13 @@ def run_case(
         "dtype": dtype_name,
         "law": law,
         "inner": inner,
+        "cut": cut,
         "rows": rows,
         "segments": segments,
         "copy_gbps": round(copy_rate / 1e9, 1),
         "variants": {},
     }
+    label = law if cut is None else f"{law}<={cut}"
     for name in names:
         results = {}
         for kind in kinds:
@@ -284,7 +307,7 @@ def run_case(
                 "max_abs_diff": float(diff.abs().max().item()) if diff.numel() else 0.0,
             }
             print(
-                f"{dtype_name:8} {law:5} x{inner:<4} {kind} {name:>12}: "
+                f"{dtype_name:8} {label:5} x{inner:<4} {kind} {name:>12}: "
                 f"{results[kind]['copy_fraction']:6.1%} of copy  "
                 f"{results[kind]['speedup']:.3f}x  diff {results[kind]['max_abs_diff']:.3g}",
                 flush=True,
@@ -302,13 +325,14 @@ def run(
     rounds: int,
     budget: float,
     kinds: tuple[str, ...] = KINDS,
+    cut: int | None = None,
 ) -> list[dict]:
     ops = load(directory)
     timer = bench.Timer(device, 2, 10, budget)
     results = []
     for dtype_name, law, inner in cases:
         n = case_rows(dtype_name, inner, src_mib, rows)
-        results.append(run_case(ops, timer, dtype_name, law, inner, device, n, rounds, kinds))
+        results.append(run_case(ops, timer, dtype_name, law, inner, device, n, rounds, kinds, cut))
         if device.type == "cuda":
             torch.cuda.empty_cache()
     return results
@@ -322,6 +346,7 @@ def profile(
     device: torch.device,
     rows: int,
     calls: int,
+    cut: int | None = None,
 ) -> None:
     """Calls one variant's op `calls` times on one case, untimed: the run a
     profiler records (skip the first calls, which load and warm up)."""
@@ -329,7 +354,7 @@ def profile(
     if name not in ops:
         raise UsageError(f"--variant {name!r}: not built here; the variants are {', '.join(ops)}")
     dtype_name, law, inner = case
-    indptr, src, grad = case_inputs(dtype_name, law, inner, device, rows)
+    indptr, src, grad = case_inputs(dtype_name, law, inner, device, rows, cut)
     op = ops[name]
     for _ in range(calls):
         if kind == "fwd":
@@ -361,6 +386,9 @@ def main(argv=None) -> int:
         "--ops", default=",".join(KINDS), help="comma-separated: fwd (the sum), bwd (the gather)"
     )
     r.add_argument("--out", type=Path, help="write the results here as JSON")
+    r.add_argument(
+        "--cut", type=int, metavar="N", help="cut segments longer than N rows into pieces of N"
+    )
     p = commands.add_parser("profile", help="call one variant's op on one case, for a profiler")
     p.add_argument("dir", type=Path, help="the folder `build --out` wrote")
     p.add_argument("--case", required=True, help="DTYPE:LAW:INNER")
@@ -370,6 +398,9 @@ def main(argv=None) -> int:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--src-mib", type=int, default=512, help="src size")
     p.add_argument("--rows", type=int, help="rows instead of --src-mib")
+    p.add_argument(
+        "--cut", type=int, metavar="N", help="cut segments longer than N rows into pieces of N"
+    )
     args = parser.parse_args(argv)
     try:
         if args.command == "build":
@@ -383,6 +414,8 @@ def main(argv=None) -> int:
                 f"{args.command} needs what benchmarks/bench.py imports: {BENCH_MISSING} "
                 "(install numpy and this extension)"
             )
+        elif args.cut is not None and args.cut < 1:
+            raise UsageError(f"--cut {args.cut}: expected at least 1 (rows)")
         elif args.command == "profile":
             case = parse_case(args.case)
             kind = args.op
@@ -392,7 +425,9 @@ def main(argv=None) -> int:
                 raise UsageError(f"--calls {args.calls}: expected at least 1")
             rows = case_rows(case[0], case[2], args.src_mib, args.rows)
             ops = load(args.dir)
-            profile(ops, args.variant, case, kind, torch.device(args.device), rows, args.calls)
+            profile(
+                ops, args.variant, case, kind, torch.device(args.device), rows, args.calls, args.cut
+            )
         else:
             cases = [parse_case(c) for c in args.cases.split(",") if c]
             kinds = parse_ops(args.ops)
@@ -405,6 +440,7 @@ def main(argv=None) -> int:
                 args.rounds,
                 args.budget,
                 kinds,
+                args.cut,
             )
             if args.out:
                 args.out.write_text(json.dumps({"cases": results}, indent=1) + "\n")

@@ -186,3 +186,30 @@ def test_ab_build_keeps_the_library_and_how_it_was_built_not_the_build_tree(
     assert (out / "x" / "libsegment_ops.so").read_bytes() == b"library"
     built = out / "x" / "src" / "csrc" / "cuda" / "segment_kernels.cuh"
     assert built.read_text() == "// the variant's kernels\n"
+
+
+def test_ab_cut_keeps_the_rows_and_leaves_no_segment_longer(bench, monkeypatch, tmp_path, capsys):
+    import numpy as np
+
+    ab = fresh_ab(monkeypatch)
+    lengths = np.array([0, 1, 9, 4, 13, 0], dtype=np.int64)
+    assert ab.cut_lengths(lengths, 4).tolist() == [0, 1, 4, 4, 1, 4, 4, 4, 4, 1, 0]
+    power = bench.segment_lengths("power", 1 << 16, 0)
+    cut = ab.cut_lengths(power, 64)
+    assert power.max() > 64 and cut.max() == 64 and cut.sum() == power.sum()
+
+    longest = []
+
+    class Recorded:
+        def segment_sum(self, src, indptr):
+            longest.append(int((indptr[1:] - indptr[:-1]).max()))
+
+    monkeypatch.setattr(ab, "load", lambda directory: {"a": Recorded()})
+    base = ["profile", str(tmp_path), "--device", "cpu", "--rows", "4096", "--calls", "1"]
+    assert ab.main([*base, "--case", "float32:giant:1", "--cut", "100"]) == 0
+    assert ab.main([*base, "--case", "float32:giant:1"]) == 0
+    assert longest == [100, 4096]
+
+    assert ab.main([*base, "--case", "float32:giant:1", "--cut", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("ab.py: --cut 0: expected at least 1") and err.count("\n") == 1
