@@ -238,6 +238,11 @@ def cut_lengths(lengths, longest: int):
     return cut
 
 
+def law_label(law: str, cut: int | None) -> str:
+    """How output lines name a case's law: with its cut, if any."""
+    return law if cut is None else f"{law}<={cut}"
+
+
 def case_inputs(
     dtype_name: str, law: str, inner: int, device: torch.device, rows: int, cut: int | None = None
 ):
@@ -294,7 +299,7 @@ def run_case(
         "copy_gbps": round(copy_rate / 1e9, 1),
         "variants": {},
     }
-    label = law if cut is None else f"{law}<={cut}"
+    label = law_label(law, cut)
     for name in names:
         results = {}
         for kind in kinds:
@@ -363,7 +368,8 @@ def profile(
             op.segment_gather(grad, indptr, rows)
     if device.type == "cuda":
         torch.cuda.synchronize()
-    print(f"{dtype_name} {law} x{inner} {kind} {name}: {calls} calls, {rows} rows", flush=True)
+    label = law_label(law, cut)
+    print(f"{dtype_name} {label} x{inner} {kind} {name}: {calls} calls, {rows} rows", flush=True)
 
 
 def main(argv=None) -> int:

@@ -207,7 +207,9 @@ def test_ab_cut_keeps_the_rows_and_leaves_no_segment_longer(bench, monkeypatch, 
     monkeypatch.setattr(ab, "load", lambda directory: {"a": Recorded()})
     base = ["profile", str(tmp_path), "--device", "cpu", "--rows", "4096", "--calls", "1"]
     assert ab.main([*base, "--case", "float32:giant:1", "--cut", "100"]) == 0
+    assert capsys.readouterr().out.startswith("float32 giant<=100 x1 fwd a:")
     assert ab.main([*base, "--case", "float32:giant:1"]) == 0
+    assert capsys.readouterr().out.startswith("float32 giant x1 fwd a:")
     assert longest == [100, 4096]
 
     assert ab.main([*base, "--case", "float32:giant:1", "--cut", "0"]) == 2
