@@ -410,7 +410,10 @@ def _segment_sum_kernel(
 # 35.5 -> 28.5 and 63.4 -> 24.1; the rest segments read as 16-byte vectors
 # (the mask made constant over each vector), 35.9 -> 29.6 and 64.1 -> 56.1
 # (the short segments take no rest path: the kernel went from 72 to 95
-# registers); 32 segments per block, 35.6 -> 35.2 and 63.0 -> 56.1.
+# registers); 32 segments per block, 35.6 -> 35.2 and 63.0 -> 56.1; lanes
+# summing 8 rows once, the segments of 9-48 rows queued (tl.cumsum, stores
+# into a per-program ring) and summed 64 at a time, 35.6 -> 23.8 and 63.3 ->
+# 25.2 (32 at a time: 36.2 and 42.9).
 @triton.jit(do_not_specialize=["segments", "slots", "length_class"])
 def _segment_sum_lanes_kernel(
     src_ptr,
