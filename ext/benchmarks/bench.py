@@ -24,7 +24,8 @@ case says so).
 Per case, measured side by side in one run (CUDA events, warm-up, median; the
 GPU is kept busy while the host enqueues each op, so the host's own overhead
 is not timed, and a run where it was is retried; the ops take turns over
-TIMING_ROUNDS rounds, so a slow stretch does not land on one op alone):
+TIMING_ROUNDS rounds, so a slow stretch does not land on one op alone; an op
+whose run outlasts --budget is warmed up twice and timed once):
 
     native_forward           segment_ops.segment_sum(src, indptr)
     native_backward          segment_ops.segment_gather(grad_out, indptr, rows)
@@ -181,13 +182,23 @@ class Timer:
         return statistics.median([first] + [self.once(fn)[0] for _ in range(self.runs(first) - 1)])
 
     def warm(self, fn) -> None:
-        """The untimed runs (allocator, Triton compile and autotuning), finished."""
-        for _ in range(self.warmup):
-            fn()
+        """The untimed runs (allocator, Triton compile and autotuning), finished.
+        They end early once a run after the first outlasts the budget: an op of
+        seconds a run (segment_reduce over a giant segment) is warm by then,
+        while a first run may be slow for Triton's tuning alone."""
+        for done in range(self.warmup):
+            seconds, _ = self.timed(fn)
+            if done >= 1 and seconds > self.budget_s:
+                break
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
     def runs(self, first: float) -> int:
+        """Timed runs: one where a run outlasts the budget (segment_reduce's
+        seconds over a power law, set against milliseconds: a median of three
+        would only triple its share of a page run), else at least three."""
+        if first > self.budget_s:
+            return 1
         return max(3, min(self.repeat, int(self.budget_s / max(first, 1e-9))))
 
     def interleaved_medians(

@@ -63,6 +63,31 @@ def test_timer_retries_a_run_that_kept_host_time_and_counts_those_that_still_do(
     assert tries == {"a": 2 * 5, "b": bench.HOST_RETRIES * 5}
 
 
+def test_timer_warms_an_op_slower_than_its_budget_twice_and_times_it_once(bench, monkeypatch):
+    timer = bench.Timer(torch.device("cpu"), warmup=3, repeat=20, budget_s=1.0)
+    calls = {"slow": 0, "tuned": 0}
+    # slow: every run 5 s; tuned: its first run 5 s (Triton's tuning), then 0.1 s
+    durations = {"slow": lambda n: 5.0, "tuned": lambda n: 5.0 if n == 1 else 0.1}
+
+    def op(name):
+        def run():
+            calls[name] += 1
+            return name
+
+        return run
+
+    def timed(fn):
+        name = fn()
+        return durations[name](calls[name]), False
+
+    monkeypatch.setattr(timer, "timed", timed)
+    seconds, errors, _ = timer.interleaved_medians({"slow": op("slow"), "tuned": op("tuned")}, 4)
+    assert seconds == {"slow": 5.0, "tuned": 0.1} and errors == {}
+    # slow: two warm-ups and one timed run; tuned: all three warm-ups, then
+    # as many runs as the budget holds (10, the first included)
+    assert calls == {"slow": 3, "tuned": 3 + 10}
+
+
 def fresh_ab(monkeypatch):
     """benchmarks/ab.py, imported anew: it binds `bench` (or its absence) at import."""
     if not (BENCHMARKS / "ab.py").exists():
