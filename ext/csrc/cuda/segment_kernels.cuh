@@ -175,6 +175,13 @@ constexpr int kTeams = kThreads / kTeam;  // team kernels: teams per block
 // reading back only what it copied) lost on an H100 (ab.py, bf16, 32
 // columns): short segments 81.3 -> 78.7 (2 batches), 78.4 (4); power law
 // 70.9 -> 67.3, 66.5. More bytes in flight made it slower, not faster.
+// An H200, though (a copy at 4.2 TB/s, against 3.0 on the H100), wants more
+// rows in flight: at 4 blocks per SM (ab.py, bf16, 32 columns, short segments
+// then power law), 12 rows after the adds 70.9 -> 76.0 and 58.7 -> 61.0
+// (spilling 40 bytes), 16 rows 76.3 and 61.5; 12 rows at 3 blocks per SM lost
+// (67.3 and 54.1), at 5 gained less on short segments (73.5; power law 61.5).
+// They stay at 8 until this kernel as it is now is measured on an H100 too,
+// where 12 rows had lost.
 template <typename T, bool kWideRows>
 struct StreamSumRows {
   static constexpr bool kReadAhead = sizeof(T) >= 4 || kWideRows;
