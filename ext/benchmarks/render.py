@@ -97,6 +97,14 @@ def rounds(settings: dict) -> str:
     return f", in {count} rounds over each case's ops" if count else ""
 
 
+def slow_ops(settings: dict) -> str:
+    """How an op slower than the budget was timed, on pages that say so (older
+    pages timed it like any other)."""
+    if not settings.get("once_over_budget"):
+        return ""
+    return f"; an op of over {settings.get('budget_s', '?')} s a run: one run after 2 warm-ups"
+
+
 def render(data: dict, source_name: str) -> str:
     header, cases = data["header"], data["cases"]
     settings = header.get("settings", {})
@@ -132,7 +140,7 @@ def render(data: dict, source_name: str) -> str:
         f"| Size per case | {size(settings)} |",
         f"| Timing | median of up to {settings.get('repeat', '?')} runs after "
         f"{settings.get('warmup', '?')} warm-up run(s){rounds(settings)} "
-        f"({settings.get('timer', '?')}) |",
+        f"({settings.get('timer', '?')}){slow_ops(settings)} |",
         "",
     ]
     lines += textwrap.wrap(

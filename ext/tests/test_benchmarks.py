@@ -1,5 +1,6 @@
 """The benchmark's timer, on the CPU: what it times, in which order, and what it
-does with a run that kept host time in it."""
+does with a run that kept host time in it or outlasted the budget; what the page
+says of it; and ab.py's command line."""
 
 import importlib
 import os
@@ -86,6 +87,23 @@ def test_timer_warms_an_op_slower_than_its_budget_twice_and_times_it_once(bench,
     # slow: two warm-ups and one timed run; tuned: all three warm-ups, then
     # as many runs as the budget holds (10, the first included)
     assert calls == {"slow": 3, "tuned": 3 + 10}
+
+
+def test_page_says_how_it_timed_an_op_slower_than_the_budget_only_if_it_did(monkeypatch):
+    if not (BENCHMARKS / "render.py").exists():
+        pytest.skip(f"benchmarks not found at {BENCHMARKS} (set SEGMENT_OPS_SRC)")
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    monkeypatch.delitem(sys.modules, "render", raising=False)
+    render = importlib.import_module("render")
+
+    def timing(settings):
+        page = render.render({"header": {"settings": settings}, "cases": []}, "x.json")
+        return next(line for line in page.splitlines() if line.startswith("| Timing"))
+
+    assert "one run after 2 warm-ups" not in timing({"budget_s": 0.5})  # an older page
+    assert timing({"budget_s": 0.5, "once_over_budget": True}).endswith(
+        "; an op of over 0.5 s a run: one run after 2 warm-ups |"
+    )
 
 
 def fresh_ab(monkeypatch):
