@@ -25,7 +25,7 @@ Per case, measured side by side in one run (CUDA events, warm-up, median; the
 GPU is kept busy while the host enqueues each op, so the host's own overhead
 is not timed, and a run where it was is retried; the ops take turns over
 TIMING_ROUNDS rounds, so a slow stretch does not land on one op alone; an op
-whose run outlasts --budget is warmed up twice and timed once):
+whose run outlasts --budget is warmed up at most twice and timed once):
 
     native_forward           segment_ops.segment_sum(src, indptr)
     native_backward          segment_ops.segment_gather(grad_out, indptr, rows)

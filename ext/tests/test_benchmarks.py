@@ -100,9 +100,13 @@ def test_page_says_how_it_timed_an_op_slower_than_the_budget_only_if_it_did(monk
         page = render.render({"header": {"settings": settings}, "cases": []}, "x.json")
         return next(line for line in page.splitlines() if line.startswith("| Timing"))
 
-    assert "one run after 2 warm-ups" not in timing({"budget_s": 0.5})  # an older page
-    assert timing({"budget_s": 0.5, "once_over_budget": True}).endswith(
-        "; an op of over 0.5 s a run: one run after 2 warm-ups |"
+    assert "an op of over" not in timing({"budget_s": 0.5, "warmup": 3})  # an older page
+    assert timing({"budget_s": 0.5, "warmup": 3, "once_over_budget": True}).endswith(
+        "; an op of over 0.5 s a run: one run after 2 warm-up run(s) |"
+    )
+    # --quick warms up once: so does a slow op
+    assert timing({"budget_s": 0.2, "warmup": 1, "once_over_budget": True}).endswith(
+        "; an op of over 0.2 s a run: one run after 1 warm-up run(s) |"
     )
 
 
