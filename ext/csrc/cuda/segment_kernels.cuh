@@ -178,16 +178,28 @@ constexpr int kTeams = kThreads / kTeam;  // team kernels: teams per block
 // An H200, though (a copy at 4.2 TB/s, against 3.0 on the H100), wants more
 // rows in flight: at 4 blocks per SM (ab.py, bf16, 32 columns, short segments
 // then power law), 12 rows after the adds 70.9 -> 76.0 and 58.7 -> 61.0
-// (spilling 40 bytes), 16 rows 76.3 and 61.5; 12 rows at 3 blocks per SM lost
-// (67.3 and 54.1), at 5 gained less on short segments (73.5; power law 61.5).
-// They stay at 8 until this kernel as it is now is measured on an H100 too,
-// where 12 rows had lost.
-template <typename T, bool kWideRows>
+// (spilling 40 bytes), 16 rows 76.3 and 61.5, and again 70.6 -> 76.0 and 58.4
+// -> 62.0; 12 rows at 3 blocks per SM lost (67.3 and 54.1), at 5 gained less
+// on short segments (73.5; power law 61.5). So devices whose memory feeds
+// each SM faster than an H100's by a margin (kDeepBytesPerSm) take 16 rows
+// (kDeep) where a thread loads at most 4 bytes a row: 64 bytes in flight, as
+// 8 rows of 8-byte packs hold, and no spill (8-byte packs spilled 64 bytes at
+// 16 rows). Others, the H100 among them, keep 8, where 12 had lost.
+enum class StreamRows { kNarrow, kDeep, kWide };
+template <typename T, StreamRows kShape>
 struct StreamSumRows {
-  static constexpr bool kReadAhead = sizeof(T) >= 4 || kWideRows;
-  static constexpr int kRows = sizeof(T) >= 4 ? kBatch : kWideRows ? 6 : 2 * kBatch;
-  static constexpr int kBlocksPerSm = sizeof(T) >= 4 || !kWideRows ? kStreamBlocksPerSm : 3;
+  static constexpr bool kReadAhead = sizeof(T) >= 4 || kShape == StreamRows::kWide;
+  static constexpr int kRows = sizeof(T) >= 4                    ? kBatch
+                               : kShape == StreamRows::kWide ? 6
+                               : kShape == StreamRows::kDeep ? 4 * kBatch
+                                                             : 2 * kBatch;
+  static constexpr int kBlocksPerSm =
+      sizeof(T) >= 4 || kShape != StreamRows::kWide ? kStreamBlocksPerSm : 3;
 };
+// Peak memory bandwidth per SM (bytes/s, from the device's attributes) from
+// which the stream sum takes StreamRows::kDeep: an H100 (SXM) has 25e9, an
+// H200 36e9.
+constexpr double kDeepBytesPerSm = 30e9;
 constexpr int kWideHalfLanes = 16;  // stream sum: packs per row from which half types read ahead
 constexpr int64_t kPairRowBytes = 64;  // stream sum: rows of 2-byte types it sums in pairs
 // The gathers launch several waves of blocks, so that blocks that finish early
@@ -1280,26 +1292,20 @@ __device__ __forceinline__ void tile_sum_block(const T* __restrict__ src,
         auto sum_before = [&](int s1) {  // the row before s1
           return sums + (s1 - 1) / kRun * kStride + (s1 - 1) % kRun * W;
         };
-        const int in_window = static_cast<int>(imin(w.n, kWindow));
-        T* dst = out + (first + tid) * W;
-        for (int i = tid; i + 1 < in_window; i += kThreads, dst += kThreads * W) {
-          const int s0 = sm.window[i], s1 = sm.window[i + 1];
-          if (!closed_in_run(s0, s1)) continue;
+        auto store_closed = [&](int s0, int s1, T* dst) {
+          if (!closed_in_run(s0, s1)) return;
           Acc total[W];
           const Acc* row = sum_before(s1);
 #pragma unroll
           for (int k = 0; k < W; ++k) total[k] = row[k];
           store_sum<T, W>(dst, total);
-        }
-        for (int64_t i = in_window - 1 + tid; i + 1 < w.n; i += kThreads) {  // past the window
-          const int s0 = start(i), s1 = start(i + 1);
-          if (!closed_in_run(s0, s1)) continue;
-          Acc total[W];
-          const Acc* row = sum_before(s1);
-#pragma unroll
-          for (int k = 0; k < W; ++k) total[k] = row[k];
-          store_sum<T, W>(out + (first + i) * W, total);
-        }
+        };
+        const int in_window = static_cast<int>(imin(w.n, kWindow));
+        T* dst = out + (first + tid) * W;
+        for (int i = tid; i + 1 < in_window; i += kThreads, dst += kThreads * W)
+          store_closed(sm.window[i], sm.window[i + 1], dst);
+        for (int64_t i = in_window - 1 + tid; i + 1 < w.n; i += kThreads)  // past the window
+          store_closed(start(i), start(i + 1), out + (first + i) * W);
       }
     }
     if (tid == kThreads - 1) sm.carry = RunSumOp<Acc, W>()(before, item);
@@ -2173,7 +2179,7 @@ struct StreamSumShared {
   Acc item_val[2 * kThreads * W];
 };
 
-template <typename T, int W, bool kWideRows>
+template <typename T, int W, StreamRows kShape>
 __device__ __forceinline__ void stream_sum_block(const T* __restrict__ src,
                                                  const int64_t* __restrict__ indptr,
                                                  T* __restrict__ out, int64_t rows,
@@ -2182,7 +2188,7 @@ __device__ __forceinline__ void stream_sum_block(const T* __restrict__ src,
                                                  const Crossing<typename Num<T>::acc>& cross,
                                                  StreamSumShared<T, W>& sm) {
   using Acc = typename Num<T>::acc;
-  using Batch = StreamSumRows<T, kWideRows>;
+  using Batch = StreamSumRows<T, kShape>;
   constexpr int kRows = Batch::kRows;
   constexpr int kCols = W;  // columns each thread sums
   const Place p = place(rows, inner, W, group_rows, slab);
@@ -2356,15 +2362,15 @@ __device__ __forceinline__ void stream_sum_block(const T* __restrict__ src,
 // Grid: x = row ranges (one per block, equal sizes, as many as fit on the GPU
 // at once), y = column slabs of kThreads packs (only rows wider than
 // kThreads * W elements have more than one).
-template <typename T, int W, bool kWideRows>
-__global__ void __launch_bounds__(kThreads, StreamSumRows<T, kWideRows>::kBlocksPerSm)
+template <typename T, int W, StreamRows kShape>
+__global__ void __launch_bounds__(kThreads, StreamSumRows<T, kShape>::kBlocksPerSm)
     stream_sum_kernel(const T* __restrict__ src, const int64_t* __restrict__ indptr,
                       T* __restrict__ out, int64_t rows, int64_t segments, int64_t inner,
                       int64_t group_rows, int64_t slabs, Crossing<typename Num<T>::acc> cross) {
   __shared__ StreamSumShared<T, W> sm;
   for (int64_t slab = blockIdx.y; slab < slabs; slab += gridDim.y) {
-    stream_sum_block<T, W, kWideRows>(src, indptr, out, rows, segments, inner, group_rows, slab,
-                                      cross, sm);
+    stream_sum_block<T, W, kShape>(src, indptr, out, rows, segments, inner, group_rows, slab,
+                                   cross, sm);
     __syncthreads();
   }
 }
@@ -2983,6 +2989,31 @@ inline cudaError_t sm_count(int* sms) {
   return cudaSuccess;
 }
 
+// Whether the device's peak memory bandwidth per SM reaches kDeepBytesPerSm.
+inline cudaError_t deep_memory(bool* deep) {
+  static std::atomic<int> cache[kMaxDevices];  // 0: not asked yet, 1: no, 2: yes
+  int dev = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err != cudaSuccess) return err;
+  const bool cached = dev >= 0 && dev < kMaxDevices;
+  int answer = cached ? cache[dev].load(std::memory_order_relaxed) : 0;
+  if (answer == 0) {
+    int sms = 0, clock_khz = 0, bus_bits = 0;
+    err = sm_count(&sms);
+    if (err == cudaSuccess)
+      err = cudaDeviceGetAttribute(&clock_khz, cudaDevAttrMemoryClockRate, dev);
+    if (err == cudaSuccess)
+      err = cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, dev);
+    if (err != cudaSuccess) return err;
+    // Two transfers per clock (DDR), bus_bits / 8 bytes each.
+    const double bytes_per_sm = 2.0 * clock_khz * 1e3 * (bus_bits / 8.0) / sms;
+    answer = bytes_per_sm >= kDeepBytesPerSm ? 2 : 1;
+    if (cached) cache[dev].store(answer, std::memory_order_relaxed);
+  }
+  *deep = answer == 2;
+  return cudaSuccess;
+}
+
 // Blocks of kKernel that fit on the whole GPU at once.
 template <auto kKernel>
 inline cudaError_t resident_blocks(int64_t* blocks) {
@@ -3193,7 +3224,7 @@ inline int64_t unit_rows(int64_t rows, int64_t units, int64_t min_rows, int64_t 
   return ceil_div(imax(min_rows, ceil_div(rows, units)), step) * step;
 }
 
-template <typename T, int W, bool kWideRows = false>
+template <typename T, int W, StreamRows kShape = StreamRows::kNarrow>
 cudaError_t launch_stream_sum(const T* src, const int64_t* indptr, T* out, int64_t rows,
                               int64_t segments, int64_t inner, void* workspace,
                               cudaStream_t stream) {
@@ -3202,19 +3233,27 @@ cudaError_t launch_stream_sum(const T* src, const int64_t* indptr, T* out, int64
   // Rows of single elements (unaligned or odd widths) or pairs keep the
   // narrow shape: the read-ahead won on 8-byte packs only (pairs: see
   // segment_sum).
-  if constexpr (sizeof(T) == 2 && W > 2 && !kWideRows) {
+  if constexpr (sizeof(T) == 2 && W > 2 && kShape == StreamRows::kNarrow) {
     if (shape.lanes >= kWideHalfLanes)
-      return launch_stream_sum<T, W, true>(src, indptr, out, rows, segments, inner, workspace,
-                                           stream);
+      return launch_stream_sum<T, W, StreamRows::kWide>(src, indptr, out, rows, segments, inner,
+                                                        workspace, stream);
+  }
+  if constexpr (sizeof(T) == 2 && W <= 2 && kShape == StreamRows::kNarrow) {
+    bool deep = false;
+    const cudaError_t err = deep_memory(&deep);
+    if (err != cudaSuccess) return err;
+    if (deep)
+      return launch_stream_sum<T, W, StreamRows::kDeep>(src, indptr, out, rows, segments, inner,
+                                                        workspace, stream);
   }
   int64_t capacity = 0;
-  cudaError_t err = resident_blocks<&stream_sum_kernel<T, W, kWideRows>>(&capacity);
+  cudaError_t err = resident_blocks<&stream_sum_kernel<T, W, kShape>>(&capacity);
   if (err != cudaSuccess) return err;
   const int64_t units = imax(1, capacity / shape.grid_y) * shape.groups;
   // Rows that read ahead end each group with a partial batch if need be, in
   // groups of a multiple of kBatch rows (as measured); the others sum whole
   // batches of kRows, so only the input's last group sums rows one by one.
-  using Batch = StreamSumRows<T, kWideRows>;
+  using Batch = StreamSumRows<T, kShape>;
   const int64_t group_rows =
       unit_rows(rows, units, kMinGroupRows, Batch::kReadAhead ? kBatch : Batch::kRows);
   const int64_t block_rows = group_rows * shape.groups;
@@ -3223,7 +3262,7 @@ cudaError_t launch_stream_sum(const T* src, const int64_t* indptr, T* out, int64
   err = crossing(workspace, blocks, inner, &c);
   if (err != cudaSuccess) return err;
   const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(shape.grid_y));
-  stream_sum_kernel<T, W, kWideRows><<<grid, kThreads, 0, stream>>>(
+  stream_sum_kernel<T, W, kShape><<<grid, kThreads, 0, stream>>>(
       src, indptr, out, rows, segments, inner, group_rows, shape.slabs, c);
   err = cudaGetLastError();
   if (err != cudaSuccess || blocks == 1) return err;
