@@ -492,7 +492,10 @@ def test_compile_fullgraph(device):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("layout", ["mixed", "one_huge", "many_tiny", "all_empty", "no_segments"])
-@pytest.mark.parametrize("inner", [2, 5])  # the lane kernel (rows of up to 4 columns), the walk
+# 2: the lane kernel (rows of up to 4 columns); 5 and 24: the walk, except
+# where segments are short (mixed, many_tiny) in rows of up to 64 bytes (5 of
+# fp32, both of the half types), which take the wide lanes (columns masked).
+@pytest.mark.parametrize("inner", [2, 5, 24])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_triton_backend(layout, inner, dtype):
     pytest.importorskip("triton")
@@ -503,11 +506,14 @@ def test_triton_backend(layout, inner, dtype):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("law", LAWS)
-@pytest.mark.parametrize("inner", [1, 3, 4, 64, 300])
+@pytest.mark.parametrize("inner", [1, 3, 4, 8, 20, 32, 64, 300])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_triton_laws_and_widths(law, inner, dtype):
     # The Triton kernels are tuned per mean segment length: each law gets its own
-    # tiles. Rows of up to 4 columns take the lane kernel (3: a masked column).
+    # tiles. Rows of up to 4 columns take the lane kernel (3: a masked column), and
+    # so do rows of 8 columns to 64 bytes over short segments (bf16, 20: masked
+    # columns; the short and power laws, and the crowd's empty segments around two
+    # long ones that take the rest path).
     pytest.importorskip("triton")
     indptr = make_indptr(LAWS[law], "cuda")
     src = random_src(int(indptr[-1]), (inner,), dtype, "cuda")
@@ -528,6 +534,17 @@ def test_triton_one_column_rows_skip_tiles_that_lost():
     assert prune(configs, {"length_class": triton_module._LANE_GIANT_CLASS}, INNER=1) == configs
 
 
+class LaunchRecorder:
+    """Stands in for a Triton kernel: `kernel[grid](...)` records (name, kwargs)
+    into `launches` instead of launching."""
+
+    def __init__(self, name, launches):
+        self.name, self.launches = name, launches
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.launches.append((self.name, kwargs))
+
+
 def test_triton_lane_register_cap_only_where_eight_rows_fit_under_it(monkeypatch):
     # Eight rows per lane on 4-column rows pay only under a 64-register cap,
     # which spills on other widths, fp64 and the multi-warp giant shapes, and
@@ -540,16 +557,12 @@ def test_triton_lane_register_cap_only_where_eight_rows_fit_under_it(monkeypatch
 
     launches = []
 
-    class Recorder:
-        def __init__(self, name):
-            self.name = name
+    def recorder(name):
+        return LaunchRecorder(name, launches)
 
-        def __getitem__(self, grid):
-            return lambda *args, **kwargs: launches.append((self.name, kwargs))
-
-    lane_kernels = {False: Recorder("uncapped"), True: Recorder("capped")}
+    lane_kernels = {False: recorder("uncapped"), True: recorder("capped")}
     monkeypatch.setattr(triton_module, "_LANE_KERNELS", lane_kernels)
-    monkeypatch.setattr(triton_module, "_finish_kernel", Recorder("finish"))
+    monkeypatch.setattr(triton_module, "_finish_kernel", recorder("finish"))
     monkeypatch.setattr(torch.library, "wrap_triton", lambda kernel: kernel)
 
     def lane_launch(dtype, inner, rows=64, traced=False):
@@ -565,6 +578,47 @@ def test_triton_lane_register_cap_only_where_eight_rows_fit_under_it(monkeypatch
     assert lane_launch(torch.float64, 4) == lane_launch(torch.bfloat16, 3) == ("uncapped", 4)
     assert lane_launch(torch.bfloat16, 4, rows=1 << 16) == ("uncapped", 4)  # giant class
     assert lane_launch(torch.bfloat16, 4, traced=True) == ("uncapped", 4)
+
+
+def test_triton_wide_lanes_only_for_short_segments_of_rows_up_to_64_bytes(monkeypatch):
+    # Rows of 5 columns to 64 bytes (fp32, fp16, bf16) take lanes over short
+    # segments, blocks of 512 bytes a row (one 16-byte load per thread and row on
+    # one warp); wider rows, fp64 and long segments keep the walk. Stand-in
+    # kernels: no GPU needed.
+    triton_module = pytest.importorskip("segment_ops._triton", exc_type=ImportError)
+    launches = []
+
+    def recorder(name):
+        return LaunchRecorder(name, launches)
+
+    walks = {cols: recorder("walk") for cols in triton_module._KERNELS}
+    monkeypatch.setattr(triton_module, "_KERNELS", walks)
+    lanes = {False: recorder("lanes"), True: recorder("lanes")}
+    monkeypatch.setattr(triton_module, "_LANE_KERNELS", lanes)
+    monkeypatch.setattr(triton_module, "_WIDE_LANE_KERNEL", recorder("wide"))
+    monkeypatch.setattr(triton_module, "_finish_kernel", recorder("finish"))
+    monkeypatch.setattr(triton_module, "_traced", lambda *tensors: False)
+
+    def picked(dtype, inner, mean_rows):
+        launches.clear()
+        rows = 64 * mean_rows
+        x = torch.zeros(rows, inner, dtype=dtype)
+        indptr = torch.arange(0, rows + 1, mean_rows)
+        triton_module._launch(x, indptr, x.new_empty(64, inner))
+        name, kwargs = launches[0]
+        if name != "wide":
+            return name
+        return name, kwargs["BLOCK_SEGS"], kwargs["ROW_ELEMENTS"], kwargs["LANE_ROWS"]
+
+    assert picked(torch.bfloat16, 32, 8) == picked(torch.float16, 32, 63) == ("wide", 8, 256, 16)
+    assert picked(torch.bfloat16, 20, 8) == ("wide", 8, 256, 16)  # a block of 32 columns
+    assert picked(torch.bfloat16, 8, 8) == picked(torch.bfloat16, 5, 8) == ("wide", 32, 256, 16)
+    assert picked(torch.float32, 16, 8) == picked(torch.float32, 9, 8) == ("wide", 8, 128, 16)
+    assert picked(torch.float32, 8, 8) == ("wide", 16, 128, 16)
+    assert picked(torch.bfloat16, 4, 8) == picked(torch.float32, 4, 8) == "lanes"
+    assert picked(torch.bfloat16, 32, 64) == picked(torch.float32, 16, 64) == "walk"
+    assert picked(torch.bfloat16, 33, 8) == picked(torch.float32, 17, 8) == "walk"
+    assert picked(torch.float64, 8, 8) == "walk"
 
 
 @pytest.mark.gpu

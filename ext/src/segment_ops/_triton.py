@@ -372,20 +372,22 @@ def _segment_sum_kernel(
     )
 
 
-# Rows of up to _LANE_MAX_COLS columns. The walk above reduces a whole tile at
-# every segment end: with short segments of such narrow rows that is more work
-# than the rows' few bytes allow (it ran at 11-42 % of copy bandwidth on an
-# H100). Here one lane owns one segment instead and adds its rows in a loop,
-# so a segment end costs a store; neighbouring lanes read neighbouring bytes,
-# so a warp's loads fall on a few cache lines. A program owns a chunk of rows
-# as in the walk. Where few segments start in it (WALK_ROWS rows or more
-# each, on average) it walks. Otherwise it takes the segments BLOCK_SEGS at a
-# time: those inside the chunk and of at most LANE_ROWS rows go one per lane
-# (the loop runs as long as the block's longest), the others (long ones, and
-# those crossing the chunk's edges) one after another, each summed over its
-# rows in the chunk by the whole program a tile at a time and written as in
-# the walk (crossing parts into the workspace). The row width is a constexpr,
-# so a lane reads a whole row with one load.
+# Rows of up to _LANE_MAX_COLS columns, and short segments of rows of up to
+# _WIDE_LANE_MAX_BYTES (_wide_lanes). The walk above reduces a whole tile
+# at every segment end: with short segments of such narrow rows that is more
+# work than the rows' few bytes allow (it ran at 11-42 % of copy bandwidth on
+# an H100; bf16, 8 to 32 columns, 22-52 % on an H200). Here one lane owns one
+# segment instead and adds its rows in a loop, so a segment end costs a store;
+# neighbouring lanes read neighbouring bytes, so a warp's loads fall on a few
+# cache lines. A program owns a chunk of rows as in the walk. Where few
+# segments start in it (WALK_ROWS rows or more each, on average) it walks.
+# Otherwise it takes the segments BLOCK_SEGS at a time: those inside the chunk
+# and of at most LANE_ROWS rows go one per lane (the loop runs as long as the
+# block's longest), the others (long ones, and those crossing the chunk's
+# edges) one after another, each summed over its rows in the chunk by the
+# whole program a tile at a time and written as in the walk (crossing parts
+# into the workspace). The row width is a constexpr, so a lane reads a whole
+# row with one load.
 # A scan over rows instead (tl.cumsum of each tile, the segments' sums taken
 # as differences of the prefix gathered at their ends with tl.gather) ran 12x
 # slower on an H100: the gather became warp shuffles, 1024 of them, at 255
@@ -611,6 +613,24 @@ _KERNELS = {
 # was best or within 2 points of the best on every law but giant segments,
 # where bigger tiles on more warps stream faster.
 _LANE_MAX_COLS = 4
+# Short segments of rows of 5 columns to 64 bytes (fp32, fp16, bf16) take
+# lanes too, in blocks of _WIDE_LANE_BYTES per row (BLOCK_SEGS = that over the
+# row's column block): one 16-byte load per thread and row on one warp, which
+# won at every width against more segments or fewer. On an H200, % of copy
+# bandwidth, walk (as tuned) -> lanes (best shape), short segments then power
+# law: bf16, 32 columns 52.1 -> 71.7 and 45.7 -> 58.4 (blocks of 1 KB: 58.4
+# and 55.2); 16 columns 38.6 -> 61.5 and 33.1 -> 49.8; 8 columns 22.6 -> 63.0
+# and 21.7 -> 48.4; fp16, 32 columns, short segments 52.9 -> 72.6; fp32, 16
+# columns 67.4 -> 76.5 and 52.2 -> 71.3; 8 columns 41.2 -> 70.3 and 36.9 ->
+# 64.6 (the CUDA forward there: 71.2, 62.0, 58.0, 49.5). Segments of more than
+# 16 rows go to the rest path (8 rows lost up to 35 points on short segments,
+# 32 up to 3 on the power law). Rows of 128 bytes lost with lanes (fp32, 32
+# columns, blocks of 2 KB: short segments 85.5 -> 69.2, power law 72.9 ->
+# 58.1). Segments of a mean of _WALK_ROWS rows or more keep the walk: its
+# multi-warp tiles stream long segments faster than one warp does.
+_WIDE_LANE_MAX_BYTES = 64
+_WIDE_LANE_BYTES = 512
+_WIDE_LANE_ROWS = 16
 # Longest segment a lane sums on its own; longer ones go to the whole program,
 # one after another. Rows of one column are cheap enough per lane to take
 # longer ones (H100, % of copy bandwidth, power law, 1 column: bf16 43.7 ->
@@ -719,10 +739,38 @@ _LANE_KERNELS = {
 }
 
 
+# The wide lanes' block is set by the row width, so their tuner tries chunk
+# sizes and rows per lane and iteration (bf16: 8 won on 16 columns, short
+# segments 55.4 -> 60.8; 4 on 32 columns, 70.7 -> 71.7, and on the power law).
+_WIDE_LANE_KERNEL = triton.autotune(
+    configs=[
+        triton.Config({"CHUNK_ROWS": chunk, "LANE_STEP": step}, num_warps=1)
+        for chunk in (256, 512, 1024)
+        for step in (4, 8)
+    ],
+    key=["INNER", "IS_FP64", "length_class"],
+    reset_to_zero=["ws_ptr"],
+)(_segment_sum_lanes_kernel)
+
+
+def _wide_lanes(rows: int, segments: int, inner: int, element_size: int) -> bool:
+    """Whether rows wider than _LANE_MAX_COLS columns take the lane kernel:
+    fp32, fp16 and bf16 rows whose column block holds up to _WIDE_LANE_MAX_BYTES,
+    over segments of a mean under _WALK_ROWS rows (shapes only, so no sync;
+    symbolic shapes count as short)."""
+    if inner <= _LANE_MAX_COLS or element_size > 4:
+        return False
+    if _block_cols(inner) * element_size > _WIDE_LANE_MAX_BYTES:
+        return False
+    if not all(isinstance(v, int) for v in (rows, segments)):
+        return True
+    return rows < _WALK_ROWS * max(segments, 1)
+
+
 def forget_tuning() -> None:
     """Forget the tile shapes tuned so far: the next call of each shape class
     tunes again, on its own input."""
-    for kernel in (*_KERNELS.values(), *_LANE_KERNELS.values()):
+    for kernel in (*_KERNELS.values(), *_LANE_KERNELS.values(), _WIDE_LANE_KERNEL):
         kernel.cache.clear()
 
 
@@ -788,6 +836,23 @@ def _launch(x: Tensor, indptr: Tensor, out: Tensor) -> None:
             INNER=int(inner),  # a constexpr: specializes traced shapes on it
             LANE_ROWS=_LANE_ROWS_ONE_COLUMN if inner == 1 else _LANE_ROWS,
             LANE_STEP=lane_step,
+            WALK_ROWS=_WALK_ROWS,
+            **constants,
+        )
+    elif _wide_lanes(rows, segments, inner, x.element_size()):
+        launcher(_WIDE_LANE_KERNEL)[grid](
+            x,
+            indptr,
+            out,
+            ws,
+            rows,
+            segments,
+            slots,
+            length_class,
+            INNER=int(inner),
+            BLOCK_SEGS=_WIDE_LANE_BYTES // (block_cols * x.element_size()),
+            LANE_ROWS=_WIDE_LANE_ROWS,
+            ROW_ELEMENTS=_WIDE_LANE_BYTES // x.element_size(),
             WALK_ROWS=_WALK_ROWS,
             **constants,
         )
