@@ -185,6 +185,15 @@ constexpr int kTeams = kThreads / kTeam;  // team kernels: teams per block
 // (kDeep) where a thread loads at most 4 bytes a row: 64 bytes in flight, as
 // 8 rows of 8-byte packs hold, and no spill (8-byte packs spilled 64 bytes at
 // 16 rows). Others, the H100 among them, keep 8, where 12 had lost.
+// fp32 on an H200 (ab.py, short segments then power law), 8 rows read ahead
+// instead of 4: single columns (odd widths, 33 columns) gain, 55.6 -> 61.5 and
+// 46.4 -> 49.0, no spill, a lead for kDeep; 8-byte packs lose (8 columns 58.5
+// -> 50.2 and 50.3 -> 45.4; 64 columns 84.8 -> 65.8, spilling 32 bytes), and
+// at 3 blocks per SM gain only on short segments in wide rows (256 columns,
+// short 87.1 -> 90.6 but power law 83.3 -> 82.3; 16 columns, power law 61.8
+// -> 56.9); 6 rows lost up to 4 points. Rows of 8 and 16 fp32 columns ran faster in the Triton
+// forward's lanes (70.3 and 76.5 on short segments): a lane sum for such rows
+// is the lead there.
 enum class StreamRows { kNarrow, kDeep, kWide };
 template <typename T, StreamRows kShape>
 struct StreamSumRows {
