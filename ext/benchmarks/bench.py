@@ -49,6 +49,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import platform
 import shlex
 import statistics
@@ -428,6 +429,19 @@ def table_line(values) -> str:
     )
 
 
+def recorded_command(argv: list[str]) -> str:
+    """The command line as the page shows it, for a reader to rerun: --out's
+    folder is left out (it is the measuring machine's, say a scratch folder
+    the results were copied from), its file name kept."""
+    words = ["python", *argv]
+    for i, word in enumerate(words):
+        if word == "--out" and i + 1 < len(words):
+            words[i + 1] = os.path.basename(words[i + 1])
+        elif word.startswith("--out="):
+            words[i] = "--out=" + os.path.basename(word.split("=", 1)[1])
+    return " ".join(shlex.quote(w) for w in words)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -501,7 +515,7 @@ def main(argv=None):
         # The code beside this script: run it from the checkout the build came from.
         "sources": sources.digest(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join(shlex.quote(a) for a in ["python", *sys.argv]),
+        "command": recorded_command(sys.argv),
         "settings": {
             "rows": fixed,
             "src_mib": None if fixed else args.src_mib,

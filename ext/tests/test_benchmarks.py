@@ -119,6 +119,19 @@ def fresh_ab(monkeypatch):
     return importlib.import_module("ab")
 
 
+def test_page_command_names_the_results_file_not_the_measuring_machines_folder(bench):
+    argv = ["benchmarks/bench.py", "--budget", "0.5", "--out", "/scratch/run 7/benchmarks.json"]
+    assert bench.recorded_command(argv) == (
+        "python benchmarks/bench.py --budget 0.5 --out benchmarks.json"
+    )
+    assert bench.recorded_command(["benchmarks/bench.py", "--out=/tmp/r.json", "--quick"]) == (
+        "python benchmarks/bench.py --out=r.json --quick"
+    )
+    assert bench.recorded_command(["benchmarks/bench.py", "--quick"]) == (
+        "python benchmarks/bench.py --quick"
+    )
+
+
 def test_ab_builds_without_the_benchmark_and_says_in_one_line_why_it_cannot_run(
     monkeypatch, tmp_path, capsys
 ):
