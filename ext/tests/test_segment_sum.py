@@ -493,8 +493,8 @@ def test_compile_fullgraph(device):
 @pytest.mark.gpu
 @pytest.mark.parametrize("layout", ["mixed", "one_huge", "many_tiny", "all_empty", "no_segments"])
 # 2: the lane kernel (rows of up to 4 columns); 5 and 24: the walk, except
-# where segments are short (mixed, many_tiny) in rows of up to 64 bytes (5 of
-# fp32, both of the half types), which take the wide lanes (columns masked).
+# where segments are short (mixed, many_tiny, all_empty) in rows of up to 64
+# bytes (5 of fp32, both of the half types): the wide lanes (columns masked).
 @pytest.mark.parametrize("inner", [2, 5, 24])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_triton_backend(layout, inner, dtype):
@@ -636,7 +636,7 @@ def test_triton_eager_call_launches_directly(monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("inner", [4, 64])  # the lane kernel, the walk
+@pytest.mark.parametrize("inner", [4, 8, 64])  # the lane kernel, the wide lanes, the walk
 @pytest.mark.parametrize("dynamic", [False, True])
 def test_triton_backend_autograd_and_compile(inner, dynamic):
     pytest.importorskip("triton")

@@ -184,16 +184,18 @@ constexpr int kTeams = kThreads / kTeam;  // team kernels: teams per block
 // each SM faster than an H100's by a margin (kDeepBytesPerSm) take 16 rows
 // (kDeep) where a thread loads at most 4 bytes a row: 64 bytes in flight, as
 // 8 rows of 8-byte packs hold, and no spill (8-byte packs spilled 64 bytes at
-// 16 rows). Others, the H100 among them, keep 8, where 12 had lost.
-// fp32 on an H200 (ab.py, short segments then power law), 8 rows read ahead
-// instead of 4: single columns (odd widths, 33 columns) gain, 55.6 -> 61.5 and
-// 46.4 -> 49.0, no spill, a lead for kDeep; 8-byte packs lose (8 columns 58.5
-// -> 50.2 and 50.3 -> 45.4; 64 columns 84.8 -> 65.8, spilling 32 bytes), and
-// at 3 blocks per SM gain only on short segments in wide rows (256 columns,
-// short 87.1 -> 90.6 but power law 83.3 -> 82.3; 16 columns, power law 61.8
-// -> 56.9); 6 rows lost up to 4 points. Rows of 8 and 16 fp32 columns ran faster in the Triton
-// forward's lanes (70.3 and 76.5 on short segments): a lane sum for such rows
-// is the lead there.
+// 16 rows). Others, the H100 SXM among them, keep 8, where 12 had lost. The
+// bar sits between the two measured devices; parts near it (an H100 NVL has
+// about 29.5e9 per SM, a GH200 of 96 GB 30.3e9) were not measured.
+// Not adopted: fp32 on an H200 (ab.py, short segments then power law), 8 rows
+// read ahead instead of 4. Single columns (odd widths, 33 columns) gained,
+// 55.6 -> 61.5 and 46.4 -> 49.0, no spill (a lead for kDeep); 8-byte packs
+// lost (8 columns 58.5 -> 50.2 and 50.3 -> 45.4; 64 columns 84.8 -> 65.8,
+// spilling 32 bytes), and at 3 blocks per SM gained only on short segments in
+// wide rows (256 columns, short 87.1 -> 90.6 but power law 83.3 -> 82.3; 16
+// columns, power law 61.8 -> 56.9); 6 rows lost up to 4 points. Rows of 8 and
+// 16 fp32 columns ran faster in the Triton forward's lanes (70.3 and 76.5 on
+// short segments): a lane sum for such rows is the lead there.
 enum class StreamRows { kNarrow, kDeep, kWide };
 template <typename T, StreamRows kShape>
 struct StreamSumRows {
@@ -3239,9 +3241,9 @@ cudaError_t launch_stream_sum(const T* src, const int64_t* indptr, T* out, int64
                               cudaStream_t stream) {
   using Acc = typename Num<T>::acc;
   const StreamShape<W> shape(inner);
-  // Rows of single elements (unaligned or odd widths) or pairs keep the
-  // narrow shape: the read-ahead won on 8-byte packs only (pairs: see
-  // segment_sum).
+  // Rows of single elements (unaligned or odd widths) or pairs keep the loop
+  // without read-ahead (kNarrow, or kDeep below): the read-ahead won on 8-byte
+  // packs only (pairs: see segment_sum).
   if constexpr (sizeof(T) == 2 && W > 2 && kShape == StreamRows::kNarrow) {
     if (shape.lanes >= kWideHalfLanes)
       return launch_stream_sum<T, W, StreamRows::kWide>(src, indptr, out, rows, segments, inner,
@@ -3647,9 +3649,10 @@ cudaError_t segment_sum(const T* src, const int64_t* indptr, T* out, int64_t row
   // thread and row: twice the threads per row, so half the groups per warp and
   // fewer of a warp's lanes idle while one group closes a segment. On an H100
   // (ab.py, % of copy bandwidth), bf16, 32 columns: short segments 76.8 ->
-  // 81.1, power law 69.9 -> 70.5. They keep the narrow loop (launch_stream_sum
-  // sends only 8-byte packs to the read-ahead, though pairs make as many lanes
-  // as kWideHalfLanes): with the read-ahead, short segments lost (75.5), and so
+  // 81.1, power law 69.9 -> 70.5. They keep the loop without read-ahead
+  // (launch_stream_sum sends only 8-byte packs to the read-ahead, though pairs
+  // make as many lanes as kWideHalfLanes; on devices deep_memory picks, that
+  // loop holds 16 rows): with the read-ahead, short segments lost (75.5), and so
   // did the power law (63.1). Other widths lost on the power law or gained
   // nothing: 16 columns, short segments 68.1 -> 73.9 but power law 62.6 ->
   // 61.5; 24 columns 69.1 -> 73.1 and 65.0 -> 62.2; 64 columns within 0.2. At 5

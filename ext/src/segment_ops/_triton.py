@@ -622,7 +622,7 @@ _LANE_MAX_COLS = 4
 # and 55.2); 16 columns 38.6 -> 61.5 and 33.1 -> 49.8; 8 columns 22.6 -> 63.0
 # and 21.7 -> 48.4; fp16, 32 columns, short segments 52.9 -> 72.6; fp32, 16
 # columns 67.4 -> 76.5 and 52.2 -> 71.3; 8 columns 41.2 -> 70.3 and 36.9 ->
-# 64.6 (the CUDA forward there: 71.2, 62.0, 58.0, 49.5). Segments of more than
+# 64.6 (the CUDA forward on those four fp32 cases: 71.2, 62.0, 58.0, 49.5). Segments of more than
 # 16 rows go to the rest path (8 rows lost up to 35 points on short segments,
 # 32 up to 3 on the power law). Rows of 128 bytes lost with lanes (fp32, 32
 # columns, blocks of 2 KB: short segments 85.5 -> 69.2, power law 72.9 ->
