@@ -613,21 +613,21 @@ _KERNELS = {
 # was best or within 2 points of the best on every law but giant segments,
 # where bigger tiles on more warps stream faster.
 _LANE_MAX_COLS = 4
-# Short segments of rows of 5 columns to 64 bytes (fp32, fp16, bf16) take
-# lanes too, in blocks of _WIDE_LANE_BYTES per row (BLOCK_SEGS = that over the
-# row's column block): one 16-byte load per thread and row on one warp, which
-# won at every width against more segments or fewer. On an H200, % of copy
-# bandwidth, walk (as tuned) -> lanes (best shape), short segments then power
-# law: bf16, 32 columns 52.1 -> 71.7 and 45.7 -> 58.4 (blocks of 1 KB: 58.4
-# and 55.2); 16 columns 38.6 -> 61.5 and 33.1 -> 49.8; 8 columns 22.6 -> 63.0
-# and 21.7 -> 48.4; fp16, 32 columns, short segments 52.9 -> 72.6; fp32, 16
-# columns 67.4 -> 76.5 and 52.2 -> 71.3; 8 columns 41.2 -> 70.3 and 36.9 ->
-# 64.6 (the CUDA forward on those four fp32 cases: 71.2, 62.0, 58.0, 49.5). Segments of more than
-# 16 rows go to the rest path (8 rows lost up to 35 points on short segments,
-# 32 up to 3 on the power law). Rows of 128 bytes lost with lanes (fp32, 32
-# columns, blocks of 2 KB: short segments 85.5 -> 69.2, power law 72.9 ->
-# 58.1). Segments of a mean of _WALK_ROWS rows or more keep the walk: its
-# multi-warp tiles stream long segments faster than one warp does.
+# Short segments of rows of 5 columns to 64 bytes (fp32, fp16, bf16) take lanes
+# too, in blocks of _WIDE_LANE_BYTES per row (BLOCK_SEGS = that over the row's
+# column block): one 16-byte load per thread and row on one warp, which won at
+# every width against more segments or fewer. On an H200, % of copy bandwidth,
+# walk (as tuned) -> lanes (best shape), short segments then power law: bf16,
+# 32 columns 52.1 -> 71.7 and 45.7 -> 58.4 (blocks of 1 KB: 58.4 and 55.2); 16
+# columns 38.6 -> 61.5 and 33.1 -> 49.8; 8 columns 22.6 -> 63.0 and 21.7 ->
+# 48.4; fp16, 32 columns, short segments 52.9 -> 72.6; fp32, 16 columns 67.4 ->
+# 76.5 and 52.2 -> 71.3; 8 columns 41.2 -> 70.3 and 36.9 -> 64.6 (the CUDA
+# forward on those four fp32 cases: 71.2, 62.0, 58.0, 49.5). Segments of more
+# than 16 rows go to the rest path (8 rows lost up to 35 points on short
+# segments, 32 up to 3 on the power law). Rows of 128 bytes lost with lanes
+# (fp32, 32 columns, blocks of 2 KB: short segments 85.5 -> 69.2, power law
+# 72.9 -> 58.1). Segments of a mean of _WALK_ROWS rows or more keep the walk:
+# its multi-warp tiles stream long segments faster than one warp does.
 _WIDE_LANE_MAX_BYTES = 64
 _WIDE_LANE_BYTES = 512
 _WIDE_LANE_ROWS = 16
