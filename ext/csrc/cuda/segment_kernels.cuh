@@ -187,20 +187,21 @@ constexpr int kTeams = kThreads / kTeam;  // team kernels: teams per block
 // 16 rows). Others, the H100 SXM among them, keep 8, where 12 had lost. The
 // bar sits between the two measured devices; parts near it (an H100 NVL has
 // about 29.5e9 per SM, a GH200 of 96 GB 30.3e9) were not measured.
-// Not adopted: fp32 on an H200 (ab.py, short segments then power law), 8 rows
-// read ahead instead of 4. Single columns (odd widths, 33 columns) gained,
-// 55.6 -> 61.5 and 46.4 -> 49.0, no spill (a lead for kDeep); 8-byte packs
-// lost (8 columns 58.5 -> 50.2 and 50.3 -> 45.4; 64 columns 84.8 -> 65.8,
-// spilling 32 bytes), and at 3 blocks per SM gained only on short segments in
-// wide rows (256 columns, short 87.1 -> 90.6 but power law 83.3 -> 82.3; 16
-// columns, power law 61.8 -> 56.9); 6 rows lost up to 4 points. Rows of 8 and
-// 16 fp32 columns ran faster in the Triton forward's lanes (70.3 and 76.5 on
-// short segments): a lane sum for such rows is the lead there.
+// fp32 rows of single elements (odd widths) read 8 rows ahead on those
+// devices too (kDeep; H200, ab.py, 33 columns, 4 -> 8 rows: short segments
+// 56.3 -> 62.6, power law 46.7 -> 49.2, long segments 67.1 -> 81.0; no spill).
+// 8-byte packs lost with 8 rows (8 columns 58.5 -> 50.2 and 50.3 -> 45.4; 64
+// columns 84.8 -> 65.8, spilling 32 bytes), and at 3 blocks per SM gained only
+// on short segments in wide rows (256 columns, short 87.1 -> 90.6 but power
+// law 83.3 -> 82.3; 16 columns, power law 61.8 -> 56.9); 6 rows lost up to 4
+// points. Rows of 8 and 16 fp32 columns ran faster in the Triton forward's
+// lanes (70.3 and 76.5 on short segments): a lane sum for such rows is the
+// lead there.
 enum class StreamRows { kNarrow, kDeep, kWide };
 template <typename T, StreamRows kShape>
 struct StreamSumRows {
   static constexpr bool kReadAhead = sizeof(T) >= 4 || kShape == StreamRows::kWide;
-  static constexpr int kRows = sizeof(T) >= 4                    ? kBatch
+  static constexpr int kRows = sizeof(T) >= 4 ? (kShape == StreamRows::kDeep ? 2 * kBatch : kBatch)
                                : kShape == StreamRows::kWide ? 6
                                : kShape == StreamRows::kDeep ? 4 * kBatch
                                                              : 2 * kBatch;
@@ -2983,64 +2984,66 @@ __global__ void __launch_bounds__(kThreads, kFixupBlocksPerSm)
 // ---------------------------------------------------------------------------
 // Host side: launch shapes. No call here waits for the device.
 
-inline cudaError_t sm_count(int* sms) {
-  static std::atomic<int> cache[kMaxDevices];
+// A fact about the current device, found by ask(device, &value) once per
+// device (a positive value; 0 in `cache` means not asked yet). The launches
+// ask on every call, so the answers are kept; a failed ask is not.
+template <typename Ask>
+inline cudaError_t per_device(std::atomic<int> (&cache)[kMaxDevices], int* value, Ask ask) {
   int dev = 0;
   cudaError_t err = cudaGetDevice(&dev);
   if (err != cudaSuccess) return err;
   const bool cached = dev >= 0 && dev < kMaxDevices;
-  int n = cached ? cache[dev].load(std::memory_order_relaxed) : 0;
-  if (n == 0) {
-    err = cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
+  int v = cached ? cache[dev].load(std::memory_order_relaxed) : 0;
+  if (v == 0) {
+    err = ask(dev, &v);
     if (err != cudaSuccess) return err;
-    n = n > 0 ? n : 1;
-    if (cached) cache[dev].store(n, std::memory_order_relaxed);
+    if (cached) cache[dev].store(v, std::memory_order_relaxed);
   }
-  *sms = n;
+  *value = v;
   return cudaSuccess;
+}
+
+inline cudaError_t sm_count(int* sms) {
+  static std::atomic<int> cache[kMaxDevices];
+  return per_device(cache, sms, [](int dev, int* n) {
+    const cudaError_t err = cudaDeviceGetAttribute(n, cudaDevAttrMultiProcessorCount, dev);
+    *n = *n > 0 ? *n : 1;
+    return err;
+  });
 }
 
 // Whether the device's peak memory bandwidth per SM reaches kDeepBytesPerSm.
 inline cudaError_t deep_memory(bool* deep) {
-  static std::atomic<int> cache[kMaxDevices];  // 0: not asked yet, 1: no, 2: yes
-  int dev = 0;
-  cudaError_t err = cudaGetDevice(&dev);
-  if (err != cudaSuccess) return err;
-  const bool cached = dev >= 0 && dev < kMaxDevices;
-  int answer = cached ? cache[dev].load(std::memory_order_relaxed) : 0;
-  if (answer == 0) {
+  static std::atomic<int> cache[kMaxDevices];
+  int answer = 0;  // 1: no, 2: yes
+  const cudaError_t err = per_device(cache, &answer, [](int dev, int* yes) {
     int sms = 0, clock_khz = 0, bus_bits = 0;
-    err = sm_count(&sms);
-    if (err == cudaSuccess)
-      err = cudaDeviceGetAttribute(&clock_khz, cudaDevAttrMemoryClockRate, dev);
-    if (err == cudaSuccess)
-      err = cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, dev);
-    if (err != cudaSuccess) return err;
+    cudaError_t e = sm_count(&sms);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&clock_khz, cudaDevAttrMemoryClockRate, dev);
+    if (e == cudaSuccess)
+      e = cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, dev);
     // Two transfers per clock (DDR), bus_bits / 8 bytes each.
-    const double bytes_per_sm = 2.0 * clock_khz * 1e3 * (bus_bits / 8.0) / sms;
-    answer = bytes_per_sm >= kDeepBytesPerSm ? 2 : 1;
-    if (cached) cache[dev].store(answer, std::memory_order_relaxed);
-  }
+    const double bytes_per_sm = 2.0 * clock_khz * 1e3 * (bus_bits / 8.0) / (sms > 0 ? sms : 1);
+    *yes = bytes_per_sm >= kDeepBytesPerSm ? 2 : 1;
+    return e;
+  });
   *deep = answer == 2;
-  return cudaSuccess;
+  return err;
 }
 
 // Blocks of kKernel that fit on the whole GPU at once.
 template <auto kKernel>
 inline cudaError_t resident_blocks(int64_t* blocks) {
   static std::atomic<int> cache[kMaxDevices];
-  int sms = 0, dev = 0;
+  int sms = 0, per_sm = 0;
   cudaError_t err = sm_count(&sms);
-  if (err == cudaSuccess) err = cudaGetDevice(&dev);
+  if (err == cudaSuccess)
+    err = per_device(cache, &per_sm, [](int, int* n) {
+      const cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(n, kKernel, kThreads, 0);
+      *n = *n < 1 ? 1 : (*n > kMaxBlocksPerSm ? kMaxBlocksPerSm : *n);
+      return e;
+    });
   if (err != cudaSuccess) return err;
-  const bool cached = dev >= 0 && dev < kMaxDevices;
-  int per_sm = cached ? cache[dev].load(std::memory_order_relaxed) : 0;
-  if (per_sm == 0) {
-    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kKernel, kThreads, 0);
-    if (err != cudaSuccess) return err;
-    per_sm = per_sm < 1 ? 1 : (per_sm > kMaxBlocksPerSm ? kMaxBlocksPerSm : per_sm);
-    if (cached) cache[dev].store(per_sm, std::memory_order_relaxed);
-  }
   *blocks = static_cast<int64_t>(sms) * per_sm;
   return cudaSuccess;
 }
@@ -3241,15 +3244,16 @@ cudaError_t launch_stream_sum(const T* src, const int64_t* indptr, T* out, int64
                               cudaStream_t stream) {
   using Acc = typename Num<T>::acc;
   const StreamShape<W> shape(inner);
-  // Rows of single elements (unaligned or odd widths) or pairs keep the loop
-  // without read-ahead (kNarrow, or kDeep below): the read-ahead won on 8-byte
-  // packs only (pairs: see segment_sum).
+  // Rows of single elements (unaligned or odd widths) or pairs of 2-byte types
+  // keep the loop without read-ahead (kNarrow, or kDeep below): the read-ahead
+  // won on 8-byte packs only (pairs: see segment_sum). fp32 reads ahead, kDeep
+  // twice as far on single elements.
   if constexpr (sizeof(T) == 2 && W > 2 && kShape == StreamRows::kNarrow) {
     if (shape.lanes >= kWideHalfLanes)
       return launch_stream_sum<T, W, StreamRows::kWide>(src, indptr, out, rows, segments, inner,
                                                         workspace, stream);
   }
-  if constexpr (sizeof(T) == 2 && W <= 2 && kShape == StreamRows::kNarrow) {
+  if constexpr (W * sizeof(T) <= 4 && kShape == StreamRows::kNarrow) {
     bool deep = false;
     const cudaError_t err = deep_memory(&deep);
     if (err != cudaSuccess) return err;

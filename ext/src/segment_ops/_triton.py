@@ -33,7 +33,10 @@ _FANOUT = 32  # probes per step of the per-program search over indptr
 # a reduction over its tile, so short segments want small tiles on one warp
 # (no cross-warp step) and long ones big tiles on four; the autotuner picks
 # per row width, dtype and mean segment length. The shapes are the ones that
-# won on an H100 for some case of the benchmark.
+# won on an H100 for some case of the benchmark, and one that won on an H200:
+# tiles of 4096 elements in chunks of 64 (H200, % of copy bandwidth, bf16,
+# 256 columns, as tuned before -> with it: long segments 72.8 -> 82.7, one
+# giant segment 73.2 -> 87.6; chunks of 32 tiles 77.7 and 81.7, 8 warps lost).
 _TILE_SHAPES = [
     (32, 128, 1),
     (64, 128, 1),
@@ -44,6 +47,7 @@ _TILE_SHAPES = [
     (1024, 16, 4),
     (2048, 16, 4),
     (4096, 8, 4),
+    (4096, 64, 4),
 ]
 
 
@@ -646,6 +650,13 @@ _WALK_ROWS = 64  # mean segment length (rows) from which a chunk walks
 # 1 column, bf16 70.1 -> 73.2, 46.2 -> 48.1; fp32 81.2 -> 83.5, 63.4 -> 61.6;
 # 4 columns, bf16 78.5 -> 81.1, 60.2 -> 58.7; fp32 67.7 -> 77.6, 70.8 -> 71.3.
 # Blocks of 128 segments and walk tiles of 512 elements lost on both.
+# The last two shapes (giant segments only) won on an H200, as tuned before ->
+# the new shape, % of copy bandwidth: bf16, 1 column 75.8 -> 77.9 (chunks of
+# 131072 rows, 8 warps), 4 columns 81.0 -> 84.3 (32768 rows, 4 warps). Tiles of
+# 2048 elements lost on fp32. On rows of one column, walk tiles loaded as
+# 16-byte vectors (no row mask on whole tiles) and the rest segments read
+# 2 to 8 tiles per step both lost or tied (bf16, power law 36.0 -> 34.1 at
+# most, giant segment 74.4 -> 74.6); so did lanes of 64 to 128 rows.
 _LANE_SHAPES = [
     (32, 512, 1, 128),
     (64, 1024, 1, 128),
@@ -657,6 +668,8 @@ _LANE_SHAPES = [
     (64, 8192, 4, 1024),
     (64, 16384, 2, 512),
     (64, 16384, 4, 1024),
+    (64, 32768, 4, 2048),
+    (64, 131072, 8, 2048),
 ]
 # From this mean segment length (elements, log2) on, the multi-warp shapes are
 # tried too. Below it they gain little on long segments and lose up to half the
@@ -753,14 +766,14 @@ _WIDE_LANE_KERNEL = triton.autotune(
 )(_segment_sum_lanes_kernel)
 
 
-def _wide_lanes(rows: int, segments: int, inner: int, element_size: int) -> bool:
+def _wide_lanes(rows: int, segments: int, inner: int, block_cols: int, element_size: int) -> bool:
     """Whether rows wider than _LANE_MAX_COLS columns take the lane kernel:
-    fp32, fp16 and bf16 rows whose column block holds up to _WIDE_LANE_MAX_BYTES,
-    over segments of a mean under _WALK_ROWS rows (shapes only, so no sync;
-    symbolic shapes count as short)."""
+    fp32, fp16 and bf16 rows whose column block (block_cols columns) holds up to
+    _WIDE_LANE_MAX_BYTES, over segments of a mean under _WALK_ROWS rows (shapes
+    only, so no sync; symbolic shapes count as short)."""
     if inner <= _LANE_MAX_COLS or element_size > 4:
         return False
-    if _block_cols(inner) * element_size > _WIDE_LANE_MAX_BYTES:
+    if block_cols * element_size > _WIDE_LANE_MAX_BYTES:
         return False
     if not all(isinstance(v, int) for v in (rows, segments)):
         return True
@@ -822,33 +835,20 @@ def _launch(x: Tensor, indptr: Tensor, out: Tensor) -> None:
         FANOUT=_FANOUT,
         BLOCK_COLS=block_cols,
     )
+    lane_args = (x, indptr, out, ws, rows, segments, slots, length_class)
     if inner <= _LANE_MAX_COLS:
         lane_step, capped = _lane_step(inner, x.element_size(), length_class, can_cap=not traced)
         launcher(_LANE_KERNELS[capped])[grid](
-            x,
-            indptr,
-            out,
-            ws,
-            rows,
-            segments,
-            slots,
-            length_class,
+            *lane_args,
             INNER=int(inner),  # a constexpr: specializes traced shapes on it
             LANE_ROWS=_LANE_ROWS_ONE_COLUMN if inner == 1 else _LANE_ROWS,
             LANE_STEP=lane_step,
             WALK_ROWS=_WALK_ROWS,
             **constants,
         )
-    elif _wide_lanes(rows, segments, inner, x.element_size()):
+    elif _wide_lanes(rows, segments, inner, block_cols, x.element_size()):
         launcher(_WIDE_LANE_KERNEL)[grid](
-            x,
-            indptr,
-            out,
-            ws,
-            rows,
-            segments,
-            slots,
-            length_class,
+            *lane_args,
             INNER=int(inner),
             BLOCK_SEGS=_WIDE_LANE_BYTES // (block_cols * x.element_size()),
             LANE_ROWS=_WIDE_LANE_ROWS,
