@@ -133,7 +133,8 @@ constexpr int kMinGroupRows = 32;    // stream kernels: small inputs get fewer, 
 constexpr int kTeam = 32;            // team kernels, stream gather: threads on contiguous rows
 constexpr int kTeams = kThreads / kTeam;  // team kernels: teams per block
 // How the stream sum keeps rows in flight. 4- and 8-byte types load the next
-// kBatch rows while they add the current ones: twice the bytes in flight for
+// kBatch rows (fp32 single elements on kDeep devices: 2 * kBatch, below)
+// while they add the current ones: twice the bytes in flight for
 // the registers of kStreamBlocksPerSm blocks per SM. On an H100, % of copy
 // bandwidth against a batch loaded after the last was added, short segments
 // then power law: fp32, 32 columns 84.6 against 81.1, 80.6 against 76.4;
@@ -182,14 +183,16 @@ constexpr int kTeams = kThreads / kTeam;  // team kernels: teams per block
 // -> 62.0; 12 rows at 3 blocks per SM lost (67.3 and 54.1), at 5 gained less
 // on short segments (73.5; power law 61.5). So devices whose memory feeds
 // each SM faster than an H100's by a margin (kDeepBytesPerSm) take 16 rows
-// (kDeep) where a thread loads at most 4 bytes a row: 64 bytes in flight, as
+// (kDeep) where a thread loads at most 4 bytes a row of a 2-byte type (single
+// elements and pairs; fp32 single elements: see below): 64 bytes in flight, as
 // 8 rows of 8-byte packs hold, and no spill (8-byte packs spilled 64 bytes at
 // 16 rows). Others, the H100 SXM among them, keep 8, where 12 had lost. The
 // bar sits between the two measured devices; parts near it (an H100 NVL has
 // about 29.5e9 per SM, a GH200 of 96 GB 30.3e9) were not measured.
-// fp32 rows of single elements (odd widths) read 8 rows ahead on those
-// devices too (kDeep; H200, ab.py, 33 columns, 4 -> 8 rows: short segments
-// 56.3 -> 62.6, power law 46.7 -> 49.2, long segments 67.1 -> 81.0; no spill).
+// fp32 rows of single elements (odd widths, unaligned rows) read 8 rows
+// ahead on those devices too (kDeep; H200, ab.py, 33 columns, 4 -> 8 rows:
+// short segments 56.3 -> 62.6, power law 46.7 -> 49.2, long segments 67.1 ->
+// 81.0; no spill).
 // 8-byte packs lost with 8 rows (8 columns 58.5 -> 50.2 and 50.3 -> 45.4; 64
 // columns 84.8 -> 65.8, spilling 32 bytes), and at 3 blocks per SM gained only
 // on short segments in wide rows (256 columns, short 87.1 -> 90.6 but power
@@ -202,9 +205,9 @@ template <typename T, StreamRows kShape>
 struct StreamSumRows {
   static constexpr bool kReadAhead = sizeof(T) >= 4 || kShape == StreamRows::kWide;
   static constexpr int kRows = sizeof(T) >= 4 ? (kShape == StreamRows::kDeep ? 2 * kBatch : kBatch)
-                               : kShape == StreamRows::kWide ? 6
-                               : kShape == StreamRows::kDeep ? 4 * kBatch
-                                                             : 2 * kBatch;
+                              : kShape == StreamRows::kWide ? 6
+                              : kShape == StreamRows::kDeep ? 4 * kBatch
+                                                            : 2 * kBatch;
   static constexpr int kBlocksPerSm =
       sizeof(T) >= 4 || kShape != StreamRows::kWide ? kStreamBlocksPerSm : 3;
 };
@@ -3244,10 +3247,11 @@ cudaError_t launch_stream_sum(const T* src, const int64_t* indptr, T* out, int64
                               cudaStream_t stream) {
   using Acc = typename Num<T>::acc;
   const StreamShape<W> shape(inner);
-  // Rows of single elements (unaligned or odd widths) or pairs of 2-byte types
-  // keep the loop without read-ahead (kNarrow, or kDeep below): the read-ahead
-  // won on 8-byte packs only (pairs: see segment_sum). fp32 reads ahead, kDeep
-  // twice as far on single elements.
+  // 2-byte types read ahead only in rows of kWideHalfLanes packs or more
+  // (kWide); single elements and pairs of them keep the loop without
+  // read-ahead (kNarrow, or kDeep below; pairs: see segment_sum). 4- and 8-byte
+  // types always read ahead, fp32 single elements (odd widths, unaligned rows)
+  // twice as far on kDeep devices.
   if constexpr (sizeof(T) == 2 && W > 2 && kShape == StreamRows::kNarrow) {
     if (shape.lanes >= kWideHalfLanes)
       return launch_stream_sum<T, W, StreamRows::kWide>(src, indptr, out, rows, segments, inner,
@@ -3654,9 +3658,9 @@ cudaError_t segment_sum(const T* src, const int64_t* indptr, T* out, int64_t row
   // fewer of a warp's lanes idle while one group closes a segment. On an H100
   // (ab.py, % of copy bandwidth), bf16, 32 columns: short segments 76.8 ->
   // 81.1, power law 69.9 -> 70.5. They keep the loop without read-ahead
-  // (launch_stream_sum sends only 8-byte packs to the read-ahead, though pairs
-  // make as many lanes as kWideHalfLanes; on devices deep_memory picks, that
-  // loop holds 16 rows): with the read-ahead, short segments lost (75.5), and so
+  // (launch_stream_sum sends 2-byte types to the read-ahead only in packs of
+  // more than 4 bytes, though pairs make as many lanes as kWideHalfLanes; on
+  // devices deep_memory picks, that loop holds 16 rows): with the read-ahead, short segments lost (75.5), and so
   // did the power law (63.1). Other widths lost on the power law or gained
   // nothing: 16 columns, short segments 68.1 -> 73.9 but power law 62.6 ->
   // 61.5; 24 columns 69.1 -> 73.1 and 65.0 -> 62.2; 64 columns within 0.2. At 5

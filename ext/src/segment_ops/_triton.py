@@ -37,6 +37,9 @@ _FANOUT = 32  # probes per step of the per-program search over indptr
 # tiles of 4096 elements in chunks of 64 (H200, % of copy bandwidth, bf16,
 # 256 columns, as tuned before -> with it: long segments 72.8 -> 82.7, one
 # giant segment 73.2 -> 87.6; chunks of 32 tiles 77.7 and 81.7, 8 warps lost).
+# Other widths try it too, unmeasured alone; on the page the Triton forward
+# rose most on giant segments of 32 and 64 bf16 columns (82.1 -> 93.9, 77.3 ->
+# 92.3, in a run where the CUDA forward rose 2 to 3 points).
 _TILE_SHAPES = [
     (32, 128, 1),
     (64, 128, 1),
