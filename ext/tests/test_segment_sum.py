@@ -507,14 +507,15 @@ def test_triton_backend(layout, inner, dtype):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("law", LAWS)
-@pytest.mark.parametrize("inner", [1, 3, 4, 8, 20, 32, 64, 300])
+@pytest.mark.parametrize("inner", [1, 3, 4, 8, 20, 32, 64, 72, 200, 256, 300])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_triton_laws_and_widths(law, inner, dtype):
     # The Triton kernels are tuned per mean segment length: each law gets its own
     # tiles. Rows of up to 4 columns take the lane kernel (3: a masked column), and
     # so do rows of 8 columns to 64 bytes over short segments (bf16, 20: masked
     # columns; the short and power laws, and the crowd's empty segments around two
-    # long ones that take the rest path).
+    # long ones that take the rest path), and wider rows in blocks of four segments
+    # (fp32 32 columns; bf16 64 to 256: 72 masked on one warp, 200 masked on two).
     pytest.importorskip("triton")
     indptr = make_indptr(LAWS[law], "cuda")
     src = random_src(int(indptr[-1]), (inner,), dtype, "cuda")
@@ -581,11 +582,12 @@ def test_triton_lane_register_cap_only_where_eight_rows_fit_under_it(monkeypatch
     assert lane_launch(torch.bfloat16, 4, traced=True) == ("uncapped", 4)
 
 
-def test_triton_wide_lanes_only_for_short_segments_of_rows_up_to_64_bytes(monkeypatch):
+def test_triton_wide_lanes_only_for_short_segments_of_narrow_enough_rows(monkeypatch):
     # Rows of 5 columns to 64 bytes (fp32, fp16, bf16) take lanes over short
     # segments, blocks of 512 bytes a row (one 16-byte load per thread and row on
-    # one warp); wider rows, fp64 and long segments keep the walk. Stand-in
-    # kernels: no GPU needed.
+    # one warp); rows to 128 bytes (fp32) or 512 bytes (fp16, bf16) take blocks of
+    # four segments, on two warps above 256 bytes. Wider rows, fp64 and long
+    # segments keep the walk. Stand-in kernels: no GPU needed.
     triton_module = pytest.importorskip("segment_ops._triton", exc_type=ImportError)
     launches = []
 
@@ -596,7 +598,8 @@ def test_triton_wide_lanes_only_for_short_segments_of_rows_up_to_64_bytes(monkey
     monkeypatch.setattr(triton_module, "_KERNELS", walks)
     lanes = {False: recorder("lanes"), True: recorder("lanes")}
     monkeypatch.setattr(triton_module, "_LANE_KERNELS", lanes)
-    monkeypatch.setattr(triton_module, "_WIDE_LANE_KERNEL", recorder("wide"))
+    wide = {1: recorder("wide"), 2: recorder("wide, 2 warps")}
+    monkeypatch.setattr(triton_module, "_WIDE_LANE_KERNELS", wide)
     monkeypatch.setattr(triton_module, "_finish_kernel", recorder("finish"))
     monkeypatch.setattr(triton_module, "_traced", lambda *tensors: False)
 
@@ -607,7 +610,7 @@ def test_triton_wide_lanes_only_for_short_segments_of_rows_up_to_64_bytes(monkey
         indptr = torch.arange(0, rows + 1, mean_rows)
         triton_module._launch(x, indptr, x.new_empty(64, inner))
         name, kwargs = launches[0]
-        if name != "wide":
+        if not name.startswith("wide"):
             return name
         return name, kwargs["BLOCK_SEGS"], kwargs["ROW_ELEMENTS"], kwargs["LANE_ROWS"]
 
@@ -616,9 +619,16 @@ def test_triton_wide_lanes_only_for_short_segments_of_rows_up_to_64_bytes(monkey
     assert picked(torch.bfloat16, 8, 8) == picked(torch.bfloat16, 5, 8) == ("wide", 32, 256, 16)
     assert picked(torch.float32, 16, 8) == picked(torch.float32, 9, 8) == ("wide", 8, 128, 16)
     assert picked(torch.float32, 8, 8) == ("wide", 16, 128, 16)
+    assert picked(torch.bfloat16, 64, 8) == picked(torch.bfloat16, 33, 8) == ("wide", 4, 512, 16)
+    assert picked(torch.float32, 32, 8) == picked(torch.float32, 17, 8) == ("wide", 4, 256, 16)
+    assert picked(torch.bfloat16, 128, 8) == ("wide", 4, 1024, 16)
+    assert picked(torch.float16, 256, 8) == picked(torch.bfloat16, 200, 8) == (
+        "wide, 2 warps", 4, 2048, 16)
     assert picked(torch.bfloat16, 4, 8) == picked(torch.float32, 4, 8) == "lanes"
     assert picked(torch.bfloat16, 32, 64) == picked(torch.float32, 16, 64) == "walk"
-    assert picked(torch.bfloat16, 33, 8) == picked(torch.float32, 17, 8) == "walk"
+    assert picked(torch.bfloat16, 256, 64) == "walk"
+    assert picked(torch.float32, 33, 8) == picked(torch.float32, 64, 8) == "walk"
+    assert picked(torch.bfloat16, 257, 8) == picked(torch.bfloat16, 300, 8) == "walk"
     assert picked(torch.float64, 8, 8) == "walk"
 
 

@@ -387,7 +387,7 @@ def _segment_sum_kernel(
 
 
 # Rows of up to _LANE_MAX_COLS columns, and short segments of rows of up to
-# _WIDE_LANE_MAX_BYTES (_wide_lanes). The walk above reduces a whole tile
+# _WIDE_LANE_MAX_BYTES (_wide_lane_shape). The walk above reduces a whole tile
 # at every segment end: with short segments of such narrow rows that is more
 # work than the rows' few bytes allow (it ran at 11-42 % of copy bandwidth on
 # an H100; bf16, 8 to 32 columns, 22-52 % on an H200). Here one lane owns one
@@ -429,7 +429,13 @@ def _segment_sum_kernel(
 # registers); 32 segments per block, 35.6 -> 35.2 and 63.0 -> 56.1; lanes
 # summing 8 rows once, the segments of 9-48 rows queued (tl.cumsum, stores
 # into a per-program ring) and summed 64 at a time, 35.6 -> 23.8 and 63.3 ->
-# 25.2 (32 at a time: 36.2 and 42.9).
+# 25.2 (32 at a time: 36.2 and 42.9). On an H200, side by side: each lane
+# summing its first 8 rows, then the rows left in the block's longer lanes
+# gathered in one tile of 8 lanes x 64 rows (the lanes ranked with tl.cumsum,
+# their bounds picked out by masked sums), 36.1 -> 18.3 and 64.0 -> 8.4 (tiles
+# of 4 and 16 lanes: 26.6 and 9.9 on the power law; 4 columns, bf16 power law
+# 48.2 -> 33.9 at best); 16 rows per lane and iteration instead of 8, 36.1 ->
+# 35.9 and 64.0 -> 64.2 (fp32, power law 54.3 -> 53.8).
 @triton.jit(do_not_specialize=["segments", "slots", "length_class"])
 def _segment_sum_lanes_kernel(
     src_ptr,
@@ -638,12 +644,23 @@ _LANE_MAX_COLS = 4
 # 76.5 and 52.2 -> 71.3; 8 columns 41.2 -> 70.3 and 36.9 -> 64.6 (the CUDA
 # forward on those four fp32 cases: 71.2, 62.0, 58.0, 49.5). Segments of more
 # than 16 rows go to the rest path (8 rows lost up to 35 points on short
-# segments, 32 up to 3 on the power law). Rows of 128 bytes lost with lanes
-# (fp32, 32 columns, blocks of 2 KB: short segments 85.5 -> 69.2, power law
-# 72.9 -> 58.1). Segments of a mean of _WALK_ROWS rows or more keep the walk:
-# its multi-warp tiles stream long segments faster than one warp does.
-_WIDE_LANE_MAX_BYTES = 64
+# segments, 32 up to 3 on the power law).
+# Wider rows, to _WIDE_LANE_MAX_BYTES, take blocks of _WIDE_ROW_SEGS segments:
+# blocks of 2 KB had lost on rows of 128 bytes (fp32, 32 columns, short
+# segments 85.5 -> 69.2, power law 72.9 -> 58.1), blocks of 4 won (H200, walk as
+# tuned -> lanes, CUDA forward in brackets): bf16, 256 columns, short segments
+# 68.3 -> 84.1 (84.5); 128 columns 76.7 -> 82.6 (81.9); 64 columns 71.9 -> 74.7,
+# power law 62.4 -> 64.2; fp32, 32 columns, power law 72.7 -> 75.3. One warp
+# reads a block of rows up to 256 bytes, two above. Some cases lost, but share
+# their shape class (the mean segment length) with one that won more: bf16,
+# power law, 256 columns 67.4 -> 65.0, 128 columns 70.2 -> 69.7; fp32, 32
+# columns, short segments 84.2 -> 82.6 (its power law 72.1 -> 75.9 in that
+# run). fp32 rows of 512 bytes lost (128 columns, short segments 84.0 ->
+# 78.8), so fp32 stops at 128 bytes. Segments of a mean of _WALK_ROWS rows or more keep
+# the walk: its multi-warp tiles stream long segments faster than one warp does.
 _WIDE_LANE_BYTES = 512
+_WIDE_LANE_MAX_BYTES = {4: 128, 2: 512}  # by element size
+_WIDE_ROW_SEGS = 4
 _WIDE_LANE_ROWS = 16
 # Longest segment a lane sums on its own; longer ones go to the whole program,
 # one after another. Rows of one column are cheap enough per lane to take
@@ -762,38 +779,50 @@ _LANE_KERNELS = {
 }
 
 
-# The wide lanes' block is set by the row width, so their tuner tries chunk
+# The wide lanes' block is set by the row width, so their tuners try chunk
 # sizes and rows per lane and iteration (bf16: 8 won on 16 columns, short
 # segments 55.4 -> 60.8; 4 on 32 columns, 70.7 -> 71.7, and on the power law).
-_WIDE_LANE_KERNEL = triton.autotune(
-    configs=[
-        triton.Config({"CHUNK_ROWS": chunk, "LANE_STEP": step}, num_warps=1)
-        for chunk in (256, 512, 1024)
-        for step in (4, 8)
-    ],
-    key=["INNER", "IS_FP64", "length_class"],
-    reset_to_zero=["ws_ptr"],
-)(_segment_sum_lanes_kernel)
+# num_warps is a setting of each config: one tuner per warp count.
+_WIDE_LANE_KERNELS = {
+    warps: triton.autotune(
+        configs=[
+            triton.Config({"CHUNK_ROWS": chunk, "LANE_STEP": step}, num_warps=warps)
+            for chunk in (256, 512, 1024)
+            for step in (4, 8)
+        ],
+        key=["INNER", "IS_FP64", "length_class"],
+        reset_to_zero=["ws_ptr"],
+    )(_segment_sum_lanes_kernel)
+    for warps in (1, 2)
+}
 
 
-def _wide_lanes(rows: int, segments: int, inner: int, block_cols: int, element_size: int) -> bool:
-    """Whether rows wider than _LANE_MAX_COLS columns take the lane kernel:
-    fp32, fp16 and bf16 rows whose column block (block_cols columns) holds up to
-    _WIDE_LANE_MAX_BYTES, over segments of a mean under _WALK_ROWS rows (shapes
-    only, so no sync; symbolic shapes count as short)."""
-    if inner <= _LANE_MAX_COLS or element_size > 4:
-        return False
-    if block_cols * element_size > _WIDE_LANE_MAX_BYTES:
-        return False
-    if not all(isinstance(v, int) for v in (rows, segments)):
-        return True
-    return rows < _WALK_ROWS * max(segments, 1)
+def _wide_lane_shape(
+    rows: int, segments: int, inner: int, block_cols: int, element_size: int
+) -> tuple[int, int, int] | None:
+    """(segments per block, elements per rest tile, warps) where rows wider than
+    _LANE_MAX_COLS columns take the lane kernel, else None: fp32, fp16 and bf16
+    rows of one column block (block_cols columns) up to _WIDE_LANE_MAX_BYTES,
+    over segments of a mean under _WALK_ROWS rows (shapes only, so no sync;
+    symbolic shapes count as short)."""
+    if inner <= _LANE_MAX_COLS or inner > block_cols:
+        return None
+    row_bytes = block_cols * element_size
+    if row_bytes > _WIDE_LANE_MAX_BYTES.get(element_size, 0):
+        return None
+    if all(isinstance(v, int) for v in (rows, segments)) and rows >= _WALK_ROWS * max(
+        segments, 1
+    ):
+        return None
+    if row_bytes <= _WIDE_LANE_BYTES // 8:
+        return _WIDE_LANE_BYTES // row_bytes, _WIDE_LANE_BYTES // element_size, 1
+    return _WIDE_ROW_SEGS, 8 * block_cols, 1 if row_bytes <= 256 else 2
 
 
 def forget_tuning() -> None:
     """Forget the tile shapes tuned so far: the next call of each shape class
     tunes again, on its own input."""
-    for kernel in (*_KERNELS.values(), *_LANE_KERNELS.values(), _WIDE_LANE_KERNEL):
+    for kernel in (*_KERNELS.values(), *_LANE_KERNELS.values(), *_WIDE_LANE_KERNELS.values()):
         kernel.cache.clear()
 
 
@@ -856,13 +885,14 @@ def _launch(x: Tensor, indptr: Tensor, out: Tensor) -> None:
             WALK_ROWS=_WALK_ROWS,
             **constants,
         )
-    elif _wide_lanes(rows, segments, inner, block_cols, x.element_size()):
-        launcher(_WIDE_LANE_KERNEL)[grid](
+    elif wide := _wide_lane_shape(rows, segments, inner, block_cols, x.element_size()):
+        block_segs, row_elements, warps = wide
+        launcher(_WIDE_LANE_KERNELS[warps])[grid](
             *lane_args,
             INNER=int(inner),
-            BLOCK_SEGS=_WIDE_LANE_BYTES // (block_cols * x.element_size()),
+            BLOCK_SEGS=block_segs,
             LANE_ROWS=_WIDE_LANE_ROWS,
-            ROW_ELEMENTS=_WIDE_LANE_BYTES // x.element_size(),
+            ROW_ELEMENTS=row_elements,
             WALK_ROWS=_WALK_ROWS,
             **constants,
         )
