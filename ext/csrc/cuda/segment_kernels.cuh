@@ -2641,9 +2641,17 @@ __global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
             }
           }
           lo = end;
-          for (++s; s < segments && end_at(s) <= lo; ++s)
+          // One end_at per segment: it shuffles on short segments, and
+          // calling it again for the segment the loop stopped at cost, on an
+          // H200 (ab.py, % of copy bandwidth), short segments then power
+          // law: fp32, 32 columns 79.4 -> 81.5 and 73.3 -> 78.0; bf16, 64
+          // columns 68.4 -> 71.2 and 60.5 -> 64.1. (Long segments reading
+          // the next end ahead instead of on demand: within a point.)
+          for (++s;; ++s) {
+            end = end_at(s);
+            if (!(s < segments && end <= lo)) break;
             if (q == 0) zero(s);
-          end = end_at(s);
+          }
           started = true;
 #pragma unroll
           for (int j = 0; j < kCols; ++j) acc.v[j] = 0;
@@ -2751,7 +2759,10 @@ __global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
 // rows per thread against 1, short segments then power law: fp32, 8 columns
 // 52.7 -> 80.1 and 55.9 -> 84.7; bf16, 16 columns 47.4 -> 80.0 and 49.5 ->
 // 84.7; bf16, 32 columns 75.7 -> 82.8 and 80.2 -> 89.7; rows of 256 columns
-// within a point.
+// within a point. More loads in flight per thread lost on an H200 (ab.py, %
+// of copy bandwidth, kBatch = 4 against 8 and 6): short segments, bf16, 64
+// columns 78.0 -> 73.8 and 71.7; fp32, 256 columns 83.3 -> 77.5 and 76.9;
+// power law, bf16, 256 columns 85.5 -> 78.0 and 77.7.
 constexpr int kLabelRows = 4;
 constexpr int kLabelTileRows = kThreads * kLabelRows;
 struct LabelGatherShared {
@@ -2859,7 +2870,8 @@ __global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
 // split, the other way round. A team writes its row range 512 contiguous bytes
 // per step, each lane its unit of the step: the current segment's value (its
 // slice of it) over the unit's rows. The segment state is the same in every
-// lane; where segments end inside a step, the team seeks the next together.
+// lane; where segments end inside a step, the team takes the next one, read
+// ahead, or seeks past empty segments together.
 template <typename T, int kCols, int U>
 __global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
     team_gather_kernel(const T* __restrict__ src, const int64_t* __restrict__ indptr,
@@ -2881,6 +2893,13 @@ __global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
   int64_t s = segment_at(indptr, segments, rows, a0, range.lo, range.hi);
   int64_t end = end_of(indptr, segments, rows, s);
   P v = value(s);
+  // The next segment's end and value are read while this one's rows are
+  // written: at an end, the team had waited on indptr, then on src (the seek,
+  // then the value). On an H200 (ab.py, % of copy bandwidth), long segments of
+  // 1 column: fp32 76.2 -> 94.2, bf16 75.4 -> 81.2; other widths gained up to
+  // 1.5. Two segments ahead: bf16 82.8, but fp32 fell back to 80.8.
+  int64_t next_end = end_of(indptr, segments, rows, s + 1);
+  P next_v = value(s + 1);
   for (int64_t step0 = a0; step0 < a1; step0 += kStepRows) {
     const int64_t step1 = imin(step0 + kStepRows, a1);
     const int64_t u0 = step0 + q * R;  // this lane's first row
@@ -2889,10 +2908,18 @@ __global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
     for (int i = 0; i < R; ++i) unit[i] = v;
     while (end < step1) {  // the rows from `end` on lie in later segments
       const int64_t from = end;
-      // Past s even if indptr is unsorted, so the loop ends.
-      s = imax(seek(indptr, segments, rows, s, from), s + 1);
-      end = end_of(indptr, segments, rows, s);
-      v = value(s);
+      if (next_end > from) {  // segment s + 1 starts at `from` and holds it
+        ++s;
+        end = next_end;
+        v = next_v;
+      } else {  // empty segments (or an unsorted indptr) in between
+        // Past s even if indptr is unsorted, so the loop ends.
+        s = imax(seek(indptr, segments, rows, s, from), s + 1);
+        end = end_of(indptr, segments, rows, s);
+        v = value(s);
+      }
+      next_end = end_of(indptr, segments, rows, s + 1);
+      next_v = value(s + 1);
 #pragma unroll
       for (int i = 0; i < R; ++i)
         if (u0 + i >= from) unit[i] = v;
