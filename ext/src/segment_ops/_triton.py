@@ -647,17 +647,18 @@ _LANE_MAX_COLS = 4
 # segments, 32 up to 3 on the power law).
 # Wider rows, to _WIDE_LANE_MAX_BYTES, take blocks of _WIDE_ROW_SEGS segments:
 # blocks of 2 KB had lost on rows of 128 bytes (fp32, 32 columns, short
-# segments 85.5 -> 69.2, power law 72.9 -> 58.1), blocks of 4 won (H200, walk as
-# tuned -> lanes, CUDA forward in brackets): bf16, 256 columns, short segments
-# 68.3 -> 84.1 (84.5); 128 columns 76.7 -> 82.6 (81.9); 64 columns 71.9 -> 74.7,
-# power law 62.4 -> 64.2; fp32, 32 columns, power law 72.7 -> 75.3. One warp
-# reads a block of rows up to 256 bytes, two above. Some cases lost, but share
-# their shape class (the mean segment length) with one that won more: bf16,
-# power law, 256 columns 67.4 -> 65.0, 128 columns 70.2 -> 69.7; fp32, 32
-# columns, short segments 84.2 -> 82.6 (its power law 72.1 -> 75.9 in that
-# run). fp32 rows of 512 bytes lost (128 columns, short segments 84.0 ->
-# 78.8), so fp32 stops at 128 bytes. Segments of a mean of _WALK_ROWS rows or more keep
-# the walk: its multi-warp tiles stream long segments faster than one warp does.
+# segments 85.5 -> 69.2, power law 72.9 -> 58.1), blocks of 4 won (H200, walk
+# as tuned -> lanes, CUDA forward in brackets): bf16, 256 columns, short
+# segments 68.3 -> 84.1 (84.5); 128 columns 76.7 -> 82.6 (81.9); 64 columns
+# 71.9 -> 74.7, power law 62.4 -> 64.2; fp32, 32 columns, power law 72.7 ->
+# 75.3. One warp reads a block of rows up to 256 bytes, two above. Some cases
+# lost, but share their shape class (the mean segment length) with one that
+# won more: bf16, power law, 256 columns 67.4 -> 65.0, 128 columns 70.2 ->
+# 69.7; fp32, 32 columns, short segments 84.2 -> 82.6 (its power law 72.1 ->
+# 75.9 in that run). fp32 rows of 512 bytes lost (128 columns, short segments
+# 84.0 -> 78.8), so fp32 stops at 128 bytes. Segments of a mean of _WALK_ROWS
+# rows or more keep the walk: its multi-warp tiles stream long segments faster
+# than one warp does.
 _WIDE_LANE_BYTES = 512
 _WIDE_LANE_MAX_BYTES = {4: 128, 2: 512}  # by element size
 _WIDE_ROW_SEGS = 4
