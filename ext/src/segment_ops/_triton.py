@@ -661,7 +661,10 @@ _LANE_MAX_COLS = 4
 # than one warp does.
 _WIDE_LANE_BYTES = 512
 _WIDE_LANE_MAX_BYTES = {4: 128, 2: 512}  # by element size
+_NARROW_ROW_BYTES = _WIDE_LANE_BYTES // 8  # one 16-byte load per row and thread
 _WIDE_ROW_SEGS = 4
+_WIDE_REST_ROWS = 8
+_ONE_WARP_ROW_BYTES = 256
 _WIDE_LANE_ROWS = 16
 # Longest segment a lane sums on its own; longer ones go to the whole program,
 # one after another. Rows of one column are cheap enough per lane to take
@@ -811,13 +814,13 @@ def _wide_lane_shape(
     row_bytes = block_cols * element_size
     if row_bytes > _WIDE_LANE_MAX_BYTES.get(element_size, 0):
         return None
-    if all(isinstance(v, int) for v in (rows, segments)) and rows >= _WALK_ROWS * max(
-        segments, 1
-    ):
+    concrete = all(isinstance(v, int) for v in (rows, segments))
+    if concrete and rows >= _WALK_ROWS * max(segments, 1):
         return None
-    if row_bytes <= _WIDE_LANE_BYTES // 8:
+    if row_bytes <= _NARROW_ROW_BYTES:
         return _WIDE_LANE_BYTES // row_bytes, _WIDE_LANE_BYTES // element_size, 1
-    return _WIDE_ROW_SEGS, 8 * block_cols, 1 if row_bytes <= 256 else 2
+    warps = 1 if row_bytes <= _ONE_WARP_ROW_BYTES else 2
+    return _WIDE_ROW_SEGS, _WIDE_REST_ROWS * block_cols, warps
 
 
 def forget_tuning() -> None:
