@@ -2790,7 +2790,12 @@ __global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
 // within a point. More loads in flight per thread lost on an H200 (ab.py, %
 // of copy bandwidth, kBatch = 4 against 8 and 6): short segments, bf16, 64
 // columns 78.0 -> 73.8 and 71.7; fp32, 256 columns 83.3 -> 77.5 and 76.9;
-// power law, bf16, 256 columns 85.5 -> 78.0 and 77.7.
+// power law, bf16, 256 columns 85.5 -> 78.0 and 77.7. Tiles of 8 rows per
+// thread lost 1 to 2 points on every width (H200, ab.py, backward: bf16, 32
+// columns, short segments 77.4 -> 76.5; fp32, 64 columns 82.0 -> 80.5); 2
+// rows gained under a point on rows of 128 bytes or more (fp32, 256 columns,
+// short 84.4 -> 85.2) but lost on rows of 64 (bf16, 32 columns, short 77.4
+// -> 74.8, power law 84.1 -> 81.5).
 constexpr int kLabelRows = 4;
 constexpr int kLabelTileRows = kThreads * kLabelRows;
 struct LabelGatherShared {

@@ -681,13 +681,19 @@ _WALK_ROWS = 64  # mean segment length (rows) from which a chunk walks
 # 1 column, bf16 70.1 -> 73.2, 46.2 -> 48.1; fp32 81.2 -> 83.5, 63.4 -> 61.6;
 # 4 columns, bf16 78.5 -> 81.1, 60.2 -> 58.7; fp32 67.7 -> 77.6, 70.8 -> 71.3.
 # Blocks of 128 segments and walk tiles of 512 elements lost on both.
-# The last two shapes (giant segments only) won on an H200, as tuned before ->
-# the new shape, % of copy bandwidth: bf16, 1 column 75.8 -> 77.9 (chunks of
-# 131072 rows, 8 warps), 4 columns 81.0 -> 84.3 (32768 rows, 4 warps). Tiles of
-# 2048 elements lost on fp32. On rows of one column, walk tiles loaded as
-# 16-byte vectors (no row mask on whole tiles) and the rest segments read
-# 2 to 8 tiles per step both lost or tied (bf16, power law 36.0 -> 34.1 at
-# most, giant segment 74.4 -> 74.6); so did lanes of 64 to 128 rows.
+# The shapes of 2048 elements on 4 and 8 warps (giant segments only) won on
+# an H200, as tuned before -> the new shape, % of copy bandwidth: bf16, 1
+# column 75.8 -> 77.9 (chunks of 131072 rows, 8 warps), 4 columns 81.0 ->
+# 84.3 (32768 rows, 4 warps). Tiles of 2048 elements lost on fp32. On rows
+# of one column, walk tiles loaded as 16-byte vectors (no row mask on whole
+# tiles) and the rest segments read 2 to 8 tiles per step both lost or tied
+# (bf16, power law 36.0 -> 34.1 at most, giant segment 74.4 -> 74.6); so did
+# lanes of 64 to 128 rows.
+# The last two shapes won on giant segments of rows of 4 columns on an
+# H200 (Triton over CUDA forward speed, as tuned -> the shape): bf16 0.86 ->
+# 0.96 (tiles of 8192 elements on 8 warps), fp32 0.96 -> 1.01 (4096 on 4).
+# Neither beat tiles of 2048 elements on rows of one column (bf16 0.78 ->
+# 0.66 for both; tiles of 4096 elements on 8 warps, 0.45).
 _LANE_SHAPES = [
     (32, 512, 1, 128),
     (64, 1024, 1, 128),
@@ -701,6 +707,8 @@ _LANE_SHAPES = [
     (64, 16384, 4, 1024),
     (64, 32768, 4, 2048),
     (64, 131072, 8, 2048),
+    (64, 131072, 8, 8192),
+    (64, 65536, 4, 4096),
 ]
 # From this mean segment length (elements, log2) on, the multi-warp shapes are
 # tried too. Below it they gain little on long segments and lose up to half the
