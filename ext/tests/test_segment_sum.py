@@ -536,6 +536,18 @@ def test_triton_one_column_rows_skip_tiles_that_lost():
     assert prune(configs, {"length_class": triton_module._LANE_GIANT_CLASS}, INNER=1) == configs
 
 
+def test_triton_walk_only_shapes_only_for_giant_segments():
+    # A walk-only shape sums a chunk where many segments start far slower than
+    # the lanes do, so only giant segments try it.
+    triton_module = pytest.importorskip("segment_ops._triton", exc_type=ImportError)
+    configs = triton_module._lane_configs()
+    prune = triton_module._prune_lane_configs
+    assert any(c.kwargs["WALK_ONLY"] for c in configs)
+    for inner in (1, 4):
+        below = prune(configs, {"length_class": triton_module._LANE_GIANT_CLASS - 1}, INNER=inner)
+        assert below and not any(c.kwargs["WALK_ONLY"] for c in below)
+
+
 class LaunchRecorder:
     """Stands in for a Triton kernel: `kernel[grid](...)` records (name, kwargs)
     into `launches` instead of launching."""

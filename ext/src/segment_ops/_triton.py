@@ -458,6 +458,7 @@ def _segment_sum_lanes_kernel(
     ROW_ELEMENTS: tl.constexpr,  # elements per tile of the walk and of long segments
     CHUNK_ROWS: tl.constexpr,
     WALK_ROWS: tl.constexpr,  # mean segment length (rows) in a chunk from which it walks
+    WALK_ONLY: tl.constexpr,  # every chunk walks: the lanes are compiled out
 ):
     BLOCK_ROWS: tl.constexpr = ROW_ELEMENTS // BLOCK_COLS
     acc_type = tl.float64 if IS_FP64 else tl.float32
@@ -472,7 +473,7 @@ def _segment_sum_lanes_kernel(
     tile_rows = tl.arange(0, BLOCK_ROWS)
 
     lo, hi = _segments_starting_in(indptr_ptr, c0, rows, nseg, CHUNK_ROWS, FANOUT)
-    if (hi - lo) * WALK_ROWS <= c1 - c0:
+    if WALK_ONLY or (hi - lo) * WALK_ROWS <= c1 - c0:
         # Few segments start here (inside a long one, or a few long ones):
         # the walk streams through them faster than lanes would.
         _walk_chunk(
@@ -710,6 +711,16 @@ _LANE_SHAPES = [
     (64, 131072, 8, 8192),
     (64, 65536, 4, 4096),
 ]
+# Shapes that only walk (WALK_ONLY), for giant segments. The program's
+# registers are the most any of its paths needs, and the lanes need more than
+# the walk: rows of one bf16 column, tiles of 2048 elements on 8 warps take 80
+# registers with the lanes (3 programs per SM, about 12 KB of loads in flight
+# per SM) and 64 without (4 programs). (Tiles of 4096 elements take 230 either
+# way, 1 program per SM: why they ran at 0.45 of the CUDA forward.) Any chunk
+# is summed right by the walk, only slower where many segments start in it.
+_LANE_WALK_SHAPES = [
+    (64, 131072, 8, 2048),
+]
 # From this mean segment length (elements, log2) on, the multi-warp shapes are
 # tried too. Below it they gain little on long segments and lose up to half the
 # bandwidth on a power law, which can have the same mean (its crowd of short
@@ -718,13 +729,20 @@ _LANE_GIANT_CLASS = 16
 
 
 def _lane_configs(max_registers: int | None = None) -> list[triton.Config]:
+    shapes = [(shape, False) for shape in _LANE_SHAPES]
+    shapes += [(shape, True) for shape in _LANE_WALK_SHAPES]
     return [
         triton.Config(
-            {"BLOCK_SEGS": segs, "CHUNK_ROWS": chunk, "ROW_ELEMENTS": elements},
+            {
+                "BLOCK_SEGS": segs,
+                "CHUNK_ROWS": chunk,
+                "ROW_ELEMENTS": elements,
+                "WALK_ONLY": walk_only,
+            },
             num_warps=warps,
             maxnreg=max_registers,
         )
-        for segs, chunk, warps, elements in _LANE_SHAPES
+        for (segs, chunk, warps, elements), walk_only in shapes
     ]
 
 
@@ -798,7 +816,9 @@ _LANE_KERNELS = {
 _WIDE_LANE_KERNELS = {
     warps: triton.autotune(
         configs=[
-            triton.Config({"CHUNK_ROWS": chunk, "LANE_STEP": step}, num_warps=warps)
+            triton.Config(
+                {"CHUNK_ROWS": chunk, "LANE_STEP": step, "WALK_ONLY": False}, num_warps=warps
+            )
             for chunk in (256, 512, 1024)
             for step in (4, 8)
         ],
