@@ -3768,12 +3768,12 @@ cudaError_t segment_sum(const T* src, const int64_t* indptr, T* out, int64_t row
   // 81.1, power law 69.9 -> 70.5. They keep the loop without read-ahead
   // (launch_stream_sum sends 2-byte types to the read-ahead only in packs of
   // more than 4 bytes, though pairs make as many lanes as kWideHalfLanes; on
-  // devices deep_memory picks, that loop holds 16 rows): with the read-ahead, short segments lost (75.5), and so
-  // did the power law (63.1). Other widths lost on the power law or gained
-  // nothing: 16 columns, short segments 68.1 -> 73.9 but power law 62.6 ->
-  // 61.5; 24 columns 69.1 -> 73.1 and 65.0 -> 62.2; 64 columns within 0.2. At 5
-  // blocks per SM (48 registers) the pairs' loop spills, with 8 rows per batch
-  // or 12.
+  // devices deep_memory picks, that loop holds 16 rows): with the read-ahead,
+  // short segments lost (75.5), and so did the power law (63.1). Other widths
+  // lost on the power law or gained nothing: 16 columns, short segments 68.1
+  // -> 73.9 but power law 62.6 -> 61.5; 24 columns 69.1 -> 73.1 and 65.0 ->
+  // 62.2; 64 columns within 0.2. At 5 blocks per SM (48 registers) the pairs'
+  // loop spills, with 8 rows per batch or 12.
   if constexpr (sizeof(T) == 2) {
     if (inner * static_cast<int64_t>(sizeof(T)) == detail::kPairRowBytes &&
         detail::aligned(src, 4) && detail::aligned(out, 4))
