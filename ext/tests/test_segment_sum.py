@@ -232,7 +232,17 @@ def test_bad_input(device, make_args, message, monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(
-    "offsets", [[0, 5, 3, 8], [-7, 2, 8], [0, 4, 1 << 40], [3, 3, 3], [0, -(1 << 40), 8]]
+    "offsets",
+    [
+        [0, 5, 3, 8],
+        [-7, 2, 8],
+        [0, 4, 1 << 40],
+        [3, 3, 3],
+        [0, -(1 << 40), 8],
+        # Thousands of starts in one tile, none repeated next to another: the
+        # gather counts them per warp instead of checking that they are sorted.
+        pytest.param([0, 5] * 3000 + [8], id="alternating"),
+    ],
 )
 @pytest.mark.parametrize("inner", [1, 4, 64])
 @pytest.mark.parametrize("backend", segment_ops.ops.BACKENDS)
@@ -241,8 +251,8 @@ def test_unchecked_bad_indptr_stays_in_bounds(offsets, inner, backend):
     (which would poison the CUDA context: the synchronize below would raise)."""
     if backend == "triton":
         pytest.importorskip("triton")
-    src = torch.ones(8, inner, device="cuda")
     indptr = torch.tensor(offsets, device="cuda")
+    src = torch.ones(max(8, indptr.numel() - 1), inner, device="cuda")
     segment_ops.segment_sum(src, indptr, backend=backend)
     segment_ops.segment_gather(src[: indptr.numel() - 1], indptr, 8)
     torch.cuda.synchronize()
