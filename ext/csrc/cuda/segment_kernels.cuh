@@ -710,42 +710,68 @@ __device__ __forceinline__ int64_t load_window(const int64_t* __restrict__ indpt
   // neither the clamp to [0, rows] nor steps is applied: a negative start
   // gives -t0 (what clamping it to 0 gives), one at or past the tile's end
   // nrows (rows - t0 >= nrows). 32-bit where it can be.
+  // Further rounds of the tile gather take the same lean form, the entries
+  // of a round addressed from one pointer and bounded by one 32-bit room (as
+  // its prefetch): k * kThreads <= room exactly when s <= segments.
   constexpr bool kLeanFirst = kCount == WindowCount::kInBarrier;
   const int below_tile = static_cast<int>(-t0);
+  auto lean = [&](int64_t v) {
+    const uint64_t d = static_cast<uint64_t>(v) - static_cast<uint64_t>(t0);
+    return v < 0 ? below_tile : (v - t0 >= nrows ? nrows : static_cast<int>(d));
+  };
   for (bool prefetched = true;; prefetched = false) {
     int rel[kWindowSteps];
+    if (kLeanFirst && !prefetched) {
+      const int64_t own = first + n + tid;
+      // At least -kWindowSteps * kThreads: the rounds stop past segments.
+      const int room = static_cast<int>(imin(segments - own, INT_MAX));
+      const int64_t* at = indptr + own;
+      int64_t v[kWindowSteps];
 #pragma unroll
-    for (int k = 0; k < kWindowSteps; ++k) {  // issue every load before using any
-      const int64_t s = first + n + k * kThreads + tid;
-      if (kLeanFirst && prefetched) {
-        if (k < kSteps) {
-          const uint64_t d = static_cast<uint64_t>(raw[k]) - static_cast<uint64_t>(t0);
-          rel[k] = raw[k] < 0 ? below_tile
-                              : (raw[k] - t0 >= nrows ? nrows : static_cast<int>(d));
-        } else {
-          rel[k] = nrows;
+      for (int k = 0; k < kWindowSteps; ++k)  // issue every load before using any
+        v[k] = k * kThreads <= room ? at[k * kThreads] : kNever;
+#pragma unroll
+      for (int k = 0; k < kWindowSteps; ++k) rel[k] = lean(v[k]);
+    } else {
+#pragma unroll
+      for (int k = 0; k < kWindowSteps; ++k) {  // issue every load before using any
+        const int64_t s = first + n + k * kThreads + tid;
+        if (kLeanFirst) {
+          rel[k] = k < kSteps ? lean(raw[k]) : nrows;
+          continue;
         }
-        continue;
+        int64_t v = kNever;
+        if (prefetched) {
+          if (k < kSteps) v = clamp_row(raw[k], rows);  // kNever gives rows: not taken
+        } else if (s <= segments) {
+          v = clamp_row(indptr[s], rows);
+        }
+        rel[k] = k < steps ? static_cast<int>(imin(v - t0, nrows)) : nrows;
       }
-      int64_t v = kNever;
-      if (prefetched) {
-        if (k < kSteps) v = clamp_row(raw[k], rows);  // kNever gives rows: not taken
-      } else if (s <= segments) {
-        v = clamp_row(indptr[s], rows);
-      }
-      rel[k] = k < steps ? static_cast<int>(imin(v - t0, nrows)) : nrows;
     }
     int taken = 0;
+    if constexpr (kLeanFirst) {
+      // The window's entries from n on, in 32 bits: none fits once n reaches kWindow.
+      const int at_window = static_cast<int>(imin(n, kWindow));
 #pragma unroll
-    for (int k = 0; k < kWindowSteps; ++k) {
-      if (rel[k] < nrows) {  // sorted starts: the taken entries are a prefix
-        ++taken;
-        const int64_t i = n + k * kThreads + tid;
-        if (i < kWindow) window[i] = rel[k];
+      for (int k = 0; k < kWindowSteps; ++k) {
+        const bool in = rel[k] < nrows;  // sorted starts: the taken entries are a prefix
+        taken += in;
+        const int i = at_window + k * kThreads + tid;
+        if (in && i < kWindow) window[i] = rel[k];
+      }
+    } else {
+#pragma unroll
+      for (int k = 0; k < kWindowSteps; ++k) {
+        if (rel[k] < nrows) {  // sorted starts: the taken entries are a prefix
+          ++taken;
+          const int64_t i = n + k * kThreads + tid;
+          if (i < kWindow) window[i] = rel[k];
+        }
       }
     }
     int* count = counts + round % 3;
-    int64_t got;
+    std::conditional_t<kLeanFirst, int, int64_t> got;  // in [0, 1280] in the tile gather
     if constexpr (kCount == WindowCount::kInBarrier) {
       // Sorted starts make the entries taken a prefix of the round: every
       // thread took q (the last thread's count) or q + 1, and the barrier
@@ -753,8 +779,8 @@ __device__ __forceinline__ int64_t load_window(const int64_t* __restrict__ indpt
       if (tid == kThreads - 1) *count = taken;  // read after the barrier, rewritten 3 rounds on
       ++round;
       const int odd = __syncthreads_count(taken & 1);
-      const int q = *count;
-      got = static_cast<int64_t>(q) * kThreads + (q & 1 ? kThreads - odd : odd);
+      const int q = *count;  // in [0, kWindowSteps]: got fits 32 bits
+      got = q * kThreads + (q & 1 ? kThreads - odd : odd);
     } else {
       if constexpr (kCount == WindowCount::kWarpAtomic) {
         using WarpCount = cub::WarpReduce<int, 32>;
@@ -1606,10 +1632,8 @@ template <typename T, int W>
 struct LaneSumShared {
   using Acc = typename Num<T>::acc;
   using Reduce = cub::BlockReduce<Partial<Acc, W>, kThreads>;
-  using TeamLanes = cub::WarpReduce<unsigned, kTeam>;
   using TeamReduce = cub::WarpReduce<Partial<Acc, W>, kTeam>;
   typename Reduce::TempStorage reduce;
-  typename TeamLanes::TempStorage lanes[kTeams];
   typename TeamReduce::TempStorage team[kTeams];
   using TeamSpan = cub::WarpReduce<int64_t, kTeam>;
   typename TeamSpan::TempStorage span[kTeams];
@@ -1620,6 +1644,7 @@ struct LaneSumShared {
   // loop over 16-byte rows 3 loads in flight instead of 5 (H100, fp32, 4
   // columns, short segments: 78.4 against 80.7 % of copy bandwidth).
   int64_t r0, r1;
+  int64_t big_rows;  // a block's rows hold at most kBigSlots segments longer than this
   int64_t big[kBigSlots];
 };
 
@@ -1784,6 +1809,30 @@ __device__ __forceinline__ bool staged_lane_sums(const T* __restrict__ src, T* _
 template <typename T, int W>
 constexpr int kLaneBlocksPerSm = W == 1 && sizeof(T) <= 4 ? 5 : kTileBlocksPerSm;
 
+// atomicAdd(counter, 1u) from one lane, as atomicInc, which wraps only at
+// 2^32 - 1 (below 2^32 stripes, as the loop says): with the lane taken as
+// threadIdx.x % kTeam (unsigned), ptxas turned atomicAdd into a
+// warp-aggregated atomic (vote, leader, popc and a shuffle around it, 12
+// instructions and a shuffle's latency more) although one lane calls it; it
+// leaves atom.inc alone when the limit is not a constant. The limit is
+// 2^32 - 1 only on a 1-D grid, which both launches of lane_sum_kernel are: a
+// 2-D one would wrap the count early and claim stripes twice.
+__device__ __forceinline__ unsigned claim_stripe(unsigned* counter) {
+  return atomicInc(counter, 0xffffffffu >> (gridDim.y - 1));
+}
+
+// The bits of p over this thread's team of kTeam lanes, lane i's in bit i
+// (every lane of the team takes part).
+__device__ __forceinline__ unsigned team_ballot(bool p) {
+#if defined(__HIP_PLATFORM_AMD__)
+  const unsigned long long votes = __ballot(p);
+  return static_cast<unsigned>(votes >> (threadIdx.x % warpSize / kTeam * kTeam));
+#else
+  static_assert(kTeam == 32, "a team is a warp");
+  return __ballot_sync(0xffffffffu, p);
+#endif
+}
+
 template <typename T, int W>
 __global__ void __launch_bounds__(kThreads, kLaneBlocksPerSm<T, W>)
     lane_sum_kernel(const T* __restrict__ src, const int64_t* __restrict__ indptr,
@@ -1795,7 +1844,8 @@ __global__ void __launch_bounds__(kThreads, kLaneBlocksPerSm<T, W>)
   static_assert(kTeam <= 32, "a team's lanes are bits of an unsigned");
   __shared__ Shared sm;
   if (gated_out(gate, indptr, segments, rows, cross)) return;
-  const int tid = threadIdx.x, t = tid / kTeam, lane = tid % kTeam;
+  const int tid = threadIdx.x, t = tid / kTeam;
+  const int lane = static_cast<int>(threadIdx.x % kTeam);  // unsigned: no sign fix-up
   const int64_t block = blockIdx.x;
   if (tid == 0) {
     sm.nbig = 0u;
@@ -1807,6 +1857,7 @@ __global__ void __launch_bounds__(kThreads, kLaneBlocksPerSm<T, W>)
   if (tid == 0) {
     sm.r0 = range.r0;
     sm.r1 = range.r1;
+    sm.big_rows = imax(kTeamRows, ceil_div(range.r1 - range.r0, kBigSlots));
   }
   __syncthreads();
   // Segments starting at r1 belong to the next block, except past the last
@@ -1819,6 +1870,16 @@ __global__ void __launch_bounds__(kThreads, kLaneBlocksPerSm<T, W>)
     cross.head_key[block] = head;
     cross.tail_key[block] = tail;
   }
+  // The segments the lanes and teams sum: [first, lim). The tail, when there
+  // is one, is last - 1, the block's last segment: the bound that leaves it
+  // out replaces both tests (s < last, s != tail), and a stripe from lim on
+  // holds nothing to sum.
+  const int64_t lim = tail >= 0 ? tail : last;
+  // This bound, the clamps below, big_rows in shared memory, the ballot and
+  // the stripe claim (claim_stripe), on an H200 (ab.py, % of copy bandwidth,
+  // forward): bf16, 1 column, short segments 61.9 -> 72.7 (75.3 with the
+  // rows of 2 bytes stepped, kStepped); fp32, 1 column 84.2 -> 86.3; power
+  // law, 4 columns, bf16 59.3 -> 61.1, fp32 81.8 -> 84.2; the rest within 0.3.
   // A team reads its stripe's starts when it claims it. Claimed a stripe
   // ahead, with the starts copied into shared memory (cp.async) while the
   // team summed the stripe before, it lost everywhere (H200, ab.py, % of copy
@@ -1827,33 +1888,37 @@ __global__ void __launch_bounds__(kThreads, kLaneBlocksPerSm<T, W>)
   // columns (staged) 79.8 -> 78.7, power law 82.8 -> 80.1.
   for (;;) {  // (2^32 stripes would take an indptr of 4 TiB)
     unsigned stripe = 0;
-    if (lane == 0) stripe = atomicAdd(&sm.next_stripe, 1u);
+    if (lane == 0) stripe = claim_stripe(&sm.next_stripe);
     stripe = cub::ShuffleIndex<kTeam>(stripe, 0, 0xffffffffu);
     const int64_t base = first + static_cast<int64_t>(stripe) * kLaneStripe;
-    if (base >= last) break;
+    if (base >= lim) break;
     int64_t a[kLaneRound], e[kLaneRound];
     unsigned mine = 0, longs = 0;  // bit i: segment i is summed by this lane, by the team
     bool uneven = false;  // some segment of this lane's is summed by the team or block
     const int64_t r0 = sm.r0, r1 = sm.r1;
-    // A block's rows hold at most kBigSlots segments longer than this.
-    const int64_t big_rows = imax(kTeamRows, ceil_div(r1 - r0, kBigSlots));
 #pragma unroll
     for (int i = 0; i < kLaneRound; ++i) {
       const int64_t s = base + i * kTeam + lane;
-      const bool in = s < last && s != tail;
+      const bool in = s < lim;
       // Into the block's rows (as the block's own sums below): no change for a
       // valid indptr, and a malformed one cannot hand a lane, team or block
-      // more than the block's rows per segment.
-      a[i] = in ? imax(start_of(indptr, s, rows), r0) : 0;
-      e[i] = in ? imin(start_of(indptr, s + 1, rows), r1) : 0;
+      // more than the block's rows per segment. Clamped to [r0, r1] directly
+      // (0 <= r0 <= r1 <= rows), the start from below only: wherever e > a,
+      // these are the bounds start_of then [r0, r1] gives, and elsewhere both
+      // leave the segment empty (len <= 0, a lane's zero sum); e - a cannot
+      // overflow (e in [r0, r1], a >= r0 >= 0).
+      a[i] = in ? imax(indptr[s], r0) : 0;
+      e[i] = in ? imin(imax(indptr[s + 1], r0), r1) : 0;
       const int64_t len = e[i] - a[i];
-      uneven |= len > kLaneRows;
-      if (len > big_rows) {
-        const unsigned slot = atomicAdd(&sm.nbig, 1u);
-        if (slot < kBigSlots) sm.big[slot] = s;
-        else longs |= 1u << i;  // only an unsorted indptr gets here
-      } else if (len > kLaneRows) {
-        longs |= 1u << i;
+      if (len > kLaneRows) {
+        uneven = true;
+        if (len > sm.big_rows) {
+          const unsigned slot = atomicAdd(&sm.nbig, 1u);
+          if (slot < kBigSlots) sm.big[slot] = s;
+          else longs |= 1u << i;  // only an unsorted indptr gets here
+        } else {
+          longs |= 1u << i;
+        }
       } else if (in) {
         mine |= 1u << i;
       }
@@ -1863,14 +1928,21 @@ __global__ void __launch_bounds__(kThreads, kLaneBlocksPerSm<T, W>)
     // after another.
     constexpr int kSide = kLaneSide<T, W>;
     constexpr int kSteps = kLaneSteps<T, W>;
-    // Rows of 4 bytes or less (four segments side by side) step a pointer and
-    // a count per segment instead of recomputing 64-bit addresses, which took
-    // most of the loop's instructions (Nsight Compute, fp32, 1 column: 67 of
-    // 115 per step). On an H100, % of copy bandwidth: fp32, 1 column, power
-    // law 50.7 -> 53.9, short segments 84.3 -> 83.5; bf16, 1 column, short
-    // segments 77.4 -> 79.0, half of them empty 58.5 -> 64.7. Wider rows lost
-    // (fp32, 4 columns, short segments 79.3 -> 75.4).
-    constexpr bool kStepped = kSide == 4;
+    // Rows of 4 bytes or less step a pointer and a count per segment instead
+    // of recomputing 64-bit addresses, which took most of the loop's
+    // instructions (Nsight Compute, fp32, 1 column: 67 of 115 per step). On an
+    // H100, % of copy bandwidth, when a lane took four segments side by side:
+    // fp32, 1 column, power law 50.7 -> 53.9, short segments 84.3 -> 83.5;
+    // bf16, 1 column, short segments 77.4 -> 79.0, half of them empty 58.5 ->
+    // 64.7. 16-byte rows lost (fp32, 4 columns, short segments 79.3 -> 75.4),
+    // and so did 8-byte rows on an H200 (bf16, 4 columns, short segments 86.0
+    // -> 83.5). (Written as kSide == 4, the test had gone false for every row
+    // once kLaneRound became 2.) Per step, sm_90 SASS: bf16, 1 column 55 -> 49
+    // instructions; fp32, 1 column 42 -> 41, and no longer unrolled twice by
+    // the compiler (unroll 1 below): a warp's lanes end after different step
+    // counts, so the unrolled loop ran its pair of steps and then its
+    // remainder step, nearly the union of both.
+    constexpr bool kStepped = kSide >= 2 && W * sizeof(T) <= 4;
     bool staged = false;
     if constexpr (kLaneStageRows<T, W> > 0)
       staged = staged_lane_sums<T, W>(src, out, base, mine, uneven, a, e, sm);
@@ -1881,12 +1953,16 @@ __global__ void __launch_bounds__(kThreads, kLaneBlocksPerSm<T, W>)
       int len[kSide], longest = 0;
 #pragma unroll
       for (int j = 0; j < kSide; ++j) {
-        len[j] = mine >> (i0 + j) & 1u ? static_cast<int>(e[i0 + j] - a[i0 + j]) : 0;
+        // A lane's segments span at most kLaneRows; a malformed indptr's can
+        // be far below zero (a is clamped from below only), and its int
+        // would wrap to a positive count: no rows, as the old clamp gave.
+        len[j] = mine >> (i0 + j) & 1u ? static_cast<int>(imax(e[i0 + j] - a[i0 + j], 0)) : 0;
         longest = len[j] > longest ? len[j] : longest;
         at[j] = src + a[i0 + j] * W;
 #pragma unroll
         for (int k = 0; k < W; ++k) acc[j][k] = 0;
       }
+#pragma unroll 1
       for (int q = 0; q < longest; q += kSteps) {
         RawPack<T, W> p[kSide][kSteps];
 #pragma unroll
@@ -1916,8 +1992,10 @@ __global__ void __launch_bounds__(kThreads, kLaneBlocksPerSm<T, W>)
     }
     // The team's long segments, one after another in (lane, i) order: the lane
     // holding one hands the team its bounds.
-    unsigned holders = typename Shared::TeamLanes(sm.lanes[t]).Sum(longs ? 1u << lane : 0u);
-    holders = cub::ShuffleIndex<kTeam>(holders, 0, 0xffffffffu);  // the sum is lane 0's
+    // (A ballot: one vote, where a warp sum (REDUX) and a shuffle to share it
+    // took 8 instructions per stripe and a shuffle's latency; lanes' bits are
+    // distinct, so their sum is their union.)
+    unsigned holders = team_ballot(longs != 0);
     while (holders != 0) {
       const int from = __ffs(holders) - 1;
       holders &= holders - 1;
@@ -2055,13 +2133,15 @@ __device__ __forceinline__ int warp_scan_step(int x) {
 // before it from its warp's entry and a scan of its warp's marks
 // (tile_gather_block), where a block scan of the marks took ~45 instructions
 // and a barrier per thread and tile (SASS, sm_90, bf16, 1 column).
+// n counts the window's entries to mark, at most nrows + 1 (tile_gather_block):
+// 32-bit, as start(i), which gives INT_MAX from n on.
 template <int kWarpRowsLog2, typename Start>
-__device__ __forceinline__ void mark_gather_starts(int64_t n, int nrows, const int* window,
+__device__ __forceinline__ void mark_gather_starts(int n, int nrows, const int* window,
                                                    Start&& start, uint32_t* starts, int& crowded,
                                                    int* warp_first) {
   constexpr int kPer = 4;
-  const int64_t in_window = imin(n, kWindow);
-  for (int64_t i0 = kPer * static_cast<int64_t>(threadIdx.x); i0 < n; i0 += kPer * kThreads) {
+  const int in_window = n < kWindow ? n : kWindow;
+  for (int i0 = kPer * static_cast<int>(threadIdx.x); i0 < n; i0 += kPer * kThreads) {
     int r[kPer + 2];  // entries i0 - 1 to i0 + kPer
     // r[0] = 0 for entry 0, which needs no record: warp_first[0] is 0.
     if (i0 + kPer <= in_window) {
@@ -2096,9 +2176,7 @@ __device__ __forceinline__ void mark_gather_starts(int64_t n, int nrows, const i
       for (int k = 0; k < kPer; ++k) {
         if (!ok[k]) continue;
         const int p = r[k] >> kWarpRowsLog2;
-        // Clamped: an unsorted indptr can put 2^31 entries in a window, and
-        // a negative count would index sm.values below its start.
-        const int entry = static_cast<int>(imin(i0 + k, INT_MAX));
+        const int entry = i0 + k;  // below n <= nrows + 1
 #pragma unroll 1
         for (int b = p < 0 ? 0 : p + 1; b <= r[k + 1] >> kWarpRowsLog2; ++b) warp_first[b] = entry;
       }
@@ -2251,35 +2329,64 @@ __device__ __forceinline__ void tile_gather_block(const T* __restrict__ src,
     const Window w{first, load_window<WindowCount::kInBarrier>(indptr, segments, rows, t0, nrows,
                                                                first, steps, raw, sm.window,
                                                                sm.counts, round)};
+    // The tile's starts in 32 bits, for all but the crowded label walk: at
+    // most nrows + 1. Sorted starts lie in [0, nrows), so a tile that holds
+    // more than nrows has two equal ones among its first nrows + 1, which
+    // mark_gather_starts finds (crowded), and a tile that is not crowded
+    // holds n = w.n. Crowded tiles use neither marks nor warp_first. An
+    // unsorted indptr gets wrong rows but stays in bounds as before. With
+    // the later window rounds and the extra values in 32 bits as the first
+    // round, on an H200 (ab.py, % of copy bandwidth, backward): bf16, 1
+    // column, power law 56.1 -> 58.0, fp32 72.6 -> 73.3; short segments and
+    // bf16 rows of 4 columns +0.5 to +1.
+    const int n = static_cast<int>(imin(w.n, nrows + 1));
     // Values past the prefetched ones: a tile with more segments than the last.
     // kWindowSteps loads per thread go out before the first store: one at a
     // time, each store waited on its load (Nsight Compute, H100, bf16, 1
     // column, short segments: 15 % of the stall samples). On the op
     // benchmark, bf16, 1 column, short segments: 64.0 -> 66.8 % of copy
     // bandwidth.
-    const int wanted = static_cast<int>(imin(w.n + 1, kValues));
-    for (int i0 = cached + tid; i0 < wanted; i0 += kWindowSteps * kThreads) {
-      P more[kWindowSteps];
+    // As value(first - 1 + i) reads them, in 32 bits: i >= cached >= kThreads
+    // here, so first - 1 + i >= 0, and first - 1 + i < segments exactly when i
+    // < there (first <= segments + 1); one 64-bit pointer per pass.
+    const int wanted = n + 1 < kValues ? n + 1 : kValues;  // as w.n + 1 but in a crowded tile
+    if (cached < wanted) {
+      const int there = static_cast<int>(imin(wanted, segments + 1 - first));
+      // Opaque to the compiler, which otherwise derived the unrolled loop's
+      // trip count from w.n in 64 bits (~15 more instructions, SASS sm_90).
+      int end = wanted;
+#if !defined(__HIP_PLATFORM_AMD__)
+      asm("" : "+r"(end));
+#endif
+      for (int i0 = cached + tid; i0 < end; i0 += kWindowSteps * kThreads) {
+        const T* at = src + (first - 1 + i0) * W;
+        P more[kWindowSteps];
 #pragma unroll
-      for (int k = 0; k < kWindowSteps; ++k) {
-        const int i = i0 + k * kThreads;
-        more[k] = i < wanted ? value(first - 1 + i) : P{};
+        for (int k = 0; k < kWindowSteps; ++k)
+          more[k] = i0 + k * kThreads < there ? load_raw<T, W>(at + k * kThreads * W) : P{};
+#pragma unroll
+        for (int k = 0; k < kWindowSteps; ++k)
+          if (i0 + k * kThreads < end) sm.values[i0 + k * kThreads] = more[k];
       }
-#pragma unroll
-      for (int k = 0; k < kWindowSteps; ++k)
-        if (i0 + k * kThreads < wanted) sm.values[i0 + k * kThreads] = more[k];
     }
     cached = cached > wanted ? cached : wanted;
     if (t0 + G::kTileRows < r1) {  // raw and raw_values are free again
-      steps = w.n >= static_cast<int64_t>(steps) * kThreads ? kAhead : usual_steps;
+      steps = n >= steps * kThreads ? kAhead : usual_steps;  // nrows = kTileRows here
       prefetch(first + w.n);
     }
     auto start = [&](int64_t i) {
       return i < w.n ? window_start(sm.window, indptr, rows, t0, w, i) : INT_MAX;
     };
     constexpr int kWarpRowsLog2 = __builtin_ctz(kRun * 32);  // kRun: a power of two
-    mark_gather_starts<kWarpRowsLog2>(w.n, nrows, sm.window, start, sm.starts, sm.crowded,
-                                      sm.warp_first);
+    const int64_t* tile_starts = indptr + first;  // entry i past kWindow: tile_starts[i]
+    mark_gather_starts<kWarpRowsLog2>(
+        n, nrows, sm.window,
+        [&](int i) {
+          return i >= n        ? INT_MAX
+                 : i < kWindow ? sm.window[i]
+                               : static_cast<int>(clamp_row(tile_starts[i], rows) - t0);
+        },
+        sm.starts, sm.crowded, sm.warp_first);
     __syncthreads();
 
     // This run's rows [a, a + kRun); segment first - 1 + j is the one open at
@@ -2291,7 +2398,9 @@ __device__ __forceinline__ void tile_gather_block(const T* __restrict__ src,
     // Starts before row a: by the marks when each marked row starts one
     // segment, its warp's (warp_first) and its warp's marks before its run's;
     // else by binary search of the window.
+    // 32-bit where not crowded (n = w.n there, warp_first below n or INT_MAX).
     int64_t j;
+    int j32 = 0;
     if (!crowded) {
       const int count = __popc(marks);
       int through = count;  // inclusive scan over the warp
@@ -2300,7 +2409,9 @@ __device__ __forceinline__ void tile_gather_block(const T* __restrict__ src,
       through = warp_scan_step<4>(through);
       through = warp_scan_step<8>(through);
       through = warp_scan_step<16>(through);
-      j = imin(sm.warp_first[tid / 32], w.n) + (through - count);
+      const int before = sm.warp_first[tid / 32];
+      j32 = (before < n ? before : n) + (through - count);
+      j = j32;
     } else {
       j = starts_through(sm.window, indptr, rows, t0, w, a - 1);
     }
@@ -2310,9 +2421,9 @@ __device__ __forceinline__ void tile_gather_block(const T* __restrict__ src,
       T v[kRun * W];
     } run;
     auto label = [&](int q, const P& value_q) { memcpy(&run.v[q * W], &value_q, sizeof(P)); };
-    if (!crowded && j + __popc(marks) < cached) {
+    if (!crowded && j32 + __popc(marks) < cached) {
 #if defined(__HIP_PLATFORM_AMD__)
-      int k = static_cast<int>(j);
+      int k = j32;
 #pragma unroll
       for (int q = 0; q < kRun; ++q) {
         k += (marks >> q) & 1u;
@@ -2320,7 +2431,7 @@ __device__ __forceinline__ void tile_gather_block(const T* __restrict__ src,
       }
 #else
       // sm.values[j], then one entry on at each marked row (step_if).
-      uint32_t at = static_cast<uint32_t>(__cvta_generic_to_shared(&sm.values[j]));
+      uint32_t at = static_cast<uint32_t>(__cvta_generic_to_shared(&sm.values[j32]));
 #pragma unroll
       for (int q = 0; q < kRun; ++q) {
         at = step_if<sizeof(P)>(at, marks & (1u << q));
