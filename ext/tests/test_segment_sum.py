@@ -242,6 +242,8 @@ def test_bad_input(device, make_args, message, monkeypatch):
         # Thousands of starts in one tile, none repeated next to another: the
         # gather counts them per warp instead of checking that they are sorted.
         pytest.param([0, 5] * 3000 + [8], id="alternating"),
+        # A start 2^32 rows past its end: a 32-bit length would wrap positive.
+        pytest.param([10 * i if i != 5 else (1 << 32) - 10 for i in range(101)], id="wrap32"),
     ],
 )
 @pytest.mark.parametrize("inner", [1, 4, 64])
