@@ -857,6 +857,17 @@ __device__ __forceinline__ int64_t starts_before(int a, uint32_t marks, bool by_
 // tile gather, fp32, 1 column, power law 74.1 -> 76.0, 1-3-row segments 70.5
 // -> 75.0; bf16, 1 column, short segments 68.8 -> 70.1; tile sum, power law,
 // bf16, 1 column 49.6 -> 52.0, fp32, 1 column 65.1 -> 67.4.
+// Zeroes a tile's kWords mark words with the block's kThreads threads, one
+// unrolled store per thread and pass: a loop over tid, not knowing tid <
+// kThreads, kept its bounds and its control (about 20 instructions).
+template <int kWords>
+__device__ __forceinline__ void clear_marks(uint32_t* starts) {
+  const int tid = threadIdx.x;
+#pragma unroll
+  for (int i0 = 0; i0 < kWords; i0 += kThreads)
+    if (kWords % kThreads == 0 || i0 + tid < kWords) starts[i0 + tid] = 0;
+}
+
 // Four window entries by one 16-byte read (`at` 16-byte aligned).
 __device__ __forceinline__ void read_quad(const int* at, int* r) {
   const int4 v = *reinterpret_cast<const int4*>(at);
@@ -1177,7 +1188,7 @@ __device__ __forceinline__ void tile_sum_block(const T* __restrict__ src,
   };
   load_tile(r0);
   if (tid < 3) sm.counts[tid] = 0;
-  for (int i = tid; i < G::kTileRows / 32; i += kThreads) sm.starts[i] = 0;
+  clear_marks<G::kTileRows / 32>(sm.starts);
   if (tid == 0) {
     sm.carry.closed = 0;
 #pragma unroll
@@ -1427,14 +1438,7 @@ __device__ __forceinline__ void tile_sum_block(const T* __restrict__ src,
       sm.carry = RunSumOp<Acc, W>()(before, item);
       sm.carry.closed = 0;  // counts start again with the tile (read as a count alone)
     }
-    // Read before the scan. A block has kThreads threads: the loop unrolls
-    // into one store per thread (rows of 2 bytes) or one in half the threads
-    // (4 bytes), with no loop control.
-#pragma unroll
-    for (int k = 0; k < ceil_div(G::kTileRows / 32, kThreads); ++k) {
-      const int i = k * kThreads + tid;
-      if (G::kTileRows / 32 % kThreads == 0 || i < G::kTileRows / 32) sm.starts[i] = 0;
-    }
+    clear_marks<G::kTileRows / 32>(sm.starts);  // read before the scan
     first += w.n;
   }
   __syncthreads();
@@ -2265,16 +2269,8 @@ __device__ __forceinline__ void tile_gather_block(const T* __restrict__ src,
   const int64_t r0 = static_cast<int64_t>(blockIdx.x) * rows_per_block;
   const int64_t r1 = imin(rows, r0 + rows_per_block);
 
-  // The mark words, cleared by one unrolled pass (the loop over tid did not
-  // know tid < kThreads and kept its bounds).
-  constexpr int kStartWords = G::kTileRows / 32;
-  auto clear_starts = [&] {
-#pragma unroll
-    for (int i0 = 0; i0 < kStartWords; i0 += kThreads)
-      if (kStartWords % kThreads == 0 || i0 + tid < kStartWords) sm.starts[i0 + tid] = 0;
-  };
   if (tid < 3) sm.counts[tid] = 0;
-  clear_starts();
+  clear_marks<G::kTileRows / 32>(sm.starts);
   // Rows outside every segment (before indptr[0], past indptr[segments]) get zeros.
   auto value = [&](int64_t s) {
     return s >= 0 && s < segments ? load_raw<T, W>(src + s * W) : P{};
@@ -2449,7 +2445,7 @@ __device__ __forceinline__ void tile_gather_block(const T* __restrict__ src,
     }
     write_run(sm.stage, run.units);
     __syncthreads();
-    clear_starts();  // marks were read
+    clear_marks<G::kTileRows / 32>(sm.starts);  // marks were read
     store_units<G::kStageUnits>(out + t0 * W, sm.stage, nrows * G::kRowBytes);
     first += w.n;
   }
@@ -3222,7 +3218,7 @@ __global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
   const int64_t r1 = imin(rows, r0 + rows_per_block);
 
   if (tid < 3) sm.counts[tid] = 0;
-  if (tid < kLabelTileRows / 32) sm.starts[tid] = 0;
+  clear_marks<kLabelTileRows / 32>(sm.starts);
   // A row's label is where its segment's value starts in src (-1: none),
   // worked out once per row, not once per 16-byte unit; with the stores
   // through a pointer that steps with the unit (SASS, sm_90, bf16: 197 -> 108
@@ -3272,7 +3268,7 @@ __global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
             value_at(first - 1 + starts_through(sm.window, indptr, rows, t0, w, a + j));
     }
     __syncthreads();
-    if (tid < kLabelTileRows / 32) sm.starts[tid] = 0;  // the marks were read
+    clear_marks<kLabelTileRows / 32>(sm.starts);  // the marks were read
 
     // Unit u of the tile is unit `col` of row `row`, stepped kThreads units
     // at a time without a division; moved as 32-bit words, which a half-type
