@@ -560,6 +560,33 @@ def test_triton_walk_only_shapes_only_for_giant_segments():
         assert below and not any(c.kwargs["WALK_ONLY"] for c in below)
 
 
+# Giant segments: chunks of 131072 rows that lie inside one segment (summed as
+# a flat run, with a tail of fewer elements than a step: 73043 rows) and ones
+# where a segment ends, or empty segments sit, among others.
+WALK_INSIDE = [3, 2 * 131072 + 4099, 0, 7, 200_003]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("inner", [1, 3, 4])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_triton_every_walk_only_shape_sums_right(monkeypatch, inner, dtype):
+    # The tuner runs one shape per class, whichever wins on the GPU at hand:
+    # each walk-only shape is made the only one, in turn, so all are checked.
+    triton_module = pytest.importorskip("segment_ops._triton", exc_type=ImportError)
+    kernel = triton_module._LANE_KERNELS[False]
+    indptr = make_indptr(WALK_INSIDE, "cuda")
+    src = random_src(int(indptr[-1]), (inner,), dtype, "cuda")
+    assert triton_module._length_class(src.shape[0], len(WALK_INSIDE), inner) >= (
+        triton_module._LANE_GIANT_CLASS
+    )
+    walk_only = [c for c in kernel.configs if c.kwargs["WALK_ONLY"]]
+    assert walk_only
+    for config in walk_only:
+        monkeypatch.setattr(kernel, "configs", [config])
+        monkeypatch.setattr(kernel, "cache", {})
+        assert_matches(segment_ops.segment_sum(src, indptr, backend="triton"), src, indptr)
+
+
 class LaunchRecorder:
     """Stands in for a Triton kernel: `kernel[grid](...)` records (name, kwargs)
     into `launches` instead of launching."""
