@@ -659,11 +659,14 @@ struct Window {
 template <int kSteps>
 __device__ __forceinline__ void fetch_starts(const int64_t* __restrict__ indptr, int64_t segments,
                                              int64_t from, int steps, int64_t (&raw)[kSteps]) {
+  // One pointer and one 32-bit bound: k * kThreads <= last exactly when k <
+  // steps and s = own + k * kThreads <= segments (last >= -1 whatever from is).
+  const int64_t own = from + threadIdx.x;
+  const int last =
+      static_cast<int>(imax(imin(segments - own, int64_t{steps} * kThreads - 1), int64_t{-1}));
+  const int64_t* at = indptr + own;
 #pragma unroll
-  for (int k = 0; k < kSteps; ++k) {
-    const int64_t s = from + k * kThreads + threadIdx.x;
-    raw[k] = k < steps && s <= segments ? indptr[s] : kNever;
-  }
+  for (int k = 0; k < kSteps; ++k) raw[k] = k * kThreads <= last ? at[k * kThreads] : kNever;
 }
 
 // Fills `window` for the tile of `nrows` rows at t0 whose first start is
@@ -713,12 +716,23 @@ __device__ __forceinline__ int64_t load_window(const int64_t* __restrict__ indpt
   // Further rounds of the tile gather take the same lean form, the entries
   // of a round addressed from one pointer and bounded by one 32-bit room (as
   // its prefetch): k * kThreads <= room exactly when s <= segments.
-  constexpr bool kLeanFirst = kCount == WindowCount::kInBarrier;
+  // The tile sum (kWarpAtomic) takes the lean form too: its raw comes from
+  // fetch_starts with the same steps.
+  constexpr bool kLeanFirst = kCount != WindowCount::kThreadAtomic;
   const int below_tile = static_cast<int>(-t0);
   auto lean = [&](int64_t v) {
     const uint64_t d = static_cast<uint64_t>(v) - static_cast<uint64_t>(t0);
     return v < 0 ? below_tile : (v - t0 >= nrows ? nrows : static_cast<int>(d));
   };
+  // The same value in the tile sum, from the tile's end t1: past it, nrows;
+  // below 0, 0 - t0; else v - t0, the 32-bit difference of the low words.
+  const int64_t t1 = t0 + nrows;
+  const int t0_low = static_cast<int>(t0);
+  auto lean_sum = [&](int64_t v) {
+    const int low = v < 0 ? 0 : static_cast<int>(v);
+    return v >= t1 ? nrows : low - t0_low;
+  };
+  constexpr bool kSum = kCount == WindowCount::kWarpAtomic;
   for (bool prefetched = true;; prefetched = false) {
     int rel[kWindowSteps];
     if (kLeanFirst && !prefetched) {
@@ -727,17 +741,27 @@ __device__ __forceinline__ int64_t load_window(const int64_t* __restrict__ indpt
       const int room = static_cast<int>(imin(segments - own, INT_MAX));
       const int64_t* at = indptr + own;
       int64_t v[kWindowSteps];
+      if constexpr (kSum) {
+        // Entries not read are left unset and never used: the bound selects
+        // nrows for them, no kNever is moved into registers.
 #pragma unroll
-      for (int k = 0; k < kWindowSteps; ++k)  // issue every load before using any
-        v[k] = k * kThreads <= room ? at[k * kThreads] : kNever;
+        for (int k = 0; k < kWindowSteps; ++k)  // issue every load before using any
+          v[k] = k * kThreads <= room ? at[k * kThreads] : kNever;
 #pragma unroll
-      for (int k = 0; k < kWindowSteps; ++k) rel[k] = lean(v[k]);
+        for (int k = 0; k < kWindowSteps; ++k) rel[k] = lean_sum(v[k]);
+      } else {
+#pragma unroll
+        for (int k = 0; k < kWindowSteps; ++k)  // issue every load before using any
+          v[k] = k * kThreads <= room ? at[k * kThreads] : kNever;
+#pragma unroll
+        for (int k = 0; k < kWindowSteps; ++k) rel[k] = lean(v[k]);
+      }
     } else {
 #pragma unroll
       for (int k = 0; k < kWindowSteps; ++k) {  // issue every load before using any
         const int64_t s = first + n + k * kThreads + tid;
         if (kLeanFirst) {
-          rel[k] = k < kSteps ? lean(raw[k]) : nrows;
+          rel[k] = k < kSteps ? (kSum ? lean_sum(raw[k]) : lean(raw[k])) : nrows;
           continue;
         }
         int64_t v = kNever;
@@ -770,14 +794,16 @@ __device__ __forceinline__ int64_t load_window(const int64_t* __restrict__ indpt
         }
       }
     }
-    int* count = counts + round % 3;
+    // round in {0, 1, 2}: the word in use, rotated without a division.
+    int* count = counts + round;
+    const int next = round == 2 ? 0 : round + 1;
     std::conditional_t<kLeanFirst, int, int64_t> got;  // in [0, 1280] in the tile gather
     if constexpr (kCount == WindowCount::kInBarrier) {
       // Sorted starts make the entries taken a prefix of the round: every
       // thread took q (the last thread's count) or q + 1, and the barrier
       // counts those with q + 1, by parity.
       if (tid == kThreads - 1) *count = taken;  // read after the barrier, rewritten 3 rounds on
-      ++round;
+      round = next;
       const int odd = __syncthreads_count(taken & 1);
       const int q = *count;  // in [0, kWindowSteps]: got fits 32 bits
       got = q * kThreads + (q & 1 ? kThreads - odd : odd);
@@ -790,8 +816,8 @@ __device__ __forceinline__ int64_t load_window(const int64_t* __restrict__ indpt
       } else if (taken) {
         atomicAdd(count, taken);
       }
-      if (tid == 0) counts[(round + 1) % 3] = 0;  // last read two rounds ago
-      ++round;
+      if (tid == 0) counts[next] = 0;  // last read two rounds ago
+      round = next;
       __syncthreads();
       got = *count;
     }
@@ -1178,6 +1204,9 @@ __device__ __forceinline__ void tile_sum_block(const T* __restrict__ src,
   using CountScan = typename TileSumShared<T, W>::CountScan;
   constexpr int kRun = G::kRunRows;
   const int tid = threadIdx.x;
+  // Blocks of kThreads threads (the launch): drops the tests of k * kThreads
+  // + tid against kWindow and the like.
+  __builtin_assume(tid >= 0 && tid < kThreads);
   const int64_t block = blockIdx.x;
   const int64_t r0 = range.r0, r1 = range.r1;
 
