@@ -260,6 +260,24 @@ def test_unchecked_bad_indptr_stays_in_bounds(offsets, inner, backend):
     torch.cuda.synchronize()
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("inner", [1, 4])
+def test_unchecked_start_past_its_tile_stays_in_bounds(dtype, inner):
+    """A tile's starts mostly 0 and 1, then one round that takes a start far past
+    the tile before the entries return to it: the tile sum, which finds a closed
+    segment's sum in shared memory at its next start, must not look there for a
+    start outside the tile (it once read hundreds of KB past its sums)."""
+    rows, segments = 200_000, 27_000
+    head = [i & 1 for i in range(2048)] + [100_000, 100_001, 0, 1, 0]
+    tail = torch.linspace(100_002, rows, segments + 1 - len(head)).long()
+    indptr = torch.cat([torch.tensor(head), tail]).to("cuda")
+    src = torch.ones(rows, inner, device="cuda", dtype=dtype)
+    segment_ops.segment_sum(src, indptr)
+    segment_ops.segment_gather(src[:segments], indptr, rows)
+    torch.cuda.synchronize()
+
+
 def spiky(segments):
     """Short segments and a long one every 100th (33 to 4032 rows): a short mean, and
     on 2^17 segments some of each kind the CUDA lane sum tells apart (summed by a

@@ -730,7 +730,9 @@ __device__ __forceinline__ int64_t load_window(const int64_t* __restrict__ indpt
   const int t0_low = static_cast<int>(t0);
   auto lean_sum = [&](int64_t v) {
     const int low = v < 0 ? 0 : static_cast<int>(v);
-    return v >= t1 ? nrows : low - t0_low;
+    // Unsigned: past 2^31 rows the difference of the low words wraps.
+    return v >= t1 ? nrows
+                   : static_cast<int>(static_cast<unsigned>(low) - static_cast<unsigned>(t0_low));
   };
   constexpr bool kSum = kCount == WindowCount::kWarpAtomic;
   for (bool prefetched = true;; prefetched = false) {
@@ -1422,11 +1424,15 @@ __device__ __forceinline__ void tile_sum_block(const T* __restrict__ src,
         // window entries alone in the loop: with start(i) and 64-bit indices
         // it took 56 instructions a segment, and the walk gained 58.0 -> 59.9
         // % of copy bandwidth instead of 57.7 -> 64.5 (bf16, power law, H100).
-        // The checks keep an unsorted indptr's starts inside the tile.
+        // The checks keep a malformed indptr's rows inside the tile's sums:
+        // s0 in the tile, s1 - 1 in s0's run. Testing s0 >= 0 alone let a
+        // start past the tile (a later round's entry, or one no round wrote)
+        // read shared memory hundreds of KB past the sums.
         constexpr int kStride = TileSumShared<T, W>::kSumsStride;
         const Acc* sums = &sm.sums[0].x;
         auto closed_in_run = [](int s0, int s1) {
-          return s0 >= 0 && s1 > s0 && ((s0 ^ s1) & -kRun) == 0;
+          return static_cast<unsigned>(s0) < static_cast<unsigned>(G::kTileRows) && s1 > s0 &&
+                 ((s0 ^ s1) & -kRun) == 0;
         };
         auto sum_before = [&](int s1) {  // the row before s1
           return sums + (s1 - 1) / kRun * kStride + (s1 - 1) % kRun * W;
