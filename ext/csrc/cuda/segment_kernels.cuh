@@ -735,7 +735,10 @@ __device__ __forceinline__ int64_t load_window(const int64_t* __restrict__ indpt
     return v >= t1 ? nrows
                    : static_cast<int>(static_cast<unsigned>(low) - static_cast<unsigned>(t0_low));
   };
-  constexpr bool kSum = kCount == WindowCount::kWarpAtomic;
+  auto lean_rel = [&](int64_t v) {
+    if constexpr (kCount == WindowCount::kWarpAtomic) return lean_sum(v);
+    else return lean(v);
+  };
   for (bool prefetched = true;; prefetched = false) {
     int rel[kWindowSteps];
     if (kLeanFirst && !prefetched) {
@@ -744,27 +747,17 @@ __device__ __forceinline__ int64_t load_window(const int64_t* __restrict__ indpt
       const int room = static_cast<int>(imin(segments - own, INT_MAX));
       const int64_t* at = indptr + own;
       int64_t v[kWindowSteps];
-      if constexpr (kSum) {
-        // Entries not read are left unset and never used: the bound selects
-        // nrows for them, no kNever is moved into registers.
 #pragma unroll
-        for (int k = 0; k < kWindowSteps; ++k)  // issue every load before using any
-          v[k] = k * kThreads <= room ? at[k * kThreads] : kNever;
+      for (int k = 0; k < kWindowSteps; ++k)  // issue every load before using any
+        v[k] = k * kThreads <= room ? at[k * kThreads] : kNever;
 #pragma unroll
-        for (int k = 0; k < kWindowSteps; ++k) rel[k] = lean_sum(v[k]);
-      } else {
-#pragma unroll
-        for (int k = 0; k < kWindowSteps; ++k)  // issue every load before using any
-          v[k] = k * kThreads <= room ? at[k * kThreads] : kNever;
-#pragma unroll
-        for (int k = 0; k < kWindowSteps; ++k) rel[k] = lean(v[k]);
-      }
+      for (int k = 0; k < kWindowSteps; ++k) rel[k] = lean_rel(v[k]);
     } else {
 #pragma unroll
       for (int k = 0; k < kWindowSteps; ++k) {  // issue every load before using any
         const int64_t s = first + n + k * kThreads + tid;
         if (kLeanFirst) {
-          rel[k] = k < kSteps ? (kSum ? lean_sum(raw[k]) : lean(raw[k])) : nrows;
+          rel[k] = k < kSteps ? lean_rel(raw[k]) : nrows;
           continue;
         }
         int64_t v = kNever;
