@@ -304,47 +304,27 @@ def _walk_chunk(
     if FAST_TILES > 0 and EVEN_COLS:
         # The chunk lies inside one segment that started before it (an empty
         # chunk, c0 == rows, is left to the walk, which writes nothing).
-        if (start < 0) & (end >= chunk_len) & (chunk_len > 0):
-            _walk_inside(
-                indptr_ptr,
-                out_ptr,
-                part_ptr,
-                flag_ptr,
-                chunk_src,
-                chunk_len,
-                seg,
-                rows,
-                inner,
-                cols,
-                col_mask,
-                IS_FP64,
-                SLOT_ROWS,
-                BLOCK_ROWS,
-                FAST_TILES,
-            )
-        else:
-            _walk_rows(
-                indptr_ptr,
-                out_ptr,
-                part_ptr,
-                flag_ptr,
-                chunk_src,
-                chunk_len,
-                c0,
-                seg,
-                start,
-                end,
-                nseg,
-                rows,
-                inner,
-                cols,
-                col_mask,
-                IS_FP64,
-                SLOT_ROWS,
-                BLOCK_ROWS,
-                CHUNK_ROWS,
-                EVEN_COLS,
-            )
+        inside = (start < 0) & (end >= chunk_len) & (chunk_len > 0)
+    else:
+        inside: tl.constexpr = False  # the test below is compiled out
+    if inside:
+        _walk_inside(
+            indptr_ptr,
+            out_ptr,
+            part_ptr,
+            flag_ptr,
+            chunk_src,
+            chunk_len,
+            seg,
+            rows,
+            inner,
+            cols,
+            col_mask,
+            IS_FP64,
+            SLOT_ROWS,
+            BLOCK_ROWS,
+            FAST_TILES,
+        )
     else:
         _walk_rows(
             indptr_ptr,
