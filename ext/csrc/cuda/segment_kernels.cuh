@@ -1428,8 +1428,12 @@ __device__ __forceinline__ void tile_sum_block(const T* __restrict__ src,
           return static_cast<unsigned>(s0) < static_cast<unsigned>(G::kTileRows) && s1 > s0 &&
                  ((s0 ^ s1) & -kRun) == 0;
         };
+        // Row x of run x / kRun is at x * W + x / kRun * (kStride - kRun * W);
+        // 32-bit and unsigned (s1 > s0 >= 0 once closed_in_run passes, so the
+        // row s1 - 1 is too).
         auto sum_before = [&](int s1) {  // the row before s1
-          return sums + (s1 - 1) / kRun * kStride + (s1 - 1) % kRun * W;
+          const unsigned x = static_cast<unsigned>(s1 - 1);
+          return sums + (x * W + x / kRun * (kStride - kRun * W));
         };
         auto store_closed = [&](int s0, int s1, T* dst) {
           if (!closed_in_run(s0, s1)) return;
@@ -1440,25 +1444,13 @@ __device__ __forceinline__ void tile_sum_block(const T* __restrict__ src,
           store_sum<T, W>(dst, total);
         };
         // Per entry: two window reads, the test, the row's sum and the
-        // store, with 32-bit indices (s1 > s0 >= 0 once the test passes, so
-        // the row s1 - 1 is unsigned): row x of run x / kRun is at x * W +
-        // x / kRun * (kStride - kRun * W).
+        // store, with 32-bit indices.
         const int in_window = static_cast<int>(imin(w.n, kWindow));
         T* dst = out + (first + tid) * W;  // segment first + i
         const int* at = sm.window + tid;
         const int* const end = sm.window + in_window - 1;
 #pragma unroll 2
-        for (; at < end; at += kThreads, dst += kThreads * W) {
-          const int s0 = at[0], s1 = at[1];
-          if (closed_in_run(s0, s1)) {
-            const unsigned x = static_cast<unsigned>(s1 - 1);
-            const Acc* row = sums + (x * W + x / kRun * (kStride - kRun * W));
-            Acc total[W];
-#pragma unroll
-            for (int k = 0; k < W; ++k) total[k] = row[k];
-            store_sum<T, W>(dst, total);
-          }
-        }
+        for (; at < end; at += kThreads, dst += kThreads * W) store_closed(at[0], at[1], dst);
         for (int64_t i = in_window - 1 + tid; i + 1 < w.n; i += kThreads)  // past the window
           store_closed(start(i), start(i + 1), out + (first + i) * W);
       }
