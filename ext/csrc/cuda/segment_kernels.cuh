@@ -3257,6 +3257,24 @@ __global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
 // -> 74.8, power law 84.1 -> 81.5).
 constexpr int kLabelRows = 4;
 constexpr int kLabelTileRows = kThreads * kLabelRows;
+// A tile's segment values, as many as fit kLabelValueUnits 16-byte units (16
+// KB), are copied into shared memory with cp.async while the tile is marked
+// and labelled, and its units are read from there. Read from src in the copy,
+// short segments put a segment's first row in nearly every warp's batch of
+// loads (a warp's batch spans 8 rows of 64 bytes, 2 of 256, and a segment 8.5
+// rows on average), so each batch of every warp waits on a load from DRAM
+// before its stores: on the power law, whose tiles mostly continue one long
+// segment, the same loads hit the L1 cache, and the kernel is 5 to 10 points
+// of copy bandwidth faster there (H200, rows of 64 to 512 bytes: short
+// segments 77 to 83 %, power law 84 to 90 %). In shared memory a tile's
+// values wait on DRAM once, behind the marks, the scan and the labels, and
+// the copy's loads take tens of cycles (short segments: fp32, 32 columns 80.1
+// -> 90.2, 64 columns 83.3 -> 90.6; bf16, 32 columns 78.3 -> 85.1, 64 columns
+// 80.1 -> 90.5, 256 columns 83.3 -> 90.3). 16 KB holds a tile of short segments in rows of up to 128 bytes
+// (about 120 segments in 1024 rows) and half of one in rows of 256; the rest
+// is read from src as before. It takes 16 KB from the L1 cache per block,
+// which serves the values read from src and no longer those held here.
+constexpr int kLabelValueUnits = 1024;
 struct LabelGatherShared {
   using CountScan = cub::BlockScan<int, kThreads, cub::BLOCK_SCAN_WARP_SCANS>;
   typename CountScan::TempStorage count_scan;
@@ -3264,8 +3282,26 @@ struct LabelGatherShared {
   int crowded;
   uint32_t starts[kLabelTileRows / 32];
   alignas(16) int window[kWindow];
-  int64_t label[kLabelTileRows];  // where each row's value starts in src
+  const uint4* label[kLabelTileRows];  // where each row's value lies (label_of)
+  uint4 values[kLabelValueUnits];  // entry i * units + c: unit c of segment first - 1 + i
 };
+
+// A 16-byte unit from global to shared memory, asynchronously where the
+// device can (waited for by wait_copied_units); a plain copy on ROCm.
+__device__ __forceinline__ void copy_unit(uint4* to, const uint4* from) {
+#if defined(__HIP_PLATFORM_AMD__)
+  *to = *from;
+#else
+  __pipeline_memcpy_async(to, from, 16);
+#endif
+}
+
+__device__ __forceinline__ void wait_copied_units() {
+#if !defined(__HIP_PLATFORM_AMD__)
+  __pipeline_commit();
+  __pipeline_wait_prior(0);
+#endif
+}
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
@@ -3284,21 +3320,30 @@ __global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
 
   if (tid < 3) sm.counts[tid] = 0;
   clear_marks<kLabelTileRows / 32>(sm.starts);
-  // A row's label is where its segment's value starts in src (-1: none),
-  // worked out once per row, not once per 16-byte unit; with the stores
-  // through a pointer that steps with the unit (SASS, sm_90, bf16: 197 -> 108
-  // instructions per 4 units). On an H200 (ab.py, % of copy bandwidth),
-  // backward: bf16, 256 columns, short segments 81.3 -> 83.2, power law 85.7
-  // -> 87.2; fp32, 64 columns, short 81.2 -> 82.9; bf16, 32 columns 77.1 -> 78.1.
-  auto value_at = [&](int64_t s) { return s >= 0 && s < segments ? s * inner : int64_t{-1}; };
   int64_t first = block_lower_bound(indptr, segments, rows, r0);
+  // A row's label is where its segment's value lies, worked out once per row,
+  // not once per 16-byte unit; with the stores through a pointer that steps
+  // with the unit (SASS, sm_90, bf16: 197 -> 108 instructions per 4 units). On
+  // an H200 (ab.py, % of copy bandwidth), backward: bf16, 256 columns, short
+  // segments 81.3 -> 83.2, power law 85.7 -> 87.2; fp32, 64 columns, short
+  // 81.2 -> 82.9; bf16, 32 columns 77.1 -> 78.1.
+  // The label is a generic address: the copy reads a unit with one load,
+  // from shared memory or global, as its row's value lies. Segment first - 1
+  // + i (i >= 0) of a tile that holds `cached` values: its first unit in
+  // sm.values for i < cached, else in src; null for no segment (zeros).
+  auto label_of = [&](int64_t i, int cached) -> const uint4* {
+    const int64_t s = first - 1 + i;
+    return s < 0 || s >= segments ? nullptr
+           : i < cached           ? &sm.values[i * units]
+                                  : reinterpret_cast<const uint4*>(src + s * inner);
+  };
   int round = 0;
   int steps = walk_steps(starts_per_tile(segments, rows, kLabelTileRows), kPrefetchSteps);
   int64_t raw[kPrefetchSteps];
   fetch_starts(indptr, segments, first, steps, raw);
   for (int64_t t0 = r0; t0 < r1; t0 += kLabelTileRows) {
     const int nrows = static_cast<int>(imin(r1, t0 + kLabelTileRows) - t0);
-    __syncthreads();  // the previous tile's window and labels are read
+    __syncthreads();  // the previous tile's window, labels and values are read
     if (tid == 0) sm.crowded = 0;
     const Window w{first, load_window<WindowCount::kThreadAtomic>(indptr, segments, rows, t0,
                                                                   nrows, first, steps, raw,
@@ -3306,6 +3351,29 @@ __global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
     if (t0 + kLabelTileRows < r1) {
       steps = kPrefetchSteps;
       fetch_starts(indptr, segments, first + w.n, steps, raw);
+    }
+    // The values of the segments the tile's rows can be in, first - 1 + i for
+    // i <= w.n, as many as fit; issued before the marks so that their wait
+    // (before the barrier after the labels) overlaps the marks and the scan.
+    // Unit e = i * units + c is thread e % kThreads's, stepped as in the copy.
+    const int cached = static_cast<int>(imin(w.n + 1, kLabelValueUnits / units));
+    {
+      const int cached_units = cached * units;  // at most kLabelValueUnits
+      int i = row0, c = col0;
+      // Not unrolled: the copies need no registers to stay in flight, and
+      // unrolled (4 deep, with the remainder) they took 400 instructions.
+#pragma unroll 1
+      for (int e = tid; e < cached_units; e += kThreads) {
+        const int64_t s = first - 1 + i;  // no copy, and no label to read it, outside [0, segments)
+        if (s >= 0 && s < segments)
+          copy_unit(&sm.values[e], reinterpret_cast<const uint4*>(src + s * inner) + c);
+        i += row_step;
+        c += col_step;
+        if (c >= units) {
+          c -= units;
+          ++i;
+        }
+      }
     }
     auto start = [&](int64_t i) {
       return i < w.n ? window_start(sm.window, indptr, rows, t0, w, i) : INT_MAX;
@@ -3324,14 +3392,15 @@ __global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
 #pragma unroll
       for (int j = 0; j < kLabelRows; ++j) {
         before += static_cast<int>(marks >> j & 1u);
-        sm.label[a + j] = value_at(first - 1 + before);
+        sm.label[a + j] = label_of(before, cached);
       }
     } else {
 #pragma unroll
       for (int j = 0; j < kLabelRows; ++j)
         sm.label[a + j] =
-            value_at(first - 1 + starts_through(sm.window, indptr, rows, t0, w, a + j));
+            label_of(starts_through(sm.window, indptr, rows, t0, w, a + j), cached);
     }
+    wait_copied_units();  // this thread's: the barrier makes every thread's visible
     __syncthreads();
     clear_marks<kLabelTileRows / 32>(sm.starts);  // the marks were read
 
@@ -3348,9 +3417,12 @@ __global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
 #pragma unroll
       for (int b = 0; b < kBatch; ++b) {  // all loads first
         const bool in = u0 + b * kThreads + tid < total;
-        const int64_t at = in ? sm.label[row] : -1;
-        v[b] = at >= 0 ? *reinterpret_cast<const uint4*>(src + at + col * kVec)
-                       : make_uint4(0, 0, 0, 0);
+        // One generic load, shared or global: as two loads (an LDS and an
+        // LDG), ptxas made each a branch, and a warp with units of both kinds
+        // took both in turn. A held value's units lie inside sm.values
+        // (label_of: i * units + col < cached * units <= kLabelValueUnits).
+        const uint4* at = in ? sm.label[row] : nullptr;
+        v[b] = at != nullptr ? at[col] : make_uint4(0, 0, 0, 0);
         row += row_step;
         col += col_step;
         if (col >= units) {
