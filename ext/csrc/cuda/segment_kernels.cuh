@@ -1021,27 +1021,33 @@ __device__ __forceinline__ void write_run(uint4* stage, const uint4 (&run)[kUnit
   for (int k = 0; k < kUnits; ++k) stage[threadIdx.x * (kUnits + 1) + k] = run[k];
 }
 
-// Inverse of load_stage: the stage's 16-byte units [0, bytes) to `base`, unit
-// k * kThreads + tid from this thread, so a warp stores 512 contiguous bytes.
+// The stage's 16-byte units [0, bytes) to `base`, each warp storing those of
+// its own threads' runs: unit k * 32 + lane of the warp's 32 * kUnits, so a
+// warp stores 512 contiguous bytes per instruction, as a copy does. A warp
+// reads back only what its own lanes wrote to the stage (write_run), so a
+// warp barrier, not a block one, orders the two (tile_gather_block).
 template <int kUnits, typename T>
-__device__ __forceinline__ void store_units(T* base, const uint4* stage, int bytes) {
+__device__ __forceinline__ void store_warp_units(T* base, const uint4* stage, int bytes) {
+  constexpr int kWarp = 32;
+  static_assert(kWarp % kUnits == 0 && kThreads % kWarp == 0,
+                "a warp's step of units starts a run");
+  const int tid = static_cast<int>(threadIdx.x), lane = tid % kWarp;
+  // The warp's unit k * kWarp + lane lies in its run tid - lane + (k * kWarp
+  // + lane) / kUnits, as unit lane % kUnits of it.
+  const int unit = (tid - lane) * kUnits + lane;
+  const uint4* from = stage + (tid - lane + lane / kUnits) * (kUnits + 1) + lane % kUnits;
+  constexpr int kFromStep = kWarp / kUnits * (kUnits + 1);  // runs of one step of units
   if (bytes == kUnits * kThreads * 16) {  // a whole tile: every unit whole, no bound to test
-    // Unit k * kThreads + tid lies k * kThreads / kUnits runs past unit tid.
-    static_assert(kThreads % kUnits == 0, "units of a step start a run");
-    const int tid = static_cast<int>(threadIdx.x);
-    const uint4* from = stage + tid / kUnits * (kUnits + 1) + tid % kUnits;
-    uint4* to = reinterpret_cast<uint4*>(base) + tid;
+    uint4* to = reinterpret_cast<uint4*>(base) + unit;
 #pragma unroll
-    for (int k = 0; k < kUnits; ++k)
-      to[k * kThreads] = from[k * (kThreads / kUnits) * (kUnits + 1)];
+    for (int k = 0; k < kUnits; ++k) to[k * kWarp] = from[k * kFromStep];
     return;
   }
 #pragma unroll
   for (int k = 0; k < kUnits; ++k) {
-    const int u = k * kThreads + static_cast<int>(threadIdx.x);
-    const int offset = u * 16;
+    const int offset = (unit + k * kWarp) * 16;
     if (offset >= bytes) continue;
-    const uint4 w = stage[u / kUnits * (kUnits + 1) + u % kUnits];
+    const uint4 w = from[k * kFromStep];
     T* p = reinterpret_cast<T*>(reinterpret_cast<char*>(base) + offset);
     if (offset + 16 <= bytes) {
       *reinterpret_cast<uint4*>(p) = w;
@@ -2104,16 +2110,6 @@ template <typename T, int W>
 constexpr bool kTileGatherAdapts = W * sizeof(T) == 4;
 template <typename T, int W>
 constexpr int kTileGatherBlocksPerSm = W * sizeof(T) == 2 ? 3 : kTileBlocksPerSm;
-// Whole tiles without a segment start (on the power law, about half the rows
-// lie in segments longer than a tile) go out straight from their segment's
-// value: no marks, label walk or stage, and two barriers fewer. Rows of 2
-// bytes keep the common path: measured before the tiles were made lean (H100,
-// % of copy bandwidth), bf16, 1 column spilled and lost 11 points, while bf16,
-// 4 columns went 78.4 -> 79.0 and fp32, 1 column 77.5 -> 77.8. On the lean
-// tiles (H200, power law): fp32, 1 column 73.4 -> 74.3; bf16, 4 columns 74.2
-// -> 75.0.
-template <typename T, int W>
-constexpr bool kTileGatherFlat = W * sizeof(T) >= 4;
 
 template <typename T, int W>
 struct TileGatherShared {
@@ -2124,10 +2120,13 @@ struct TileGatherShared {
   static constexpr int kValues = kValueBytes / G::kRowBytes;
   static_assert(G::kRunRows <= 32 && 32 % G::kRunRows == 0, "a run's starts fit one mask word");
   int counts[3];
-  int crowded;
+  // A tile's crowded flag and warp_first are written before load_window's
+  // barrier, while warps still on the tile before may read theirs: two
+  // copies, taken by turns (tile_gather_block).
+  int crowded[2];
   // Entry of the window's first start at or after warp b's first row (or
   // INT_MAX: none), for the starts before a run (mark_gather_starts).
-  int warp_first[kThreads / 32];
+  int warp_first[2][kThreads / 32];
   uint32_t starts[G::kTileRows / 32];
   alignas(16) int window[kWindow];
   RawPack<T, W> values[kValues];
@@ -2138,13 +2137,12 @@ struct TileGatherShared {
 // other way round. Per tile, the window of segment starts marks the rows where
 // segments start, and the values of the segments open in the tile come to
 // shared memory, both read coalesced a tile ahead. Thread g labels its run of
-// kRunRows rows from the marks, writes their values to the stage, and the
-// block stores the tile as contiguous 16-byte units. (Runs of 16 rows on
+// kRunRows rows from the marks, writes their values to the stage, and each
+// warp stores its runs as contiguous 16-byte units. (Runs of 16 rows on
 // 2-byte rows, tiles whose starts mostly fit the round read ahead: bf16, 1
 // column, short segments 70.2 -> 74.7 % of copy bandwidth, power law 70.3 ->
-// 57.4. Tiles without a start, half of them on the power law, stored straight
-// from their segment's value: bf16, 4 columns 78.4 -> 79.0, fp32, 1 column
-// 77.5 -> 77.8; bf16, 1 column spilled and lost 11 points.)
+// 57.4.) Tiles without a start, half of them on the power law, are stored
+// straight from their segment's value (tile_gather_block).
 // One step of an inclusive scan over 32 lanes, as cub's: on CUDA the
 // shuffle's own predicate says whether a lane d below exists (no lane test).
 template <int d>
@@ -2298,7 +2296,13 @@ __device__ __forceinline__ void tile_gather_block(const T* __restrict__ src,
   // -> 75.9; fp32, 4 columns within 0.3.
   __builtin_assume(tid >= 0 && tid < kThreads);
   const int64_t r0 = static_cast<int64_t>(blockIdx.x) * rows_per_block;
-  const int64_t r1 = imin(rows, r0 + rows_per_block);
+  int64_t r1 = imin(rows, r0 + rows_per_block);
+#if !defined(__HIP_PLATFORM_AMD__)
+  // Opaque to the compiler, which otherwise rematerialized r1 from the
+  // kernel's arguments twice per tile rather than keep it in registers (~20
+  // uniform instructions per tile, SASS sm_90, bf16, 1 column).
+  asm("" : "+l"(r1));
+#endif
 
   if (tid < 3) sm.counts[tid] = 0;
   clear_marks<G::kTileRows / 32>(sm.starts);
@@ -2341,22 +2345,38 @@ __device__ __forceinline__ void tile_gather_block(const T* __restrict__ src,
     }
   };
   prefetch(first);
-  for (int64_t t0 = r0; t0 < r1; t0 += G::kTileRows) {
+  // The value of segment first - 1, which a tile without a start gives every
+  // row: read when first moves, a tile ahead of its use.
+  P open_value = value(first - 1);
+  int turn = 0;  // which copy of crowded and warp_first the tile takes
+  for (int64_t t0 = r0; t0 < r1; t0 += G::kTileRows, turn ^= 1) {
     const int nrows = static_cast<int>(imin(r1, t0 + G::kTileRows) - t0);
-    __syncthreads();  // the previous tile's window, values and stage are read
+    // Two block barriers per tile, load_window's and the one after the marks,
+    // where there were four: no barrier opens a tile, and each warp stores its
+    // own runs after a warp barrier (store_warp_units). Warps may still be on
+    // the tile before while one gets here, so until load_window's barrier,
+    // which no thread passes before every thread is done with that tile, a
+    // tile writes only what that tile no longer reads: its turn's copy of
+    // crowded and warp_first (the tile before has the other), and the window,
+    // which the tile before read after its marks only in the label walk by
+    // search, and then ended with a block barrier. The values are written
+    // after load_window's barrier; marks are cleared by the warp that read
+    // them, before it, and set after it; a warp's stage is its own.
+    int* const warp_first = sm.warp_first[turn];
+    int& crowded_word = sm.crowded[turn];
+    if (tid == 0) crowded_word = 0;
+    // Written by mark_gather_starts after load_window's barrier; read before
+    // the warp barrier after write_run.
+    if (tid < kThreads / 32) warp_first[tid] = tid == 0 ? 0 : INT_MAX;
+    const Window w{first, load_window<WindowCount::kInBarrier>(indptr, segments, rows, t0, nrows,
+                                                               first, steps, raw, sm.window,
+                                                               sm.counts, round)};
 #pragma unroll
     for (int k = 0; k < kAhead; ++k) {
       const int i = k * kThreads + tid;
       if (k < steps && i < kValues) sm.values[i] = raw_values[k];
     }
     int cached = static_cast<int>(imin(steps * kThreads, kValues));
-    if (tid == 0) sm.crowded = 0;
-    // Written by mark_gather_starts after load_window's barrier; read before
-    // the barrier after write_run.
-    if (tid < kThreads / 32) sm.warp_first[tid] = tid == 0 ? 0 : INT_MAX;
-    const Window w{first, load_window<WindowCount::kInBarrier>(indptr, segments, rows, t0, nrows,
-                                                               first, steps, raw, sm.window,
-                                                               sm.counts, round)};
     // The tile's starts in 32 bits, for all but the crowded label walk: at
     // most nrows + 1. Sorted starts lie in [0, nrows), so a tile that holds
     // more than nrows has two equal ones among its first nrows + 1, which
@@ -2402,39 +2422,55 @@ __device__ __forceinline__ void tile_gather_block(const T* __restrict__ src,
       steps = n >= steps * kThreads ? kAhead : usual_steps;  // nrows = kTileRows here
       prefetch(first + w.n);
     }
-    if constexpr (kTileGatherFlat<T, W>) {
-      // No start in a whole tile: every row is segment first - 1, whose value
-      // sm.values[0] holds (cached >= kThreads; written before load_window's
-      // barrier), as the label walk would give each row. No mark was set, so
-      // the marks stay clear; the next tile's first barrier orders these reads
-      // before the values and window are written again.
-      if (w.n == 0 && nrows == G::kTileRows) {
-        // The value repeated over a 16-byte unit, built as words (a row of
-        // 4 or 8 bytes holds whole ones).
-        static_assert(sizeof(P) == 4 || sizeof(P) == 8, "rows of whole words");
-        uint32_t word[sizeof(P) / 4];
-        memcpy(word, &sm.values[0], sizeof(P));
-        const uint4 unit = make_uint4(word[0], word[1 % (sizeof(P) / 4)], word[0],
-                                      word[1 % (sizeof(P) / 4)]);
-        uint4* to = reinterpret_cast<uint4*>(out + t0 * W) + tid;
-        static_assert(G::kStageUnits == 4 && kThreads == 256, "the offsets below");
+    // No start in a whole tile: every row is segment first - 1, whose value
+    // open_value holds, as the label walk would give each row. No mark was
+    // set, so the marks stay clear. (sm.values[0] holds it too, but is
+    // written after load_window's barrier, with no barrier before this.) On
+    // the power law about half the rows lie in segments longer than a tile:
+    // those tiles skip the marks, the label walk and the stage, and the
+    // barrier after the marks. Measured before the tiles were made lean
+    // (H100, % of copy bandwidth): bf16, 4 columns 78.4 -> 79.0 and fp32, 1
+    // column 77.5 -> 77.8, but bf16, 1 column spilled and lost 11 points, so
+    // rows of 2 bytes kept the common path. On the lean tiles (H200, power
+    // law): fp32, 1 column 73.4 -> 74.3; bf16, 4 columns 74.2 -> 75.0. The
+    // lean tiles left rows of 2 bytes the room: they now take this path too,
+    // within the 80 registers of 3 blocks per SM and with no spill (SASS,
+    // sm_90, bf16, 1 column), and there the walk it skips is the largest
+    // share of a tile's instructions (32 rows per thread, against 16 in rows
+    // of 4 bytes). With the two barriers of a tile below (H200, % of copy
+    // bandwidth, bf16, 1 column): power law 58.3 -> 63.9, short segments 75.3
+    // -> 77.2 (the barriers alone: 60.3 and 78.5).
+    if (w.n == 0 && nrows == G::kTileRows) {
+      // The value repeated over a 16-byte unit, built as words: a row of 2
+      // bytes fills both halves of each, rows of 4 or 8 bytes are whole ones.
+      static_assert(sizeof(P) == 2 || sizeof(P) == 4 || sizeof(P) == 8, "rows of 2 to 8 bytes");
+      uint32_t word[sizeof(P) == 8 ? 2 : 1];
+      if constexpr (sizeof(P) == 2) {
+        uint16_t half;
+        memcpy(&half, &open_value, 2);
+        word[0] = half * 0x10001u;
+      } else {
+        memcpy(word, &open_value, sizeof(P));
+      }
+      const uint4 unit = make_uint4(word[0], word[sizeof(P) == 8], word[0], word[sizeof(P) == 8]);
+      uint4* to = reinterpret_cast<uint4*>(out + t0 * W) + tid;
+      static_assert(G::kStageUnits == 4 && kThreads == 256, "the offsets below");
 #if defined(__HIP_PLATFORM_AMD__)
 #pragma unroll
-        for (int k = 0; k < G::kStageUnits; ++k) to[k * kThreads] = unit;
+      for (int k = 0; k < G::kStageUnits; ++k) to[k * kThreads] = unit;
 #else
-        // As PTX: from C++, ptxas merged these stores with store_units' (one
-        // set of registers for both: 59 -> 64, and 12 moves here).
-        asm volatile(
-            "st.global.v4.b32 [%0], {%1, %2, %3, %4};\n\t"
-            "st.global.v4.b32 [%0+4096], {%1, %2, %3, %4};\n\t"
-            "st.global.v4.b32 [%0+8192], {%1, %2, %3, %4};\n\t"
-            "st.global.v4.b32 [%0+12288], {%1, %2, %3, %4};"
-            :
-            : "l"(to), "r"(unit.x), "r"(unit.y), "r"(unit.z), "r"(unit.w)
-            : "memory");
+      // As PTX: from C++, ptxas merged these stores with the stage's (one
+      // set of registers for both: 59 -> 64, and 12 moves here).
+      asm volatile(
+          "st.global.v4.b32 [%0], {%1, %2, %3, %4};\n\t"
+          "st.global.v4.b32 [%0+4096], {%1, %2, %3, %4};\n\t"
+          "st.global.v4.b32 [%0+8192], {%1, %2, %3, %4};\n\t"
+          "st.global.v4.b32 [%0+12288], {%1, %2, %3, %4};"
+          :
+          : "l"(to), "r"(unit.x), "r"(unit.y), "r"(unit.z), "r"(unit.w)
+          : "memory");
 #endif
-        continue;  // first += w.n, which is 0
-      }
+      continue;  // first += w.n, which is 0
     }
     auto start = [&](int64_t i) {
       return i < w.n ? window_start(sm.window, indptr, rows, t0, w, i) : INT_MAX;
@@ -2448,7 +2484,7 @@ __device__ __forceinline__ void tile_gather_block(const T* __restrict__ src,
                  : i < kWindow ? sm.window[i]
                                : static_cast<int>(clamp_row(tile_starts[i], rows) - t0);
         },
-        sm.starts, sm.crowded, sm.warp_first);
+        sm.starts, crowded_word, warp_first);
     __syncthreads();
 
     // This run's rows [a, a + kRun); segment first - 1 + j is the one open at
@@ -2456,7 +2492,7 @@ __device__ __forceinline__ void tile_gather_block(const T* __restrict__ src,
     const int a = tid * kRun;
     constexpr uint32_t kRunMask = kRun == 32 ? ~0u : (1u << kRun) - 1;
     const uint32_t marks = sm.starts[a / 32] >> (a % 32) & kRunMask;
-    const bool crowded = sm.crowded;
+    const bool crowded = crowded_word;
     // Starts before row a: by the marks when each marked row starts one
     // segment, its warp's (warp_first) and its warp's marks before its run's;
     // else by binary search of the window.
@@ -2471,7 +2507,7 @@ __device__ __forceinline__ void tile_gather_block(const T* __restrict__ src,
       through = warp_scan_step<4>(through);
       through = warp_scan_step<8>(through);
       through = warp_scan_step<16>(through);
-      const int before = sm.warp_first[tid / 32];
+      const int before = warp_first[tid / 32];
       j32 = (before < n ? before : n) + (through - count);
       j = j32;
     } else {
@@ -2509,10 +2545,28 @@ __device__ __forceinline__ void tile_gather_block(const T* __restrict__ src,
       }
     }
     write_run(sm.stage, run.units);
-    __syncthreads();
-    clear_marks<G::kTileRows / 32>(sm.starts);  // marks were read
-    store_units<G::kStageUnits>(out + t0 * W, sm.stage, nrows * G::kRowBytes);
+    // Each warp stores the units of its own runs (store_warp_units), so its
+    // lanes' writes to the stage are all it waits for: a warp barrier where a
+    // block one was. The label walk by search reads the window, which the
+    // next tile writes before load_window's barrier: a tile where some run
+    // may have taken it (crowded, or a run past the cached values, which only
+    // a tile of n >= cached starts has) waits for the block. Both are rare: a
+    // segment without rows, more segments in a tile than kValues.
+#if defined(__HIP_PLATFORM_AMD__)
+    __syncthreads();  // no warp barrier assumed on ROCm (a wavefront may hold 64 threads)
+#else
+    if (crowded || n >= cached)
+      __syncthreads();
+    else
+      __syncwarp();
+#endif
+    // The marks of rows [a, a + 32) were read by threads of this warp alone
+    // (32 / kRun runs): the one whose run starts them clears them, after the
+    // warp barrier. The next tile sets marks only after load_window's barrier.
+    if (a % 32 == 0) sm.starts[a / 32] = 0;
+    store_warp_units<G::kStageUnits>(out + t0 * W, sm.stage, nrows * G::kRowBytes);
     first += w.n;
+    open_value = value(first - 1);
   }
 }
 
