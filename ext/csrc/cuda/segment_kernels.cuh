@@ -656,17 +656,30 @@ struct Window {
 // walk needed the room); with the gather's values in 4 KB too, it lost on
 // two (gather, bf16, power law, 4 columns 78.6 -> 77.3, 2 columns 80.3 ->
 // 79.6).
-template <int kSteps>
+// The tile sum reads ahead only the low 32-bit words of the entries (Raw =
+// uint32_t; ~0u past the last segment): the word at the lower address, GPUs
+// being little-endian. Below 2^32 rows they give a sorted indptr's starts in
+// the tile exactly (load_window), in half the registers, so it reads twice
+// as many entries ahead as 64-bit ones would (tile_sum_block).
+template <int kSteps, typename Raw>
 __device__ __forceinline__ void fetch_starts(const int64_t* __restrict__ indptr, int64_t segments,
-                                             int64_t from, int steps, int64_t (&raw)[kSteps]) {
+                                             int64_t from, int steps, Raw (&raw)[kSteps]) {
+  static_assert(std::is_same_v<Raw, int64_t> || std::is_same_v<Raw, uint32_t>,
+                "entries or their low words");
   // One pointer and one 32-bit bound: k * kThreads <= last exactly when k <
   // steps and s = own + k * kThreads <= segments (last >= -1 whatever from is).
   const int64_t own = from + threadIdx.x;
   const int last =
       static_cast<int>(imax(imin(segments - own, int64_t{steps} * kThreads - 1), int64_t{-1}));
-  const int64_t* at = indptr + own;
+  if constexpr (std::is_same_v<Raw, uint32_t>) {
+    const uint32_t* at = reinterpret_cast<const uint32_t*>(indptr + own);
 #pragma unroll
-  for (int k = 0; k < kSteps; ++k) raw[k] = k * kThreads <= last ? at[k * kThreads] : kNever;
+    for (int k = 0; k < kSteps; ++k) raw[k] = k * kThreads <= last ? at[2 * k * kThreads] : ~0u;
+  } else {
+    const int64_t* at = indptr + own;
+#pragma unroll
+    for (int k = 0; k < kSteps; ++k) raw[k] = k * kThreads <= last ? at[k * kThreads] : kNever;
+  }
 }
 
 // Fills `window` for the tile of `nrows` rows at t0 whose first start is
@@ -700,11 +713,11 @@ __device__ __forceinline__ void fetch_starts(const int64_t* __restrict__ indptr,
 // 70.0 -> 54.4).
 enum class WindowCount { kThreadAtomic, kWarpAtomic, kInBarrier };
 
-template <WindowCount kCount, int kSteps>
+template <WindowCount kCount, int kSteps, typename Raw>
 __device__ __forceinline__ int64_t load_window(const int64_t* __restrict__ indptr,
                                                int64_t segments, int64_t rows, int64_t t0,
                                                int nrows, int64_t first, int steps,
-                                               const int64_t (&raw)[kSteps],
+                                               const Raw (&raw)[kSteps],
                                                int* window, int* counts, int& round) {
   const int tid = threadIdx.x;
   int64_t n = 0;
@@ -716,9 +729,9 @@ __device__ __forceinline__ int64_t load_window(const int64_t* __restrict__ indpt
   // Further rounds of the tile gather take the same lean form, the entries
   // of a round addressed from one pointer and bounded by one 32-bit room (as
   // its prefetch): k * kThreads <= room exactly when s <= segments.
-  // The tile sum (kWarpAtomic) takes the lean form too: its raw comes from
-  // fetch_starts with the same steps (H200, power law, 1 column, % of copy
-  // bandwidth: bf16 50.1 -> 52.5, fp32 63.4 -> 64.7).
+  // The tile sum (kWarpAtomic) takes the lean form too (H200, power law, 1
+  // column, % of copy bandwidth: bf16 50.1 -> 52.5, fp32 63.4 -> 64.7); its
+  // prefetched round now reads low words (kLow, below).
   constexpr bool kLeanFirst = kCount != WindowCount::kThreadAtomic;
   const int below_tile = static_cast<int>(-t0);
   auto lean = [&](int64_t v) {
@@ -739,8 +752,26 @@ __device__ __forceinline__ int64_t load_window(const int64_t* __restrict__ indpt
     if constexpr (kCount == WindowCount::kWarpAtomic) return lean_sum(v);
     else return lean(v);
   };
-  for (bool prefetched = true;; prefetched = false) {
-    int rel[kWindowSteps];
+  // The tile sum's low words (fetch_starts, rows < 2^32): the unsigned
+  // difference of the low words is a sorted indptr's start in the tile
+  // exactly, taken where it is below nrows: every entry read lies at or past
+  // t0 and at most rows, and the ~0u past the last segment at least nrows past
+  // t0 (t0 + nrows <= rows < 2^32). Any other value gives a row of the tile
+  // or nrows. steps == 0: nothing was read ahead (2^32 rows or more), and the
+  // first round reads indptr.
+  constexpr bool kLow = std::is_same_v<Raw, uint32_t>;
+  static_assert(!kLow || kCount == WindowCount::kWarpAtomic, "low words: the tile sum's");
+  auto low_rel = [&](uint32_t v) {
+    const unsigned d = v - static_cast<unsigned>(t0);
+    return d < static_cast<unsigned>(nrows) ? static_cast<int>(d) : nrows;
+  };
+  bool prefetched = !kLow || steps > 0;
+  if (!prefetched) steps = kWindowSteps;
+  // A round's entries per thread: the read-ahead's may be more than later
+  // rounds' (kWindowSteps), whose entries past those are nrows.
+  constexpr int kWidth = kSteps > kWindowSteps ? kSteps : kWindowSteps;
+  for (;; prefetched = false) {
+    int rel[kWidth];
     if (kLeanFirst && !prefetched) {
       const int64_t own = first + n + tid;
       // At least -kWindowSteps * kThreads: the rounds stop past segments.
@@ -751,12 +782,15 @@ __device__ __forceinline__ int64_t load_window(const int64_t* __restrict__ indpt
       for (int k = 0; k < kWindowSteps; ++k)  // issue every load before using any
         v[k] = k * kThreads <= room ? at[k * kThreads] : kNever;
 #pragma unroll
-      for (int k = 0; k < kWindowSteps; ++k) rel[k] = lean_rel(v[k]);
+      for (int k = 0; k < kWidth; ++k) rel[k] = k < kWindowSteps ? lean_rel(v[k]) : nrows;
     } else {
 #pragma unroll
-      for (int k = 0; k < kWindowSteps; ++k) {  // issue every load before using any
+      for (int k = 0; k < kWidth; ++k) {  // issue every load before using any
         const int64_t s = first + n + k * kThreads + tid;
-        if (kLeanFirst) {
+        if constexpr (kLow) {
+          rel[k] = k < kSteps ? low_rel(raw[k]) : nrows;
+          continue;
+        } else if (kLeanFirst) {
           rel[k] = k < kSteps ? lean_rel(raw[k]) : nrows;
           continue;
         }
@@ -774,7 +808,7 @@ __device__ __forceinline__ int64_t load_window(const int64_t* __restrict__ indpt
       // The window's entries from n on, in 32 bits: none fits once n reaches kWindow.
       const int at_window = static_cast<int>(imin(n, kWindow));
 #pragma unroll
-      for (int k = 0; k < kWindowSteps; ++k) {
+      for (int k = 0; k < kWidth; ++k) {
         const bool in = rel[k] < nrows;  // sorted starts: the taken entries are a prefix
         taken += in;
         const int i = at_window + k * kThreads + tid;
@@ -782,7 +816,7 @@ __device__ __forceinline__ int64_t load_window(const int64_t* __restrict__ indpt
       }
     } else {
 #pragma unroll
-      for (int k = 0; k < kWindowSteps; ++k) {
+      for (int k = 0; k < kWidth; ++k) {
         if (rel[k] < nrows) {  // sorted starts: the taken entries are a prefix
           ++taken;
           const int64_t i = n + k * kThreads + tid;
@@ -1259,23 +1293,52 @@ __device__ __forceinline__ void tile_sum_block(const T* __restrict__ src,
   // Reading 1 or 2 steps after a tile without a start (the next one's starts
   // then come in later rounds) stayed within 0.5 points, here and in the
   // tile gather; 1 step lost 3.5 there (bf16, 4 columns, power law).
-  constexpr int kAhead = kShort ? kWindowSteps : G::kPrefetch;
-  int steps = walk_steps(starts_per_tile(segments, rows, G::kTileRows), kAhead);
-  int64_t raw[kAhead];
+  // The entries are read ahead as their low words (fetch_starts), so tiles of
+  // 2-byte rows of 1 column (8192 rows) read 8, 2048 entries, in the
+  // registers that 4 entries of 64 bits took: their power-law tiles hold up
+  // to 2200 starts, and those with more than 1024 (38 % of the tiles, Nsight
+  // Compute, load_window) waited on a second round, a read of indptr between
+  // two barriers. The deeper reads that lost (Geometry::kPrefetch) held 64-bit
+  // entries: 16 more registers where the kernel already has the 80 that
+  // kTileSumBlocksPerSm allows. Other tiles read as many entries as before.
+  // Low words are exact below 2^32 rows only: from there nothing is read
+  // ahead (steps 0). (H200, power law, 1 column, % of copy bandwidth: bf16
+  // 52.2 -> 56.0, fp32 63.4 -> 67.3; bf16, 2 columns 50.6 -> 52.9.)
+  constexpr int kAhead =
+      kShort ? imax(kWindowSteps, G::kTileRows / (4 * kThreads)) : G::kPrefetch;
+  const bool read_ahead = rows <= int64_t{UINT32_MAX};
+  int steps =
+      read_ahead ? walk_steps(starts_per_tile(segments, rows, G::kTileRows), kAhead) : 0;
+  uint32_t raw[kAhead];
   fetch_starts(indptr, segments, first, steps, raw);
   for (int64_t t0 = r0; t0 < r1; t0 += G::kTileRows) {
     const int nrows = static_cast<int>(imin(r1, t0 + G::kTileRows) - t0);
     __syncthreads();  // the previous tile's window, stage and carry are read
     store_stage(sm.stage, staged);
     if (tid == 0) sm.crowded = 0;
+    const bool more = t0 + G::kTileRows < r1;
+    // The next tile's rows go out as soon as staged is free, before the
+    // window: they need nothing from it, and the window's rounds wait on a
+    // barrier each, and a tile holding more starts than were read ahead on a
+    // read of indptr (with 1024 entries read ahead, 38 % of the power law's
+    // tiles, bf16, 1 column), with no src bytes of this block in flight. The
+    // starts read ahead wait for the window's count. (H200, power law, 1
+    // column: bf16 52.2 -> 52.8, fp32 63.4 -> 64.8.)
+    if (more) load_tile(t0 + G::kTileRows);
     const Window w{first, load_window<WindowCount::kWarpAtomic>(indptr, segments, rows, t0, nrows,
                                                                 first, steps, raw, sm.window,
                                                                 sm.counts, round)};
-    if (t0 + G::kTileRows < r1) {  // staged and raw are free again
-      load_tile(t0 + G::kTileRows);
-      steps = kAhead;
+    if (more) {  // raw is free again
+      steps = read_ahead ? kAhead : 0;
       fetch_starts(indptr, segments, first + w.n, steps, raw);
     }
+    // This thread's run of the stage, read here: the window's barrier made the
+    // stage whole, and the marks' barrier below then lets the storeless walk
+    // write its sums over it, with no barrier of its own: one barrier a tile
+    // fewer (of 6; power law, 1 column: bf16 52.2 -> 53.8, fp32 63.4 -> 63.9;
+    // with the low words and the early loads: bf16 59.6, fp32 68.5).
+    uint4 run[G::kStageUnits];
+    read_run(sm.stage, run);
     auto start = [&](int64_t i) {
       return i < w.n ? window_start(sm.window, indptr, rows, t0, w, i) : INT_MAX;
     };
@@ -1293,19 +1356,14 @@ __device__ __forceinline__ void tile_sum_block(const T* __restrict__ src,
     // a branch there costs less than the predicated walk below and its scan.
     // The storeless walk is cheaper still: every uncrowded tile takes it.
     const bool predicated = kShort && !sm.crowded && (kStorelessWalk<W> || w.n > kThreads / 4);
-    uint4 run[G::kStageUnits];
-    // Read before the count scan, whose barrier lets the storeless walk write
-    // its sums over the stage.
-    read_run(sm.stage, run);
     // The storeless walk takes the starts before its run from the run scan
-    // (RunSum): a barrier alone, for the stage, stands for the count scan.
+    // (RunSum), and needs no count scan.
     constexpr bool kCountInScan = kStorelessWalk<W>;
-    int64_t j = 0;
-    if (kCountInScan && predicated)
-      __syncthreads();
-    else
-      j = starts_before<CountScan>(a, marks, predicated, sm.count_scan, sm.window, indptr, rows,
-                                   t0, w);
+    int64_t j =
+        kCountInScan && predicated
+            ? 0
+            : starts_before<CountScan>(a, marks, predicated, sm.count_scan, sm.window, indptr,
+                                       rows, t0, w);
     uint32_t v[sizeof(run) / 4];  // the rows' elements, read by word_elem
     memcpy(v, run, sizeof(v));
     int64_t closed = -1;  // the segment that ends first in this run
