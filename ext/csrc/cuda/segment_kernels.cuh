@@ -53,12 +53,14 @@
 // in the same order: results are deterministic.
 //
 // ROCm builds hipify this header, so it keeps to the CUDA runtime, the fp16/bf16
-// headers and cub block and warp primitives (hipcub): no warp intrinsics, no
-// inline PTX, no assumption about the warp size for correctness (a 32-thread
-// team is a cub logical warp). The one exception, the lane sum's staging of
-// 16-byte rows (cp.async and __syncwarp), is compiled for CUDA alone; ROCm
-// keeps the lane loads there. Nothing here synchronizes with the host or
-// allocates: the ops can be captured in a CUDA graph.
+// headers and cub block and warp primitives (hipcub), with no assumption about
+// the warp size for correctness (a 32-thread team is a cub logical warp).
+// Where CUDA has a faster form (cp.async, warp barriers and shuffles, inline
+// PTX), it sits under `#if !defined(__HIP_PLATFORM_AMD__)` next to a plain one
+// that ROCm builds: the lane sum's staging of 16-byte rows, the label gather's
+// copy of segment values, and the tile gather's stores and label walk. Nothing
+// here synchronizes with the host or allocates: the ops can be captured in a
+// CUDA graph.
 //
 // indptr is never validated (that would need a device-to-host copy). Every
 // value read from it is clamped into [0, rows]; a malformed indptr gives
