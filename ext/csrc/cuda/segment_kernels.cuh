@@ -1050,11 +1050,34 @@ __device__ __forceinline__ void read_run(const uint4* stage, uint4 (&run)[kUnits
   for (int k = 0; k < kUnits; ++k) run[k] = stage[threadIdx.x * (kUnits + 1) + k];
 }
 
-// Inverse of read_run: this thread's run into its place in the stage.
+// The tile gather's stage holds runs unpadded, kUnits units apart, with unit k
+// of run t at k ^ stage_swizzle(t) within it. The padded stage (runs kUnits +
+// 1 units apart, as read_run's) serves the 8 threads of each 16-byte write
+// from distinct banks, but store_warp_units reads it two runs per 8 lanes
+// (units 0-3 and 5-8 of 9: units 0 and 8 share banks), so each of its 16-byte
+// loads took 8 wavefronts, not 4: 16 wavefronts more per warp and tile, up
+// to 4.2M of the 9.8M excess of the 24.7M shared load wavefronts (Nsight
+// Compute, H200, bf16, 1 column, power law; the rest from the label walk,
+// whose lanes read values far apart). With the swizzle both the writes (8
+// threads: runs t..t+7, the same k) and the reads (8 lanes: two runs, each
+// whole) hit 8 distinct bank groups, and the stage takes 4 KB less (SASS,
+// sm_90: 3 more LOP3 and LEA pairs per thread and tile for the writes'
+// addresses, none per read). H200, backward % of copy bandwidth: fp32, 1
+// column, short segments 77.6 -> 78.6, power law 74.9 -> 75.8; bf16, 4
+// columns, power law 75.2 -> 76.0; bf16, 1 column within 0.5.
+template <int kUnits>
+__device__ __forceinline__ int stage_swizzle(int run) {
+  static_assert(kUnits == 4, "runs of 4 units: two per 128 bytes of banks");
+  return (run >> 1) & (kUnits - 1);
+}
+
+// This thread's run into its place in the tile gather's stage (stage_swizzle).
 template <int kUnits>
 __device__ __forceinline__ void write_run(uint4* stage, const uint4 (&run)[kUnits]) {
+  const int t = static_cast<int>(threadIdx.x);
+  const int s = stage_swizzle<kUnits>(t);
 #pragma unroll
-  for (int k = 0; k < kUnits; ++k) stage[threadIdx.x * (kUnits + 1) + k] = run[k];
+  for (int k = 0; k < kUnits; ++k) stage[t * kUnits + (k ^ s)] = run[k];
 }
 
 // The stage's 16-byte units [0, bytes) to `base`, each warp storing those of
@@ -1071,8 +1094,12 @@ __device__ __forceinline__ void store_warp_units(T* base, const uint4* stage, in
   // The warp's unit k * kWarp + lane lies in its run tid - lane + (k * kWarp
   // + lane) / kUnits, as unit lane % kUnits of it.
   const int unit = (tid - lane) * kUnits + lane;
-  const uint4* from = stage + (tid - lane + lane / kUnits) * (kUnits + 1) + lane % kUnits;
-  constexpr int kFromStep = kWarp / kUnits * (kUnits + 1);  // runs of one step of units
+  // Its swizzle (write_run) is the same for every k: runs k * kWarp / kUnits
+  // apart share (run >> 1) & 3.
+  const int run = tid - lane + lane / kUnits;
+  const uint4* from = stage + run * kUnits + (lane % kUnits ^ stage_swizzle<kUnits>(run));
+  constexpr int kFromStep = kWarp / kUnits * kUnits;  // runs of one step of units
+  static_assert(kFromStep / kUnits % 8 == 0, "a step keeps the swizzle");
   if (bytes == kUnits * kThreads * 16) {  // a whole tile: every unit whole, no bound to test
     uint4* to = reinterpret_cast<uint4*>(base) + unit;
 #pragma unroll
@@ -2190,7 +2217,7 @@ struct TileGatherShared {
   uint32_t starts[G::kTileRows / 32];
   alignas(16) int window[kWindow];
   RawPack<T, W> values[kValues];
-  uint4 stage[kThreads * (G::kStageUnits + 1)];
+  uint4 stage[kThreads * G::kStageUnits];  // unpadded, swizzled (write_run)
 };
 
 // Row ranges (kTileGatherWaves times as many) and tiles as in tile_sum, the
@@ -2458,24 +2485,32 @@ __device__ __forceinline__ void tile_gather_block(const T* __restrict__ src,
     // here, so first - 1 + i >= 0, and first - 1 + i < segments exactly when i
     // < there (first <= segments + 1); one 64-bit pointer per pass.
     const int wanted = n + 1 < kValues ? n + 1 : kValues;  // as w.n + 1 but in a crowded tile
-    if (cached < wanted) {
-      const int there = static_cast<int>(imin(wanted, segments + 1 - first));
+    // The first pass of those loads goes out here and its values are stored
+    // after the marks, just before the barrier that the walk waits on: the
+    // marks no longer wait behind the loads (a power-law tile holds 1000 to
+    // 2200 starts, more than the 1024 values of 4 steps read ahead, so most
+    // tiles with a start took a full load latency here before marking). H200,
+    // backward, power law, 1 column: bf16 63.7 -> 65.5 % of copy bandwidth
+    // (66.1 with the swizzled stage), fp32 74.9 -> 75.4; short segments bf16
+    // 76.2 -> 75.6 alone, 76.8 with the stage. Further passes, only past kWindowSteps * kThreads more
+    // values, stay after the marks as they were. A tile without a start
+    // (wanted = 1 <= cached) loads none, so the lean tile's `continue` below
+    // leaves none unstored.
+    const bool extra = cached < wanted;  // the same in every thread
+    const int i_more = cached + tid;
+    int there = 0, end = wanted;
+    P more[kWindowSteps];
+    if (extra) {
+      there = static_cast<int>(imin(wanted, segments + 1 - first));
       // Opaque to the compiler, which otherwise derived the unrolled loop's
       // trip count from w.n in 64 bits (~15 more instructions, SASS sm_90).
-      int end = wanted;
 #if !defined(__HIP_PLATFORM_AMD__)
       asm("" : "+r"(end));
 #endif
-      for (int i0 = cached + tid; i0 < end; i0 += kWindowSteps * kThreads) {
-        const T* at = src + (first - 1 + i0) * W;
-        P more[kWindowSteps];
+      const T* at = src + (first - 1 + i_more) * W;
 #pragma unroll
-        for (int k = 0; k < kWindowSteps; ++k)
-          more[k] = i0 + k * kThreads < there ? load_raw<T, W>(at + k * kThreads * W) : P{};
-#pragma unroll
-        for (int k = 0; k < kWindowSteps; ++k)
-          if (i0 + k * kThreads < end) sm.values[i0 + k * kThreads] = more[k];
-      }
+      for (int k = 0; k < kWindowSteps; ++k)
+        more[k] = i_more + k * kThreads < there ? load_raw<T, W>(at + k * kThreads * W) : P{};
     }
     cached = cached > wanted ? cached : wanted;
     if (t0 + G::kTileRows < r1) {  // raw and raw_values are free again
@@ -2545,6 +2580,21 @@ __device__ __forceinline__ void tile_gather_block(const T* __restrict__ src,
                                : static_cast<int>(clamp_row(tile_starts[i], rows) - t0);
         },
         sm.starts, crowded_word, warp_first);
+    if (extra) {  // the values loaded before the marks, then any further passes
+#pragma unroll
+      for (int k = 0; k < kWindowSteps; ++k)
+        if (i_more + k * kThreads < end) sm.values[i_more + k * kThreads] = more[k];
+      for (int i0 = i_more + kWindowSteps * kThreads; i0 < end; i0 += kWindowSteps * kThreads) {
+        const T* at = src + (first - 1 + i0) * W;
+        P further[kWindowSteps];
+#pragma unroll
+        for (int k = 0; k < kWindowSteps; ++k)
+          further[k] = i0 + k * kThreads < there ? load_raw<T, W>(at + k * kThreads * W) : P{};
+#pragma unroll
+        for (int k = 0; k < kWindowSteps; ++k)
+          if (i0 + k * kThreads < end) sm.values[i0 + k * kThreads] = further[k];
+      }
+    }
     __syncthreads();
 
     // This run's rows [a, a + kRun); segment first - 1 + j is the one open at
