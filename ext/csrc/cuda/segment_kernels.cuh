@@ -2789,14 +2789,52 @@ __device__ __forceinline__ void finish_items(const int64_t* item_key,
   }
 }
 
-template <typename T, int W>
-struct StreamSumShared {
+// The pairs' loop (rows of kPairRowBytes of a 2-byte type, no read-ahead)
+// reads each segment's end from indptr where the segment before it closes,
+// and waits on it there whenever the next segment is shorter than the rows
+// still in registers: a fifth of its stalls (H100, bf16, 32 columns, power
+// law), and most segments of the power law are 1 or 2 rows long. A group
+// walks its own run of indptr, a 128-byte line per 16 segments, so every 16
+// segments it waits on L2 or memory with no row of its own in flight, and
+// the rows streaming through L1 can evict the line between two of its
+// ends. So the block first copies the ends of the segments its rows can
+// reach, up to kStreamEnds of them, into shared memory, all loads at once,
+// and the loop reads ends there; ends past the copy come from indptr as
+// before. The values are indptr's own: the results are bit for bit the same.
+// The bench's 512 MiB of 32 bf16 columns on an H200 (521 blocks) need up to
+// 1965 ends a block with short segments, a median of 2009 and at most 3731
+// on the power law, where 2048 would leave a fifth of the ends to indptr:
+// 4096 (32 KB) take them all, 4 blocks still fit an SM (41 KB each, 64
+// registers, no spill). H200, forward % of copy bandwidth, bf16, 32 columns:
+// power law 63.4 -> 69.2 (2048 ends: 60.0), short segments 80.0 -> 81.2;
+// fp32, 32 columns within 0.2.
+// ROCm keeps indptr reads there: 4 blocks of 41 KB would not fit a 64 KB LDS.
+#if defined(__HIP_PLATFORM_AMD__)
+constexpr int kStreamEnds = 0;
+#else
+constexpr int kStreamEnds = 4096;
+#endif
+template <typename T, StreamRows kShape, int64_t kInner>
+constexpr int kStagedEnds =
+    !StreamSumRows<T, kShape>::kReadAhead && kInner > 0 ? kStreamEnds : 0;
+
+template <int kEnds>
+struct StagedEnds {
+  int64_t end[kEnds];  // end[j]: the end of segment base + j, kNever past the last
+};
+template <>
+struct StagedEnds<0> {};
+
+template <typename T, int W, int kEnds = 0>
+struct StreamSumShared : StagedEnds<kEnds> {
   using Acc = typename Num<T>::acc;
   // Partials of segments that cross a group boundary: two per group (the one
   // open at its first row, the one open after its last), column-major.
   int64_t item_key[2 * kThreads];
   Acc item_val[2 * kThreads * W];
 };
+template <typename T, int W, StreamRows kShape, int64_t kInner>
+using StreamSumSharedOf = StreamSumShared<T, W, kStagedEnds<T, kShape, kInner>>;
 
 // kInner > 0: rows are known to hold kInner elements (inner is ignored), so
 // every row address is a constant offset from the group's pointer. On the
@@ -2812,9 +2850,10 @@ __device__ __forceinline__ void stream_sum_block(const T* __restrict__ src,
                                                  int64_t segments, int64_t row_elements,
                                                  int64_t group_rows, int64_t slab,
                                                  const Crossing<typename Num<T>::acc>& cross,
-                                                 StreamSumShared<T, W>& sm) {
+                                                 StreamSumSharedOf<T, W, kShape, kInner>& sm) {
   using Acc = typename Num<T>::acc;
   using Batch = StreamSumRows<T, kShape>;
+  constexpr int kEnds = kStagedEnds<T, kShape, kInner>;
   constexpr int kRows = Batch::kRows;
   const int64_t inner = kInner > 0 ? kInner : row_elements;
   constexpr int kCols = W;  // columns each thread sums
@@ -2822,6 +2861,35 @@ __device__ __forceinline__ void stream_sum_block(const T* __restrict__ src,
   const SegmentRange range = block_segments(indptr, segments, rows, p.r0, p.r1);
   const int items = 2 * p.groups;
   const int cols = p.slab_lanes * kCols;
+  // The staged ends (kStreamEnds): those of segments [ends_base, ends_base +
+  // ends_n), which hold every end the loop reads on a valid indptr (segments
+  // range.lo + 2 to range.hi) when they fit. Every thread takes part (a
+  // barrier). A previous slab's readers are past the kernel's barrier.
+  int64_t ends_base = 0;
+  int ends_n = 0;
+  if constexpr (kEnds > 0) {
+    ends_base = imax(range.lo + 1, 0);
+    ends_n = static_cast<int>(imax(0, imin(kEnds, range.hi + 2 - ends_base)));
+    if (ends_n > 0) {  // the same in every thread
+      // Every load goes out before the first store: entries past ends_n read
+      // the last one again (no branch around a load), and past the last
+      // segment indptr[segments], kept as kNever.
+      int64_t v[kEnds / kThreads];
+#pragma unroll
+      for (int i = 0; i < kEnds / kThreads; ++i) {
+        const int j = i * kThreads + static_cast<int>(threadIdx.x);
+        const int64_t k = ends_base + (j < ends_n ? j : ends_n - 1);
+        v[i] = indptr[imin(k, segments - 1) + 1];
+        v[i] = k < segments ? v[i] : kNever;
+      }
+#pragma unroll
+      for (int i = 0; i < kEnds / kThreads; ++i) {
+        const int j = i * kThreads + static_cast<int>(threadIdx.x);
+        if (j < ends_n) sm.end[j] = v[i];
+      }
+    }
+    __syncthreads();
+  }
 
   int64_t head = -1, tail = -1;
   Acc acc[kCols];
@@ -2905,7 +2973,13 @@ __device__ __forceinline__ void stream_sum_block(const T* __restrict__ src,
       // 32 columns: short segments 74.5 -> 77.9, power law 65.5 -> 70.3.
       // Rows with reads ahead lost up to 2.4 points with these checks
       // (bf16, 256 columns, power law 85.5 -> 83.1), so they keep theirs.
-      auto end_of_raw = [&](int64_t k) { return k < segments ? indptr[k + 1] : kNever; };
+      auto end_of_raw = [&](int64_t k) {
+        if constexpr (kEnds > 0) {  // staged (kStreamEnds); an unsigned test covers k < base
+          const uint64_t j = static_cast<uint64_t>(k - ends_base);
+          if (j < static_cast<uint64_t>(ends_n)) return sm.end[j];
+        }
+        return k < segments ? indptr[k + 1] : kNever;
+      };
       int64_t s_at = s * inner + p.col;  // where segment s's total goes
       auto close = [&](int64_t row) {
         if (started) {
@@ -2994,7 +3068,7 @@ __global__ void __launch_bounds__(kThreads, StreamSumRows<T, kShape>::kBlocksPer
     stream_sum_kernel(const T* __restrict__ src, const int64_t* __restrict__ indptr,
                       T* __restrict__ out, int64_t rows, int64_t segments, int64_t inner,
                       int64_t group_rows, int64_t slabs, Crossing<typename Num<T>::acc> cross) {
-  __shared__ StreamSumShared<T, W> sm;
+  __shared__ StreamSumSharedOf<T, W, kShape, kInner> sm;
   for (int64_t slab = blockIdx.y; slab < slabs; slab += gridDim.y) {
     stream_sum_block<T, W, kShape, kInner>(src, indptr, out, rows, segments, inner, group_rows,
                                            slab, cross, sm);
