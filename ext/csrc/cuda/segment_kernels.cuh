@@ -25,10 +25,11 @@
 //   the same labelling for wider rows, whatever the segment lengths (the team
 //   gather takes long segments of rows it fits). The sum over rows of 4 to 16
 //   bytes uses a lane kernel instead: a thread per short segment, a load per
-//   row (on CUDA, rows of 16 bytes are first copied into shared memory by
-//   the team), teams and blocks for the longer ones. On rows of up to 4 bytes (1
-//   or 2 columns of a 2-byte type, 1 of fp32) a sample of indptr picks one
-//   of the two (TailGate); small inputs of 2-byte types take the tile sum.
+//   row (2-byte rows of one column: two per 32-bit word, word_lane_sums; on
+//   CUDA, rows of 16 bytes are first copied into shared memory by the team),
+//   teams and blocks for the longer ones. On rows of up to 4 bytes (1 or 2
+//   columns of a 2-byte type, 1 of fp32) a sample of indptr picks one of the
+//   two (TailGate); small inputs of 2-byte types take the tile sum.
 //   The gather over rows of exactly 16 bytes uses a fill kernel instead: a
 //   thread per segment writes its value into the segment's rows of a shared
 //   tile, the block the longer ones.
@@ -74,7 +75,7 @@
 #include <cub/block/block_reduce.cuh>  // brings cub::WarpReduce
 #include <cub/block/block_scan.cuh>
 #if !defined(__HIP_PLATFORM_AMD__)
-#include <cuda_pipeline_primitives.h>  // the staged lane sum's cp.async
+#include <cuda_pipeline_primitives.h>  // cp.async: staged lane sum, label gather (copy_unit)
 #endif
 
 #include <atomic>
@@ -97,7 +98,8 @@ constexpr int kTileBlocksPerSm = 4;
 // at most 2 points slower).
 constexpr int kTileSumBlocksPerSm = 3;
 constexpr int kStreamBlocksPerSm = 4;
-constexpr int64_t kSplitQuantum = 8;  // tile and lane sums: blocks start on 8 rows, 16 bytes or more
+// Tile and lane sums: blocks start on 8 rows, 16 bytes or more.
+constexpr int64_t kSplitQuantum = 8;
 // What a segment costs a block beyond its rows, in bytes, when the tile and
 // lane sums share rows between blocks (balanced_rows): its indptr entry for
 // the tile sum, several times that for the lane sum, where a segment is a
@@ -147,11 +149,12 @@ constexpr int kTeams = kThreads / kTeam;  // team kernels: teams per block
 // segment end every few loads, and a fifth of the stalls (bf16, 32 columns,
 // power law) wait on indptr for the next end. Neither a read-ahead of rows
 // nor the ends of the next 8 segments held across the group's lanes gained
-// there. Wider rows read 6 rows ahead at 3 blocks per SM, whose registers
-// that takes. Against 2 * kBatch rows after the adds, bf16, short
-// segments then power law: 64 columns 80.6 against 79.1, 74.7 against 73.1;
-// 128 columns 84.3 against 81.3, 82.1 against 78.2; 256 columns 85.9 against
-// 84.6, 84.6 against 81.6. With 32 columns, half-empty segments lost 2 points
+// there; the block's ends staged in shared memory did (kStreamEnds). Wider
+// rows read 6 rows ahead at 3 blocks per SM, whose registers that takes.
+// Against 2 * kBatch rows after the adds, bf16, short segments then power
+// law: 64 columns 80.6 against 79.1, 74.7 against 73.1; 128 columns 84.3
+// against 81.3, 82.1 against 78.2; 256 columns 85.9 against 84.6, 84.6
+// against 81.6. With 32 columns, half-empty segments lost 2 points
 // (69.1 against 71.0), other laws were within noise; the ends held across
 // lanes were within 2 points. 8 rows ahead lost up to 2.7 points to 6 on the
 // power law. Nsight Compute (H100, bf16, 32 columns, power law): the loop
@@ -604,15 +607,16 @@ struct Geometry {
   // Rows go through shared memory as 16-byte units.
   static constexpr int kStageUnits = kRunRows * kRowBytes / 16;  // 16-byte loads per thread
   // indptr entries per thread the tile sum over long segments reads a tile
-  // ahead (over short ones, kWindowSteps: tile_sum_block): enough for a
-  // tile of 8-row segments in one round (2-byte rows make tiles of 8192 rows).
-  // Measured on an H100, bf16, 1 column: 51 -> 56% of copy bandwidth on short
-  // segments; the gather, which also holds the values read ahead, spilled
-  // and lost 4 points on power-law segments. On the power law a tile holds
-  // either no start (half the tiles) or 1000 to 2200, yet reading further
-  // ahead lost there (57.7 % of copy): 8 steps 49.4, 6 steps 55.6, 8 steps
-  // only after a tile of many starts 50.4; fewer lost too (3 steps 57.3, 1
-  // step 55.9).
+  // ahead: enough for a tile of 8-row segments in one round (2-byte rows make
+  // tiles of 8192 rows). Over short segments it reads low words instead,
+  // imax(kWindowSteps, kTileRows / (4 * kThreads)) steps: 8 for 2-byte rows
+  // (tile_sum_block). Measured on an H100, bf16, 1 column: 51 -> 56% of copy
+  // bandwidth on short segments; the gather, which also holds the values
+  // read ahead, spilled and lost 4 points on power-law segments. On the
+  // power law a tile holds either no start (half the tiles) or 1000 to 2200,
+  // yet reading further ahead as 64-bit entries lost there (57.7 % of copy):
+  // 8 steps 49.4, 6 steps 55.6, 8 steps only after a tile of many starts
+  // 50.4; fewer lost too (3 steps 57.3, 1 step 55.9).
   static constexpr int kPrefetch = kTileRows / 8 > kPrefetchSteps * kThreads ? kWindowSteps
                                                                               : kPrefetchSteps;
 };
@@ -629,7 +633,8 @@ struct Window {
 };
 
 // Starts of the segments from, from + 1, ... read kThreads * steps at a time
-// (this thread's: from + k * kThreads + tid); past the last segment, kNever.
+// (this thread's: from + k * kThreads + tid); past the last segment, kNever
+// (~0u for low words).
 // Issued a tile ahead so the window's first round does not wait on memory,
 // and kept as read: load_window clamps them. Clamped here, the thread waited
 // on the loads at once (Nsight Compute, H100, tile sum, bf16, 1 column, short
@@ -686,7 +691,8 @@ __device__ __forceinline__ void fetch_starts(const int64_t* __restrict__ indptr,
 
 // Fills `window` for the tile of `nrows` rows at t0 whose first start is
 // segment `first`, and returns the number of starts in the tile. The first
-// round takes `steps` entries per thread from `raw` (fetch_starts); further
+// round takes `steps` entries per thread from `raw` (fetch_starts), or none
+// where the tile sum read nothing ahead (steps 0: it reads indptr); further
 // rounds, only when a round is full, read kWindowSteps entries per thread.
 // counts[3] are block words, used in rotation by `round` (the same in every
 // thread) so a round needs one barrier; the atomic counts need them zeroed.
@@ -999,11 +1005,13 @@ __device__ __forceinline__ int64_t starts_per_tile(int64_t segments, int64_t row
 }
 
 // ---------------------------------------------------------------------------
-// Narrow rows (at most 16 bytes) are staged through shared memory: a warp
-// loads 512 contiguous bytes per instruction, then each thread reads its run
-// of rows back with 16-byte loads. Runs lie kStageStride units apart, one unit
-// more than they hold, so the 8 threads of a 16-byte shared access hit
-// distinct banks.
+// Narrow rows (at most 16 bytes) are staged through shared memory. In the
+// tile sum a warp loads 512 contiguous bytes per instruction, then each
+// thread reads its run of rows back with 16-byte loads; runs lie kUnits + 1
+// units apart, one unit more than they hold, so the 8 threads of a 16-byte
+// shared access hit distinct banks (store_stage, read_run). The tile gather
+// goes the other way, each thread writing its run and each warp storing its
+// own runs' units: runs kUnits apart, swizzled (write_run, store_warp_units).
 
 template <typename T>
 __device__ __forceinline__ uint4 load_tail_unit(const T* p, int count) {
@@ -1569,7 +1577,8 @@ __device__ __forceinline__ void tile_sum_block(const T* __restrict__ src,
       flush(open, sm.carry.sum.v);
     }
   }
-  if (tid == 0 && cross.tail_key != nullptr) cross.tail_key[block] = crossing && open != head ? open : -1;
+  if (tid == 0 && cross.tail_key != nullptr)
+    cross.tail_key[block] = crossing && open != head ? open : -1;
   if (r1 == rows)  // segments that start at the last row's end have none
     for (int64_t s = imax(open + 1, 0) + tid; s < segments; s += kThreads) zero(s);
 }
@@ -1679,14 +1688,14 @@ __global__ void __launch_bounds__(kThreads, kTileSumBlocksPerSm)
 // that start in it. Its teams claim those in stripes of kLaneStripe
 // consecutive segments from a block counter, so a team that met long segments
 // takes fewer stripes; a lane takes kLaneRound segments kTeam apart. A lane
-// adds each segment's rows in registers, a load per row, so a segment end
-// costs one store (no marks, no scan, no staging). A team sums its segments
-// longer than kLaneRows together, 16 bytes per lane and load; those longer
-// than the block's big_rows are summed by the whole block at the end, as are
-// the segment open at the block's first row (head) and the one open after its
-// last row (tail), which the fix-up kernel finishes. Which path sums a
-// segment depends on indptr alone, and every path adds in a fixed order: the
-// results are deterministic.
+// adds each segment's rows in registers, a load per row (2-byte rows of one
+// column: two per 32-bit word, word_lane_sums), so a segment end costs one
+// store (no marks, no scan, no staging). A team sums its segments longer than
+// kLaneRows together, 16 bytes per lane and load; those longer than the block's
+// big_rows are summed by the whole block at the end, as are the segment open at
+// the block's first row (head) and the one open after its last row (tail),
+// which the fix-up kernel finishes. Which path sums a segment depends on indptr
+// alone, and every path adds in a fixed order: the results are deterministic.
 // Two segments per lane and stripe, and a team's long segments read 8 loads
 // deep. Against 4 and 4 on an H100 (ab.py, % of copy bandwidth): fp32, power
 // law, 1 / 2 / 4 columns 58.5 -> 58.3, 71.0 -> 74.0, 75.3 -> 82.0; short
@@ -2150,10 +2159,11 @@ __global__ void __launch_bounds__(kThreads, kLaneBlocksPerSm<T, W>)
     // and so did 8-byte rows on an H200 (bf16, 4 columns, short segments 86.0
     // -> 83.5). (Written as kSide == 4, the test had gone false for every row
     // once kLaneRound became 2.) Per step, sm_90 SASS: bf16, 1 column 55 -> 49
-    // instructions; fp32, 1 column 42 -> 41, and no longer unrolled twice by
-    // the compiler (unroll 1 below): a warp's lanes end after different step
-    // counts, so the unrolled loop ran its pair of steps and then its
-    // remainder step, nearly the union of both.
+    // instructions (that case now reads words instead: word_lane_sums); fp32, 1
+    // column 42 -> 41, and no longer unrolled twice by the compiler (unroll 1
+    // below): a warp's lanes end after different step counts, so the unrolled
+    // loop ran its pair of steps and then its remainder step, nearly the union
+    // of both.
     constexpr bool kStepped = kSide >= 2 && W * sizeof(T) <= 4;
     bool staged = false;
     if constexpr (kLaneStageRows<T, W> > 0)
@@ -2532,16 +2542,18 @@ __device__ __forceinline__ void tile_gather_block(const T* __restrict__ src,
   for (int64_t t0 = r0; t0 < r1; t0 += G::kTileRows, turn ^= 1) {
     const int nrows = static_cast<int>(imin(r1, t0 + G::kTileRows) - t0);
     // Two block barriers per tile, load_window's and the one after the marks,
-    // where there were four: no barrier opens a tile, and each warp stores its
-    // own runs after a warp barrier (store_warp_units). Warps may still be on
-    // the tile before while one gets here, so until load_window's barrier,
-    // which no thread passes before every thread is done with that tile, a
-    // tile writes only what that tile no longer reads: its turn's copy of
-    // crowded and warp_first (the tile before has the other), and the window,
-    // which the tile before read after its marks only in the label walk by
-    // search, and then ended with a block barrier. The values are written
-    // after load_window's barrier; marks are cleared by the warp that read
-    // them, before it, and set after it; a warp's stage is its own.
+    // where there were four (one more per further window round, a third after
+    // write_run when crowded or n >= cached; a tile without a start, one): no
+    // barrier opens a tile, and each warp stores its own runs after a warp
+    // barrier (store_warp_units). Warps may still be on the tile before while
+    // one gets here, so until load_window's barrier, which no thread passes
+    // before every thread is done with that tile, a tile writes only what that
+    // tile no longer reads: its turn's copy of crowded and warp_first (the tile
+    // before has the other), and the window, which the tile before read after
+    // its marks only in the label walk by search, and then ended with a block
+    // barrier. The values are written after load_window's barrier; marks are
+    // cleared by the warp that read them, before it, and set after it; a warp's
+    // stage is its own.
     int* const warp_first = sm.warp_first[turn];
     int& crowded_word = sm.crowded[turn];
     if (tid == 0) crowded_word = 0;
@@ -2585,10 +2597,10 @@ __device__ __forceinline__ void tile_gather_block(const T* __restrict__ src,
     // tiles with a start took a full load latency here before marking). H200,
     // backward, power law, 1 column: bf16 63.7 -> 65.5 % of copy bandwidth
     // (66.1 with the swizzled stage), fp32 74.9 -> 75.4; short segments bf16
-    // 76.2 -> 75.6 alone, 76.8 with the stage. Further passes, only past kWindowSteps * kThreads more
-    // values, stay after the marks as they were. A tile without a start
-    // (wanted = 1 <= cached) loads none, so the lean tile's `continue` below
-    // leaves none unstored.
+    // 76.2 -> 75.6 alone, 76.8 with the stage. Further passes, only past
+    // kWindowSteps * kThreads more values, stay after the marks as they were.
+    // A tile without a start (wanted = 1 <= cached) loads none, so the lean
+    // tile's `continue` below leaves none unstored.
     const bool extra = cached < wanted;  // the same in every thread
     const int i_more = cached + tid;
     int there = 0, end = wanted;
@@ -3175,9 +3187,10 @@ __global__ void __launch_bounds__(kThreads, StreamSumRows<T, kShape>::kBlocksPer
 // units per row, the RS = kTeam / U lanes of slice c take unit c of the
 // step's rows (R rows per unit when a row is narrower than a unit). Each lane
 // sums its rows of the current segment; where a segment ends, each slice adds
-// its lanes' sums with a warp reduction. The caller picks this kernel for long
-// segments on average, so most steps meet no end at all. Segments that cross
-// a team's ends meet as in stream_sum.
+// its lanes' sums by shuffles (slice_total); over short segments by a
+// reduce-scatter, each lane storing kOwn columns (slice_part). The caller picks
+// this kernel for long segments on average, so most steps meet no end at all.
+// Segments that cross a team's ends meet as in stream_sum.
 template <typename T, int kCols, int U>
 struct TeamShape {
   static constexpr int kVec = 16 / static_cast<int>(sizeof(T));
@@ -3337,7 +3350,9 @@ __global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
   // instructions, 16 bytes of stack gone). On an H200 (ab.py, % of copy
   // bandwidth), forward: bf16, 64 columns, power law 65.0 -> 70.0, short
   // segments 71.8 -> 75.6; fp32, 32 columns 79.0 -> 83.1 and 82.8 -> 84.2;
-  // long segments and 256 columns within 0.3; the gather untouched.
+  // long segments and 256 columns within 0.3; the gather untouched. Short
+  // segments have since taken the reduce-scatter below where RS divides kCols:
+  // slice_total now serves long segments, and short ones in fp64 rows.
   auto slice_total = [&] {
     Part total = acc;
 #pragma unroll
@@ -3650,10 +3665,11 @@ constexpr int kLabelTileRows = kThreads * kLabelRows;
 // values wait on DRAM once, behind the marks, the scan and the labels, and
 // the copy's loads take tens of cycles (short segments: fp32, 32 columns 80.1
 // -> 90.2, 64 columns 83.3 -> 90.6; bf16, 32 columns 78.3 -> 85.1, 64 columns
-// 80.1 -> 90.5, 256 columns 83.3 -> 90.3). 16 KB holds a tile of short segments in rows of up to 128 bytes
-// (about 120 segments in 1024 rows) and half of one in rows of 256; the rest
-// is read from src as before. It takes 16 KB from the L1 cache per block,
-// which serves the values read from src and no longer those held here.
+// 80.1 -> 90.5, 256 columns 83.3 -> 90.3). 16 KB holds a tile of short
+// segments in rows of up to 128 bytes (about 120 segments in 1024 rows) and
+// half of one in rows of 256; the rest is read from src as before. It takes
+// 16 KB from the L1 cache per block, which serves the values read from src
+// and no longer those held here.
 constexpr int kLabelValueUnits = 1024;
 struct LabelGatherShared {
   using CountScan = cub::BlockScan<int, kThreads, cub::BLOCK_SCAN_WARP_SCANS>;
