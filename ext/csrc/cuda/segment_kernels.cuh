@@ -1103,22 +1103,22 @@ __device__ __forceinline__ void store_warp_units(T* base, const uint4* stage, in
   // + lane) / kUnits, as unit lane % kUnits of it.
   const int unit = (tid - lane) * kUnits + lane;
   // Its swizzle (write_run) is the same for every k: runs k * kWarp / kUnits
-  // apart share (run >> 1) & 3.
+  // apart share (run >> 1) & 3. Those runs lie k * kWarp units further on in
+  // the unpadded stage, as the units do in out.
   const int run = tid - lane + lane / kUnits;
   const uint4* from = stage + run * kUnits + (lane % kUnits ^ stage_swizzle<kUnits>(run));
-  constexpr int kFromStep = kWarp / kUnits * kUnits;  // runs of one step of units
-  static_assert(kFromStep / kUnits % 8 == 0, "a step keeps the swizzle");
+  static_assert(kWarp / kUnits % 8 == 0, "a step keeps the swizzle");
   if (bytes == kUnits * kThreads * 16) {  // a whole tile: every unit whole, no bound to test
     uint4* to = reinterpret_cast<uint4*>(base) + unit;
 #pragma unroll
-    for (int k = 0; k < kUnits; ++k) to[k * kWarp] = from[k * kFromStep];
+    for (int k = 0; k < kUnits; ++k) to[k * kWarp] = from[k * kWarp];
     return;
   }
 #pragma unroll
   for (int k = 0; k < kUnits; ++k) {
     const int offset = (unit + k * kWarp) * 16;
     if (offset >= bytes) continue;
-    const uint4 w = from[k * kFromStep];
+    const uint4 w = from[k * kWarp];
     T* p = reinterpret_cast<T*>(reinterpret_cast<char*>(base) + offset);
     if (offset + 16 <= bytes) {
       *reinterpret_cast<uint4*>(p) = w;
