@@ -678,15 +678,13 @@ __device__ __forceinline__ void fetch_starts(const int64_t* __restrict__ indptr,
   const int64_t own = from + threadIdx.x;
   const int last =
       static_cast<int>(imax(imin(segments - own, int64_t{steps} * kThreads - 1), int64_t{-1}));
-  if constexpr (std::is_same_v<Raw, uint32_t>) {
-    const uint32_t* at = reinterpret_cast<const uint32_t*>(indptr + own);
+  // Low words lie 2 apart; past the last segment, kNever or its low word, ~0u.
+  constexpr int kStride = static_cast<int>(sizeof(int64_t) / sizeof(Raw));
+  constexpr Raw kPast = static_cast<Raw>(kNever);
+  const Raw* at = reinterpret_cast<const Raw*>(indptr + own);
 #pragma unroll
-    for (int k = 0; k < kSteps; ++k) raw[k] = k * kThreads <= last ? at[2 * k * kThreads] : ~0u;
-  } else {
-    const int64_t* at = indptr + own;
-#pragma unroll
-    for (int k = 0; k < kSteps; ++k) raw[k] = k * kThreads <= last ? at[k * kThreads] : kNever;
-  }
+  for (int k = 0; k < kSteps; ++k)
+    raw[k] = k * kThreads <= last ? at[kStride * k * kThreads] : kPast;
 }
 
 // Fills `window` for the tile of `nrows` rows at t0 whose first start is
