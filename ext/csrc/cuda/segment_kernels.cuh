@@ -771,6 +771,11 @@ __device__ __forceinline__ int64_t load_window(const int64_t* __restrict__ indpt
     const unsigned d = v - static_cast<unsigned>(t0);
     return d < static_cast<unsigned>(nrows) ? static_cast<int>(d) : nrows;
   };
+  // A read-ahead entry's row in the tile, in the lean forms (kLow is one).
+  auto rel_of = [&](Raw v) {
+    if constexpr (kLow) return low_rel(v);
+    else return lean_rel(v);
+  };
   bool prefetched = !kLow || steps > 0;
   if (!prefetched) steps = kWindowSteps;
   // A round's entries per thread: the read-ahead's may be more than later
@@ -793,11 +798,8 @@ __device__ __forceinline__ int64_t load_window(const int64_t* __restrict__ indpt
 #pragma unroll
       for (int k = 0; k < kWidth; ++k) {  // issue every load before using any
         const int64_t s = first + n + k * kThreads + tid;
-        if constexpr (kLow) {
-          rel[k] = k < kSteps ? low_rel(raw[k]) : nrows;
-          continue;
-        } else if (kLeanFirst) {
-          rel[k] = k < kSteps ? lean_rel(raw[k]) : nrows;
+        if constexpr (kLeanFirst) {
+          rel[k] = k < kSteps ? rel_of(raw[k]) : nrows;
           continue;
         }
         int64_t v = kNever;
