@@ -3381,11 +3381,10 @@ __global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
   constexpr int kOwn = kScatter ? kCols / RS : kCols;
   using Own = Partial<Acc, kOwn>;
   int own0 = 0;  // this lane's first column of the slice's kCols
+  if constexpr (kScatter)
 #pragma unroll
-  for (int d = 1, m = kCols / 2; d < RS; d *= 2, m /= 2) own0 += q & d ? m : 0;
-  if constexpr (!kScatter) own0 = 0;
+    for (int d = 1, m = kCols / 2; d < RS; d *= 2, m /= 2) own0 += q & d ? m : 0;
   auto slice_part = [&] {  // this lane's kOwn columns of the slice's total
-    Own part;
     if constexpr (kScatter) {
       Acc v[kCols];
 #pragma unroll
@@ -3400,14 +3399,14 @@ __global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
           v[i] = own + cub::ShuffleIndex<RS>(send, q ^ d, 0xffffffffu);
         }
       }
+      Own part;
 #pragma unroll
       for (int k = 0; k < kOwn; ++k) part.v[k] = v[k];
+      return part;
     } else {
-      const Part total = slice_total();
-#pragma unroll
-      for (int k = 0; k < kOwn; ++k) part.v[k] = total.v[k];
+      static_assert(std::is_same_v<Own, Part>, "every column");
+      return slice_total();
     }
-    return part;
   };
   // Whether this lane stores (or keeps) its part of a total.
   const bool owner = kScatter || q == 0;
