@@ -2604,6 +2604,18 @@ __device__ __forceinline__ void tile_gather_block(const T* __restrict__ src,
     const bool extra = cached < wanted;  // the same in every thread
     const int i_more = cached + tid;
     int there = 0, end = wanted;
+    // One pass: this thread's values i0 + k * kThreads, loaded, then stored.
+    auto load_values = [&](int i0, P (&v)[kWindowSteps]) {
+      const T* at = src + (first - 1 + i0) * W;
+#pragma unroll
+      for (int k = 0; k < kWindowSteps; ++k)
+        v[k] = i0 + k * kThreads < there ? load_raw<T, W>(at + k * kThreads * W) : P{};
+    };
+    auto store_values = [&](int i0, const P (&v)[kWindowSteps]) {
+#pragma unroll
+      for (int k = 0; k < kWindowSteps; ++k)
+        if (i0 + k * kThreads < end) sm.values[i0 + k * kThreads] = v[k];
+    };
     P more[kWindowSteps];
     if (extra) {
       there = static_cast<int>(imin(wanted, segments + 1 - first));
@@ -2612,10 +2624,7 @@ __device__ __forceinline__ void tile_gather_block(const T* __restrict__ src,
 #if !defined(__HIP_PLATFORM_AMD__)
       asm("" : "+r"(end));
 #endif
-      const T* at = src + (first - 1 + i_more) * W;
-#pragma unroll
-      for (int k = 0; k < kWindowSteps; ++k)
-        more[k] = i_more + k * kThreads < there ? load_raw<T, W>(at + k * kThreads * W) : P{};
+      load_values(i_more, more);
     }
     cached = cached > wanted ? cached : wanted;
     if (t0 + G::kTileRows < r1) {  // raw and raw_values are free again
@@ -2686,18 +2695,11 @@ __device__ __forceinline__ void tile_gather_block(const T* __restrict__ src,
         },
         sm.starts, crowded_word, warp_first);
     if (extra) {  // the values loaded before the marks, then any further passes
-#pragma unroll
-      for (int k = 0; k < kWindowSteps; ++k)
-        if (i_more + k * kThreads < end) sm.values[i_more + k * kThreads] = more[k];
+      store_values(i_more, more);
       for (int i0 = i_more + kWindowSteps * kThreads; i0 < end; i0 += kWindowSteps * kThreads) {
-        const T* at = src + (first - 1 + i0) * W;
         P further[kWindowSteps];
-#pragma unroll
-        for (int k = 0; k < kWindowSteps; ++k)
-          further[k] = i0 + k * kThreads < there ? load_raw<T, W>(at + k * kThreads * W) : P{};
-#pragma unroll
-        for (int k = 0; k < kWindowSteps; ++k)
-          if (i0 + k * kThreads < end) sm.values[i0 + k * kThreads] = further[k];
+        load_values(i0, further);
+        store_values(i0, further);
       }
     }
     __syncthreads();
