@@ -58,10 +58,10 @@
 // the warp size for correctness (a 32-thread team is a cub logical warp).
 // Where CUDA has a faster form (cp.async, warp barriers and shuffles, inline
 // PTX), it sits under `#if !defined(__HIP_PLATFORM_AMD__)` next to a plain one
-// that ROCm builds: the lane sum's staging of 16-byte rows, the label gather's
-// copy of segment values, and the tile gather's stores and label walk. Nothing
-// here synchronizes with the host or allocates: the ops can be captured in a
-// CUDA graph.
+// that ROCm builds: the lane sum's staging of 16-byte rows and the tile
+// gather's stores and label walk (the label gather holds no segment values in
+// shared memory on ROCm: kLabelValueUnits). Nothing here synchronizes with the
+// host or allocates: the ops can be captured in a CUDA graph.
 //
 // indptr is never validated (that would need a device-to-host copy). Every
 // value read from it is clamped into [0, rows]; a malformed indptr gives
@@ -3671,7 +3671,15 @@ constexpr int kLabelTileRows = kThreads * kLabelRows;
 // half of one in rows of 256; the rest is read from src as before. It takes
 // 16 KB from the L1 cache per block, which serves the values read from src
 // and no longer those held here.
+// ROCm reads every value from src, as before the copy: with the values a block
+// takes about 33 KB of shared memory, so a 64 KB LDS holds 1 block where the 4
+// of __launch_bounds__ were asked and 3 fitted at 16.6 KB (as kStreamEnds). A
+// zero-size array being ill-formed, it keeps one unused unit (16 bytes).
+#if defined(__HIP_PLATFORM_AMD__)
+constexpr int kLabelValueUnits = 0;
+#else
 constexpr int kLabelValueUnits = 1024;
+#endif
 struct LabelGatherShared {
   using CountScan = cub::BlockScan<int, kThreads, cub::BLOCK_SCAN_WARP_SCANS>;
   typename CountScan::TempStorage count_scan;
@@ -3680,11 +3688,13 @@ struct LabelGatherShared {
   uint32_t starts[kLabelTileRows / 32];
   alignas(16) int window[kWindow];
   const uint4* label[kLabelTileRows];  // where each row's value lies (label_of)
-  uint4 values[kLabelValueUnits];  // entry i * units + c: unit c of segment first - 1 + i
+  // Entry i * units + c: unit c of segment first - 1 + i.
+  uint4 values[kLabelValueUnits > 0 ? kLabelValueUnits : 1];
 };
 
 // A 16-byte unit from global to shared memory, asynchronously where the
-// device can (waited for by wait_copied_units); a plain copy on ROCm.
+// device can (waited for by wait_copied_units); a plain copy on ROCm, where
+// kLabelValueUnits = 0 leaves it no unit to copy.
 __device__ __forceinline__ void copy_unit(uint4* to, const uint4* from) {
 #if defined(__HIP_PLATFORM_AMD__)
   *to = *from;
