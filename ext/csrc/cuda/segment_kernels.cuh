@@ -1007,9 +1007,9 @@ __device__ __forceinline__ int64_t starts_per_tile(int64_t segments, int64_t row
 // ---------------------------------------------------------------------------
 // Narrow rows (at most 16 bytes) are staged through shared memory. In the
 // tile sum a warp loads 512 contiguous bytes per instruction, then each
-// thread reads its run of rows back with 16-byte loads; runs lie kUnits + 1
-// units apart, one unit more than they hold, so the 8 threads of a 16-byte
-// shared access hit distinct banks (store_stage, read_run). The tile gather
+// thread reads its run of rows back with 16-byte loads; a unit of padding
+// after every 8 units (stage_unit) puts the 8 threads of a 16-byte shared
+// access on distinct banks both ways (store_stage, read_run). The tile gather
 // goes the other way, each thread writing its run and each warp storing its
 // own runs' units: runs kUnits apart, swizzled (write_run, store_warp_units).
 
@@ -1042,20 +1042,55 @@ __device__ __forceinline__ void load_stage(uint4 (&staged)[kUnits], const T* bas
   }
 }
 
+// The tile sum's stage: unit u of the tile at u + u / 8, a unit of padding
+// after every 128 bytes. Padded per run instead (runs kUnits + 1 units apart),
+// the 8 threads of each of store_stage's 16-byte stores, 8 consecutive units
+// of the tile, met units 0 and 8 of the padded stage in one bank group: every
+// store took 8 wavefronts a warp, not 4, 128 a tile of the ~154 excess store
+// wavefronts a tile (5.0M of 19.8M, Nsight Compute, H200, bf16, 1 column,
+// power law; fp32 ~146 a tile, 4.8M of 15.0M). Now those 8 threads write 8
+// consecutive units of the stage, and read_run's 8 threads (unit k of runs t
+// to t + 7, at 4t + t / 2 + k) 8 distinct bank groups too (runs of 4 units:
+// 0, 4, 1, 5, 2, 6, 3, 7). Each thread's units lie at one base plus
+// constants both ways, unlike the gather's swizzle (stage_swizzle), whose
+// per-unit XOR took 8 more instructions a thread and tile in read_run
+// (SASS, sm_90), though its store_stage took 10 fewer than the per-run
+// padding's (here: 2 instructions each way, 8 fewer a thread and tile than
+// the per-run padding). The stage takes kThreads / 8 units (2 KB) less than
+// with that padding: the union with the storeless walk's sums shrinks 2 KB
+// for fp32, 1 column (to the sums' 18 KB) and for bf16, 2 columns; bf16, 1
+// column keeps its size (34 KB of sums). H200, forward % of copy bandwidth,
+// power law: bf16, 1 column 59.1 -> 61.8, 2 columns 52.2 -> 54.5; fp32, 1
+// column 68.7 -> 71.8; short and long segments within 0.4 (the gather's
+// swizzle here: 61.9, 54.3 and 71.3).
 template <int kUnits>
-__device__ __forceinline__ void store_stage(uint4* stage, const uint4 (&staged)[kUnits]) {
-#pragma unroll
-  for (int k = 0; k < kUnits; ++k) {
-    const int u = k * kThreads + static_cast<int>(threadIdx.x);
-    stage[u / kUnits * (kUnits + 1) + u % kUnits] = staged[k];
-  }
+__host__ __device__ constexpr int stage_unit(int u) {
+  static_assert(kUnits == 4, "runs of 4 units: 2 per 8-unit group of banks");
+  return u + u / 8;
 }
 
-// This thread's run, as kUnits * 16 bytes of consecutive rows.
+template <int kUnits>
+constexpr int kStageSize = stage_unit<kUnits>(kThreads * kUnits - 1) + 1;
+
+template <int kUnits>
+__device__ __forceinline__ void store_stage(uint4* stage, const uint4 (&staged)[kUnits]) {
+  // Unit k * kThreads + tid: k * kThreads is a multiple of 8, so the padding
+  // before it is k * kThreads / 8 + tid / 8.
+  static_assert(kThreads % 8 == 0, "k * kThreads / 8 exact");
+  const int tid = static_cast<int>(threadIdx.x);
+  uint4* to = stage + stage_unit<kUnits>(tid);
+#pragma unroll
+  for (int k = 0; k < kUnits; ++k) to[stage_unit<kUnits>(k * kThreads)] = staged[k];
+}
+
+// This thread's run, as kUnits * 16 bytes of consecutive rows (stage_unit:
+// 4 units at tid * 4 + tid / 2, never across the padding).
 template <int kUnits>
 __device__ __forceinline__ void read_run(const uint4* stage, uint4 (&run)[kUnits]) {
+  const int tid = static_cast<int>(threadIdx.x);
+  const uint4* from = stage + stage_unit<kUnits>(tid * kUnits);
 #pragma unroll
-  for (int k = 0; k < kUnits; ++k) run[k] = stage[threadIdx.x * (kUnits + 1) + k];
+  for (int k = 0; k < kUnits; ++k) run[k] = from[k];
 }
 
 // The tile gather's stage holds runs unpadded, kUnits units apart, with unit k
@@ -1216,7 +1251,7 @@ struct TileSumShared {
     Acc x, y;
   };
   union {
-    uint4 stage[kThreads * (G::kStageUnits + 1)];
+    uint4 stage[kStageSize<G::kStageUnits>];  // a unit of padding per 8 (stage_unit)
     AccPair sums[kSums / 2];
   };
 };
