@@ -2951,14 +2951,42 @@ __device__ __forceinline__ void finish_items(const int64_t* item_key,
 // power law 63.4 -> 69.2 (2048 ends: 60.0), short segments 80.0 -> 81.2;
 // fp32, 32 columns within 0.2.
 // ROCm keeps indptr reads there: 4 blocks of 41 KB would not fit a 64 KB LDS.
+//
+// The read-ahead loops of wide rows (kWide: 2-byte types, 16 packs a row or
+// more; 8-byte packs of the 4- and 8-byte types) stage ends the same way, up
+// to kStreamAheadEnds of them, clamped into [0, rows] as end_of reads them
+// (those loops clamp; the pairs' loop compares raw ends): the values are
+// end_of's own, so the results are bit for bit the same. Their loop waited on
+// the next end where the segment before it closed, as the pairs' loop did: a
+// segment of one row (half of the power law's) closes a row after the one
+// before it, and its end, read from indptr at that close, is a load from L1
+// at best. The power law's groups of equal rows meet very unequal numbers of
+// ends (the bench's 512 MiB on an H200, 1 wave: bf16, 256 columns, 664 rows
+// a group, a mean of 84 segment starts a group but up to 258, and 32 % of
+// groups with none; short segments up to 98; fp32, 64 columns, 500 rows, a
+// mean of 67, up to 210; short segments up to 75), and the one wave ends
+// with the groups that meet the most: short segments and the power law
+// differ by 8 points on the same kernel (bf16, 256 columns 83.8 and 76.1 %
+// of copy bandwidth; fp32, 64 columns 83.8 and 79.7). A block of those rows
+// reaches at most 725 ends there (bf16) and 1053 (fp32): 2048 (16 KB) take
+// them all, and 3 blocks (bf16, 29 KB each) or 4 (fp32, 25 KB) still fit an
+// SM. H200, forward % of copy bandwidth, power law: bf16, 256 columns
+// 77.1 -> 81.9; fp32, 64 columns 79.6 -> 83.3; short and long segments of
+// those widths within 0.7 lower, fp32 256 columns short 86.8 -> 85.6.
 #if defined(__HIP_PLATFORM_AMD__)
 constexpr int kStreamEnds = 0;
+constexpr int kStreamAheadEnds = 0;
 #else
 constexpr int kStreamEnds = 4096;
+constexpr int kStreamAheadEnds = 2048;
 #endif
-template <typename T, StreamRows kShape, int64_t kInner>
+template <typename T, int W, StreamRows kShape, int64_t kInner>
 constexpr int kStagedEnds =
-    !StreamSumRows<T, kShape>::kReadAhead && kInner > 0 ? kStreamEnds : 0;
+    !StreamSumRows<T, kShape>::kReadAhead && kInner > 0 ? kStreamEnds
+    : kShape == StreamRows::kWide || (kShape == StreamRows::kNarrow && sizeof(T) >= 4 &&
+                                      W * sizeof(T) == 8)
+        ? kStreamAheadEnds
+        : 0;
 
 template <int kEnds>
 struct StagedEnds {
@@ -2976,7 +3004,7 @@ struct StreamSumShared : StagedEnds<kEnds> {
   Acc item_val[2 * kThreads * W];
 };
 template <typename T, int W, StreamRows kShape, int64_t kInner>
-using StreamSumSharedOf = StreamSumShared<T, W, kStagedEnds<T, kShape, kInner>>;
+using StreamSumSharedOf = StreamSumShared<T, W, kStagedEnds<T, W, kShape, kInner>>;
 
 // kInner > 0: rows are known to hold kInner elements (inner is ignored), so
 // every row address is a constant offset from the group's pointer. On the
@@ -2995,7 +3023,7 @@ __device__ __forceinline__ void stream_sum_block(const T* __restrict__ src,
                                                  StreamSumSharedOf<T, W, kShape, kInner>& sm) {
   using Acc = typename Num<T>::acc;
   using Batch = StreamSumRows<T, kShape>;
-  constexpr int kEnds = kStagedEnds<T, kShape, kInner>;
+  constexpr int kEnds = kStagedEnds<T, W, kShape, kInner>;
   constexpr int kRows = Batch::kRows;
   const int64_t inner = kInner > 0 ? kInner : row_elements;
   constexpr int kCols = W;  // columns each thread sums
@@ -3022,6 +3050,7 @@ __device__ __forceinline__ void stream_sum_block(const T* __restrict__ src,
         const int j = i * kThreads + static_cast<int>(threadIdx.x);
         const int64_t k = ends_base + (j < ends_n ? j : ends_n - 1);
         v[i] = indptr[imin(k, segments - 1) + 1];
+        if constexpr (Batch::kReadAhead) v[i] = clamp_row(v[i], rows);  // as end_of reads it
         v[i] = k < segments ? v[i] : kNever;
       }
 #pragma unroll
@@ -3061,6 +3090,14 @@ __device__ __forceinline__ void stream_sum_block(const T* __restrict__ src,
     const T* at = src + p.g0 * inner + p.col;
 
     if constexpr (Batch::kReadAhead) {
+      // end_of(k), from the staged ends where they hold it (kStreamAheadEnds).
+      auto end_of_staged = [&](int64_t k) {
+        if constexpr (kEnds > 0) {  // an unsigned test covers k < base
+          const uint64_t j = static_cast<uint64_t>(k - ends_base);
+          if (j < static_cast<uint64_t>(ends_n)) return sm.end[j];
+        }
+        return end_of(indptr, segments, rows, k);
+      };
       // Rows past the group's last are not loaded. A prefetched batch is
       // zero-filled there instead: a skipped load would keep the registers'
       // old values alive across the copy to d (fp32 was up to 6.6 points of
@@ -3090,11 +3127,10 @@ __device__ __forceinline__ void stream_sum_block(const T* __restrict__ src,
                 keep_head(s);
               }
             }
-            for (++s; s < segments && end_after <= row;
-                 end_after = end_of(indptr, segments, rows, ++s))
+            for (++s; s < segments && end_after <= row; end_after = end_of_staged(++s))
               store_pack(out + s * inner + p.col, zero_pack<T, kCols>());  // without rows
             end = end_after;
-            end_after = end_of(indptr, segments, rows, s + 1);
+            end_after = end_of_staged(s + 1);
             started = true;
 #pragma unroll
             for (int k = 0; k < kCols; ++k) acc[k] = 0;
