@@ -650,22 +650,39 @@ def _segment_sum_lanes_kernel(
     # on bf16, 4 columns, power law and lost 2.5 on 1 column; taking their
     # bounds from the lanes' registers (a reduction each) instead of indptr
     # lost up to 4.7 (fp32, 1 column).
+    # Bounds are int32 and relative to c0, clamped into [-1, CHUNK_ROWS + 1]
+    # (_indptr_local): every test below (inside the chunk, lane or rest, rows
+    # in the chunk) gives what it gave on the absolute int64 bounds, at half
+    # the integer instructions, and the rest segment to take next is found by
+    # a 32-bit warp reduction over lane slots (REDUX on sm_90) instead of an
+    # int64 shuffle tree over segment ids. Its bounds are read again from
+    # indptr (L1): taking them from the lanes' registers by REDUX kept them
+    # live over the lane loop, 72 -> 80 registers (bf16, 1 column, offline).
+    # The int32 bounds take the lane kernel from 72 to 64 registers (sm_90, 1
+    # column), 32 programs an SM where 28 fit. H200, forward, x the CUDA
+    # forward, power law, 1 column (with the walk below in both): bf16 0.631
+    # -> 0.691, fp32 0.802 -> 0.850.
+    chunk_src = src_ptr + c0 * INNER
+    chunk_len = (c1 - c0).to(tl.int32)
+    slot_lanes = tl.arange(0, BLOCK_SEGS)
     base = tl.maximum(lo - 1, 0)
     seg = base + lanes
     valid = seg < hi
-    start = _indptr_at(indptr_ptr, seg, rows, valid)
-    end = _indptr_at(indptr_ptr, seg + 1, rows, valid)
+    start = _indptr_local(indptr_ptr, seg, c0, valid, CHUNK_ROWS)
+    end = _indptr_local(indptr_ptr, seg + 1, c0, valid, CHUNK_ROWS)
     for _block in range(0, tl.cdiv(hi - base, BLOCK_SEGS)):
         next_seg = seg + BLOCK_SEGS
         next_valid = next_seg < hi
-        next_start = _indptr_at(indptr_ptr, next_seg, rows, next_valid)
-        next_end = _indptr_at(indptr_ptr, next_seg + 1, rows, next_valid)
-        first = tl.maximum(start, c0)
-        count = tl.minimum(end, c1) - first  # rows of the segment in the chunk
-        lane = valid & (start >= c0) & (end <= c1) & (count <= LANE_ROWS)
-        steps = tl.where(lane, count, 0).to(tl.int32)
+        next_start = _indptr_local(indptr_ptr, next_seg, c0, next_valid, CHUNK_ROWS)
+        next_end = _indptr_local(indptr_ptr, next_seg + 1, c0, next_valid, CHUNK_ROWS)
+        first = tl.maximum(start, 0)
+        last = tl.minimum(end, chunk_len)
+        count = last - first  # rows of the segment in the chunk
+        inside = (start >= 0) & (end <= chunk_len)
+        lane = valid & inside & (count <= LANE_ROWS)
+        steps = tl.where(lane, count, 0)
         acc = tl.zeros([BLOCK_SEGS, BLOCK_COLS], dtype=acc_type)
-        row_ptr = src_ptr + first[:, None] * INNER + cols[None, :]
+        row_ptr = chunk_src + first[:, None] * INNER + cols[None, :]
         # LANE_STEP rows per lane and iteration (see _lane_step), in flight
         # together: the body is one basic block, and its loads go out before
         # its adds (sm_90 SASS).
@@ -679,24 +696,28 @@ def _segment_sum_lanes_kernel(
         )
         rest = valid & ~lane & (count > 0)
         for _ in range(tl.sum(rest.to(tl.int32), axis=0)):
-            s = tl.min(tl.where(rest, seg, nseg), axis=0)
-            rest = rest & (seg != s)
-            s_start = _indptr_at(indptr_ptr, s, rows, True)
-            s_end = _indptr_at(indptr_ptr, s + 1, rows, True)
-            a = tl.maximum(s_start, c0)
-            b = tl.minimum(s_end, c1)
+            pick = tl.min(tl.where(rest, slot_lanes, BLOCK_SEGS), axis=0)
+            picked = slot_lanes == pick
+            rest = rest & ~picked
+            s = base + _block * BLOCK_SEGS + pick  # the block's first segment + its lane
+            s_start = _indptr_local(indptr_ptr, s, c0, True, CHUNK_ROWS)
+            s_end = _indptr_local(indptr_ptr, s + 1, c0, True, CHUNK_ROWS)
+            a = tl.maximum(s_start, 0)
+            b = tl.minimum(s_end, chunk_len)
+            s_inside = (s_start >= 0) & (s_end <= chunk_len)
             # Tiles start at a multiple of 16 rows so their loads stay
-            # vectorized. Only the segment's rows are loaded: loading the
-            # tile's other rows of the chunk and dropping them cost, on an
-            # H100, % of copy bandwidth, power law: fp32, 1 column 63.3 ->
-            # 69.1, 4 columns 72.7 -> 76.0; bf16 47.7 -> 49.3 and 61.9 -> 62.6.
+            # vectorized (c0 is one too). Only the segment's rows are
+            # loaded: loading the tile's other rows of the chunk and dropping
+            # them cost, on an H100, % of copy bandwidth, power law: fp32, 1
+            # column 63.3 -> 69.1, 4 columns 72.7 -> 76.0; bf16 47.7 -> 49.3
+            # and 61.9 -> 62.6.
             a16 = a // 16 * 16
             total = tl.zeros([BLOCK_ROWS, BLOCK_COLS], dtype=acc_type)
             for t in range(0, tl.cdiv(b - a16, BLOCK_ROWS)):
                 local = a16 + t * BLOCK_ROWS + tile_rows
                 keep = (local >= a) & (local < b)
                 tile = tl.load(
-                    src_ptr + local.to(tl.int64)[:, None] * INNER + cols[None, :],
+                    chunk_src + local[:, None] * INNER + cols[None, :],
                     mask=_tile_mask(keep, col_mask, even_cols),
                     other=0.0,
                 )
@@ -708,7 +729,7 @@ def _segment_sum_lanes_kernel(
                 flag_ptr,
                 s,
                 tl.sum(total, axis=0),
-                (s_start >= c0) & (s_end <= c1),
+                s_inside,
                 rows,
                 INNER,
                 cols,
@@ -878,8 +899,24 @@ _LANE_WALK_SHAPES = [
 _LANE_GIANT_CLASS = 16
 
 
+# The lane shapes walk chunks inside one segment with _walk_inside too,
+# _LANE_FAST_TILES tiles per step (before, they took _walk_rows: 2-byte loads
+# of rows of one column, the segment-end test on every tile). On the bench's
+# power law (bf16, 1 column, 2^28 rows, chunks of 8192) half the chunks lie
+# inside one segment (the longest holds 99M rows): offline, sm_90, the walk
+# step cost 130 instructions per 256 rows, about a fifth of the kernel's
+# instructions for half its bytes; _walk_inside reads a 16-byte vector per
+# thread and tile. Chunks where a segment starts keep _walk_rows. Two tiles
+# per step leave the registers as they were on every 1-warp shape (offline,
+# sm_90: bf16 and fp32, 1 column 72, 4 columns capped 63 and 64, no spills);
+# four took fp32 rows of one column to 80 and spilled 8 bytes on bf16 rows of
+# 4 columns. H200, forward, x the CUDA forward, power law, 1 column: bf16
+# 0.604 -> 0.631, fp32 0.796 -> 0.802.
+_LANE_FAST_TILES = 2
+
+
 def _lane_configs(max_registers: int | None = None) -> list[triton.Config]:
-    shapes = [((*shape, 0), False) for shape in _LANE_SHAPES]
+    shapes = [((*shape, _LANE_FAST_TILES), False) for shape in _LANE_SHAPES]
     shapes += [(shape, True) for shape in _LANE_WALK_SHAPES]
     return [
         triton.Config(
