@@ -3322,7 +3322,15 @@ struct TeamSumShared {
 // and 79.7, 83.1 and 76.6: 85.3 and 82.8, 82.1 and 77.8). The cost split
 // costs uniform laws about 3 points (its searches come before the first
 // load); rows of 64 and 256 bytes lost with it.
-constexpr int64_t kTeamSegmentCost = 4;
+// A start weighs more in rows of a 2-byte type: its segment's 64 columns are
+// converted, reduced and stored where fp32's row holds 32. H200, forward % of
+// copy bandwidth, power law, the weight of a start (both splits): bf16 4 ->
+// 72.2 and 72.7 (two runs), 5 -> 74.2, 6 -> 74.3 and 74.8, 7 -> 72.6, 8 ->
+// 70.3, short and long segments within 0.4; fp32 4 -> 81.4 and 81.6, 3 ->
+// 79.2, 6 -> 78.8, 8 -> 74.9. Weighing 6 in the block split only or the team
+// split only gave 72.9 and 73.7 (bf16).
+template <typename T>
+constexpr int64_t kTeamSegmentCost = sizeof(T) == 2 ? 6 : 4;
 
 // The block's rows [r0, r1), whose segment starts are [first, last), cut into
 // kTeams ranges of equal cost (a row costs 1, a segment start `per_start`):
@@ -3398,9 +3406,9 @@ __global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
   SegmentRange range;
   if constexpr (kShort) {  // blocks, then teams, of equal cost
     const BlockRows b = balanced_rows(indptr, segments, rows, blockIdx.x, gridDim.x,
-                                      Costs{1, kTeamSegmentCost}, 1);
+                                      Costs{1, kTeamSegmentCost<T>}, 1);
     split_by_cost(indptr, rows, b.r0, b.r1, b.first, imin(b.next, segments),
-                  kTeamSegmentCost, sm.cuts.probe, sm.cuts.bound);
+                  kTeamSegmentCost<T>, sm.cuts.probe, sm.cuts.bound);
     at.r0 = b.r0;
     at.r1 = b.r1;
     at.a0 = sm.cuts.bound[at.t];
