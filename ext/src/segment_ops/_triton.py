@@ -614,9 +614,12 @@ def _segment_sum_lanes_kernel(
     ROWS32: tl.constexpr = False,  # fewer than 2^31 rows: lane bounds in 32 bits
 ):
     BLOCK_ROWS: tl.constexpr = ROW_ELEMENTS // BLOCK_COLS
-    # Local bounds (in [-1, CHUNK_ROWS + 1]) plus one fit in 16 bits: a lane
-    # keeps its segment's two as one int32 for the rest and mid paths.
-    PACK_BOUNDS: tl.constexpr = CHUNK_ROWS + 2 < 65536
+    # A lane keeps its segment's two local bounds (in [-1, CHUNK_ROWS + 1])
+    # plus one as one int32 for the rest and mid paths: the start in the upper
+    # 15 bits, so that the sign bit stays clear and the unpacking's arithmetic
+    # shift gives it back (chunks of 32768 rows would set it), the end in the
+    # lower 16.
+    PACK_BOUNDS: tl.constexpr = CHUNK_ROWS + 2 < 32768
     MID: tl.constexpr = MID_FROM > 0 and PACK_BOUNDS
     lane_rows: tl.constexpr = MID_FROM if MID else LANE_ROWS
     acc_type = tl.float64 if IS_FP64 else tl.float32
