@@ -2335,6 +2335,24 @@ template <typename T, int W>
 constexpr bool kTileGatherAdapts = W * sizeof(T) == 4;
 template <typename T, int W>
 constexpr int kTileGatherBlocksPerSm = W * sizeof(T) == 2 ? 3 : kTileBlocksPerSm;
+// Rows of 4 bytes mark a tile of at most 2 * kThreads starts in passes of 2
+// entries a thread, not 4 (mark_gather_starts). Such a tile (4096 rows; short
+// segments hold ~470 starts, p99 510, on the bench's inputs) had threads 0-117
+// mark: warps 0-3 ran a pass of ~95 instructions while warps 4-7 waited at
+// the barrier after the marks. In pairs all 8 warps run one pass of ~66
+// (SASS sm_90, fp32, 1 column, path without a warp crossing), so that
+// barrier waits ~30 instructions less a tile, for ~150 more issued per block
+// and tile (~3,600 now). Nsight Compute, H200, fp32, 1 column, short
+// segments: the tile gather is latency bound (53 % of issue slots busy, 1.1
+// eligible warps a scheduler, 14 cycles between a warp's instructions, ~6,800
+// cycles a block and tile; SMs active 97 % of the kernel, DRAM at 69 % of
+// peak). Tiles of more starts keep passes of 4, which serve 1024 starts a
+// pass (power law: 500 to 1100 in its tiles with a start). H200, backward %
+// of copy bandwidth, short segments: fp32, 1 column 79.5 -> 80.5; bf16, 2
+// columns 79.4 -> 80.4; power law, and bf16 rows of 1 column (2 bytes, not
+// changed), within 0.2.
+template <typename T, int W>
+constexpr bool kTileGatherMarkPairs = W * sizeof(T) == 4;
 
 template <typename T, int W>
 struct TileGatherShared {
@@ -2398,18 +2416,25 @@ __device__ __forceinline__ int warp_scan_step(int x) {
 // and a barrier per thread and tile (SASS, sm_90, bf16, 1 column).
 // n counts the window's entries to mark, at most nrows + 1 (tile_gather_block):
 // 32-bit, as start(i), which gives INT_MAX from n on.
-template <int kWarpRowsLog2, typename Start>
+// kPer entries per thread and pass (the tile gather picks 2 or 4 per tile).
+template <int kWarpRowsLog2, int kPer, typename Start>
 __device__ __forceinline__ void mark_gather_starts(int n, int nrows, const int* window,
                                                    Start&& start, uint32_t* starts, int& crowded,
                                                    int* warp_first) {
-  constexpr int kPer = 4;
+  static_assert(kPer == 2 || kPer == 4, "entries read as one 8- or 16-byte word");
   const int in_window = n < kWindow ? n : kWindow;
   for (int i0 = kPer * static_cast<int>(threadIdx.x); i0 < n; i0 += kPer * kThreads) {
     int r[kPer + 2];  // entries i0 - 1 to i0 + kPer
     // r[0] = 0 for entry 0, which needs no record: warp_first[0] is 0.
     if (i0 + kPer <= in_window) {
       r[0] = i0 > 0 ? window[i0 - 1] : 0;
-      read_quad(window + i0, r + 1);
+      if constexpr (kPer == 4) {
+        read_quad(window + i0, r + 1);
+      } else {  // i0 even, window 16-byte aligned: one 8-byte read
+        const int2 v = *reinterpret_cast<const int2*>(window + i0);
+        r[1] = v.x;
+        r[2] = v.y;
+      }
     } else {
 #pragma unroll
       for (int k = 0; k < kPer; ++k) r[k + 1] = i0 + k < n ? start(i0 + k) : nrows;
@@ -2721,14 +2746,18 @@ __device__ __forceinline__ void tile_gather_block(const T* __restrict__ src,
     };
     constexpr int kWarpRowsLog2 = __builtin_ctz(kRun * 32);  // kRun: a power of two
     const int64_t* tile_starts = indptr + first;  // entry i past kWindow: tile_starts[i]
-    mark_gather_starts<kWarpRowsLog2>(
-        n, nrows, sm.window,
-        [&](int i) {
-          return i >= n        ? INT_MAX
-                 : i < kWindow ? sm.window[i]
-                               : static_cast<int>(clamp_row(tile_starts[i], rows) - t0);
-        },
-        sm.starts, crowded_word, warp_first);
+    auto tile_start = [&](int i) {
+      return i >= n        ? INT_MAX
+             : i < kWindow ? sm.window[i]
+                           : static_cast<int>(clamp_row(tile_starts[i], rows) - t0);
+    };
+    // n is the block's: every thread takes the same pass width.
+    if (kTileGatherMarkPairs<T, W> && n <= 2 * kThreads)
+      mark_gather_starts<kWarpRowsLog2, 2>(n, nrows, sm.window, tile_start, sm.starts,
+                                           crowded_word, warp_first);
+    else
+      mark_gather_starts<kWarpRowsLog2, 4>(n, nrows, sm.window, tile_start, sm.starts,
+                                           crowded_word, warp_first);
     if (extra) {  // the values loaded before the marks, then any further passes
       store_values(i_more, more);
       for (int i0 = i_more + kWindowSteps * kThreads; i0 < end; i0 += kWindowSteps * kThreads) {
