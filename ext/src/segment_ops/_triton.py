@@ -609,9 +609,11 @@ def _segment_sum_lanes_kernel(
     WALK_ROWS: tl.constexpr,  # mean segment length (rows) in a chunk from which it walks
     WALK_ONLY: tl.constexpr,  # every chunk walks: the lanes are compiled out
     FAST_TILES: tl.constexpr,  # tiles per step of _walk_inside (0: none)
-    MID_FROM: tl.constexpr = 0,  # lanes sum segments of up to this many rows (0: no mid path)
-    MID_ROWS: tl.constexpr = 0,  # longest mid segment, rows (a power of two)
-    ROWS32: tl.constexpr = False,  # fewer than 2^31 rows: lane bounds in 32 bits
+    # No defaults: torch.compile's wrapper of a user kernel passes only the
+    # arguments given, so a default works eagerly and fails compiled.
+    MID_FROM: tl.constexpr,  # lanes sum segments of up to this many rows (0: no mid path)
+    MID_ROWS: tl.constexpr,  # longest mid segment, rows (a power of two)
+    ROWS32: tl.constexpr,  # fewer than 2^31 rows: lane bounds in 32 bits
 ):
     BLOCK_ROWS: tl.constexpr = ROW_ELEMENTS // BLOCK_COLS
     # A lane keeps its segment's two local bounds (in [-1, CHUNK_ROWS + 1])
@@ -1131,7 +1133,14 @@ _WIDE_LANE_KERNELS = {
     warps: triton.autotune(
         configs=[
             triton.Config(
-                {"CHUNK_ROWS": chunk, "LANE_STEP": step, "WALK_ONLY": False, "FAST_TILES": 0},
+                {
+                    "CHUNK_ROWS": chunk,
+                    "LANE_STEP": step,
+                    "WALK_ONLY": False,
+                    "FAST_TILES": 0,
+                    "MID_FROM": 0,
+                    "MID_ROWS": 0,
+                },
                 num_warps=warps,
             )
             for chunk in (256, 512, 1024)
