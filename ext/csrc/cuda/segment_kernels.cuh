@@ -2453,8 +2453,9 @@ __device__ __forceinline__ void mark_gather_starts(int n, int nrows, const int* 
       crowd |= ok[k] && r[k + 2] == x;
     }
     // Warps whose first row lies in (r[0], r[kPer]]: mostly none (short
-    // segments put 4 starts well inside a warp's rows). Sorted starts cross
-    // there only if they cross here.
+    // segments put a pass's starts well inside a warp's rows). Sorted starts
+    // cross there only if they cross here; unsorted ones (indptr unchecked)
+    // may leave warp_first depending on kPer, in bounds either way.
     if (r[0] >> kWarpRowsLog2 != r[kPer] >> kWarpRowsLog2) {
 #pragma unroll
       for (int k = 0; k < kPer; ++k) {
@@ -2752,12 +2753,18 @@ __device__ __forceinline__ void tile_gather_block(const T* __restrict__ src,
                            : static_cast<int>(clamp_row(tile_starts[i], rows) - t0);
     };
     // n is the block's: every thread takes the same pass width.
-    if (kTileGatherMarkPairs<T, W> && n <= 2 * kThreads)
-      mark_gather_starts<kWarpRowsLog2, 2>(n, nrows, sm.window, tile_start, sm.starts,
-                                           crowded_word, warp_first);
-    else
-      mark_gather_starts<kWarpRowsLog2, 4>(n, nrows, sm.window, tile_start, sm.starts,
-                                           crowded_word, warp_first);
+    auto mark = [&](auto per) {
+      mark_gather_starts<kWarpRowsLog2, decltype(per)::value>(
+          n, nrows, sm.window, tile_start, sm.starts, crowded_word, warp_first);
+    };
+    if constexpr (kTileGatherMarkPairs<T, W>) {
+      if (n <= 2 * kThreads)
+        mark(std::integral_constant<int, 2>{});
+      else
+        mark(std::integral_constant<int, 4>{});
+    } else {
+      mark(std::integral_constant<int, 4>{});
+    }
     if (extra) {  // the values loaded before the marks, then any further passes
       store_values(i_more, more);
       for (int i0 = i_more + kWindowSteps * kThreads; i0 < end; i0 += kWindowSteps * kThreads) {
