@@ -3124,15 +3124,19 @@ __device__ __forceinline__ void stream_sum_block(const T* __restrict__ src,
     int64_t end_after = end_of(indptr, segments, rows, s + 1);
     // Rows are reached by stepping a pointer: no 64-bit multiply per row.
     const T* at = src + p.g0 * inner + p.col;
+    // Segment k's end from the staged ends where they hold it, else unstaged(k).
+    auto staged_end = [&](int64_t k, auto&& unstaged) -> int64_t {
+      if constexpr (kEnds > 0) {  // an unsigned test covers k < base
+        const uint64_t j = static_cast<uint64_t>(k - ends_base);
+        if (j < static_cast<uint64_t>(ends_n)) return sm.end[j];
+      }
+      return unstaged(k);
+    };
 
     if constexpr (Batch::kReadAhead) {
       // end_of(k), from the staged ends where they hold it (kStreamAheadEnds).
       auto end_of_staged = [&](int64_t k) {
-        if constexpr (kEnds > 0) {  // an unsigned test covers k < base
-          const uint64_t j = static_cast<uint64_t>(k - ends_base);
-          if (j < static_cast<uint64_t>(ends_n)) return sm.end[j];
-        }
-        return end_of(indptr, segments, rows, k);
+        return staged_end(k, [&](int64_t e) { return end_of(indptr, segments, rows, e); });
       };
       // Rows past the group's last are not loaded. A prefetched batch is
       // zero-filled there instead: a skipped load would keep the registers'
@@ -3187,12 +3191,8 @@ __device__ __forceinline__ void stream_sum_block(const T* __restrict__ src,
       // 32 columns: short segments 74.5 -> 77.9, power law 65.5 -> 70.3.
       // Rows with reads ahead lost up to 2.4 points with these checks
       // (bf16, 256 columns, power law 85.5 -> 83.1), so they keep theirs.
-      auto end_of_raw = [&](int64_t k) {
-        if constexpr (kEnds > 0) {  // staged (kStreamEnds); an unsigned test covers k < base
-          const uint64_t j = static_cast<uint64_t>(k - ends_base);
-          if (j < static_cast<uint64_t>(ends_n)) return sm.end[j];
-        }
-        return k < segments ? indptr[k + 1] : kNever;
+      auto end_of_raw = [&](int64_t k) {  // staged where kStreamEnds are
+        return staged_end(k, [&](int64_t e) { return e < segments ? indptr[e + 1] : kNever; });
       };
       int64_t s_at = s * inner + p.col;  // where segment s's total goes
       auto close = [&](int64_t row) {
