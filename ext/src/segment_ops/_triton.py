@@ -196,6 +196,29 @@ def _lane_row(row_ptr, r, left, col_mask, INNER: tl.constexpr, EVEN_COLS: tl.con
 
 
 @triton.jit
+def _pack_bounds(start, end):
+    """A lane's local bounds (in [-1, CHUNK_ROWS + 1], CHUNK_ROWS + 2 < 2^15)
+    as one int32: start + 1 in the upper 15 bits, so that the sign bit stays
+    clear and _unpack_bounds' arithmetic shift gives it back, end + 1 in the
+    lower 16."""
+    return ((start + 1) << 16) | (end + 1)
+
+
+@triton.jit
+def _unpack_bounds(word):
+    return (word >> 16) - 1, (word & 0xFFFF) - 1
+
+
+@triton.jit
+def _take_lowest(pending, slot_lanes, BLOCK_SEGS: tl.constexpr):
+    """The lowest lane slot set in `pending`, a mask of that slot alone, and
+    `pending` without it."""
+    pick = tl.min(tl.where(pending, slot_lanes, BLOCK_SEGS), axis=0)
+    picked = slot_lanes == pick
+    return pick, picked, pending & ~picked
+
+
+@triton.jit
 def _emit_partial(
     indptr_ptr,
     out_ptr,
@@ -616,11 +639,9 @@ def _segment_sum_lanes_kernel(
     ROWS32: tl.constexpr,  # fewer than 2^31 rows: lane bounds in 32 bits
 ):
     BLOCK_ROWS: tl.constexpr = ROW_ELEMENTS // BLOCK_COLS
-    # A lane keeps its segment's two local bounds (in [-1, CHUNK_ROWS + 1])
-    # plus one as one int32 for the rest and mid paths: the start in the upper
-    # 15 bits, so that the sign bit stays clear and the unpacking's arithmetic
-    # shift gives it back (chunks of 32768 rows would set it), the end in the
-    # lower 16.
+    # A lane keeps its segment's two local bounds as one int32 for the rest
+    # and mid paths (_pack_bounds), where they fit: chunks of 32768 rows would
+    # set the sign bit.
     PACK_BOUNDS: tl.constexpr = CHUNK_ROWS + 2 < 32768
     MID: tl.constexpr = MID_FROM > 0 and PACK_BOUNDS
     lane_rows: tl.constexpr = MID_FROM if MID else LANE_ROWS
@@ -729,7 +750,7 @@ def _segment_sum_lanes_kernel(
             # sm_90, bf16, 1 column, 131 -> 104 instructions per rest segment
             # with the tile change below (timed only together with the lane
             # kernel's other changes, see _LANE_MID_SHAPES).
-            packed = tl.where(rest | mid if MID else rest, ((start + 1) << 16) | (end + 1), 0)
+            packed = tl.where(rest | mid if MID else rest, _pack_bounds(start, end), 0)
         if not MID:
             row_ptr = chunk_src + first[:, None] * INNER + cols[None, :]
         acc = tl.zeros([BLOCK_SEGS, BLOCK_COLS], dtype=acc_type)
@@ -767,12 +788,9 @@ def _segment_sum_lanes_kernel(
             # sums are added in another order than the lanes' or the rest
             # path's (a tree over the warp). Timed at _LANE_MID_SHAPES.
             for _ in range(tl.sum(mid.to(tl.int32), axis=0)):
-                pick = tl.min(tl.where(mid, slot_lanes, BLOCK_SEGS), axis=0)
-                picked = slot_lanes == pick
-                mid = mid & ~picked
-                word = tl.sum(tl.where(picked, packed, 0), axis=0)
-                m_first = (word >> 16) - 1
-                m_count = (word & 0xFFFF) - 1 - m_first
+                pick, picked, mid = _take_lowest(mid, slot_lanes, BLOCK_SEGS)
+                m_first, m_end = _unpack_bounds(tl.sum(tl.where(picked, packed, 0), axis=0))
+                m_count = m_end - m_first
                 tile = tl.load(
                     (chunk_src + m_first * INNER) + mid_rows[:, None] * INNER + cols[None, :],
                     mask=_tile_mask(mid_rows < m_count, col_mask, even_cols),
@@ -784,14 +802,10 @@ def _segment_sum_lanes_kernel(
                     mask=col_mask,
                 )
         for _ in range(tl.sum(rest.to(tl.int32), axis=0)):
-            pick = tl.min(tl.where(rest, slot_lanes, BLOCK_SEGS), axis=0)
-            picked = slot_lanes == pick
-            rest = rest & ~picked
+            pick, picked, rest = _take_lowest(rest, slot_lanes, BLOCK_SEGS)
             s = block + pick  # the block's first segment + its lane
             if PACK_BOUNDS:
-                word = tl.sum(tl.where(picked, packed, 0), axis=0)
-                s_start = (word >> 16) - 1
-                s_end = (word & 0xFFFF) - 1
+                s_start, s_end = _unpack_bounds(tl.sum(tl.where(picked, packed, 0), axis=0))
             else:
                 s_start = _indptr_local(indptr_ptr, s, c0, True, CHUNK_ROWS)
                 s_end = _indptr_local(indptr_ptr, s + 1, c0, True, CHUNK_ROWS)
