@@ -3469,14 +3469,16 @@ __global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
   // segments 71.8 -> 75.6; fp32, 32 columns 79.0 -> 83.1 and 82.8 -> 84.2;
   // long segments and 256 columns within 0.3; the gather untouched. Short
   // segments have since taken the reduce-scatter below where RS divides kCols:
-  // slice_total now serves long segments, and short ones in fp64 rows.
+  // slice_total now serves long segments, and short ones in fp64 rows. Both
+  // shuffle with __shfl_xor_sync (SHFL.BFLY): the lanes cub::ShuffleIndex<RS>
+  // took at q ^ d, without the lane index computed for each shuffle.
   auto slice_total = [&] {
     Part total = acc;
 #pragma unroll
     for (int d = 1; d < RS; d *= 2) {
 #pragma unroll
       for (int k = 0; k < kCols; ++k)
-        total.v[k] += cub::ShuffleIndex<RS>(total.v[k], q ^ d, 0xffffffffu);
+        total.v[k] += __shfl_xor_sync(0xffffffffu, total.v[k], d, RS);
     }
     return total;
   };
@@ -3513,7 +3515,7 @@ __global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
         for (int i = 0; i < m; ++i) {
           const Acc send = upper ? v[i] : v[i + m];
           const Acc own = upper ? v[i + m] : v[i];
-          v[i] = own + cub::ShuffleIndex<RS>(send, q ^ d, 0xffffffffu);
+          v[i] = own + __shfl_xor_sync(0xffffffffu, send, d, RS);
         }
       }
       Own part;
@@ -3595,36 +3597,82 @@ __global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
           if (b >= a1) break;
         }
       }
+      // The batch's bookkeeping in 32 bits, relative to b: the load guards and
+      // step bounds (`left`, the team's rows from b as far as the batch
+      // reaches), on rows of one unit the test for a step that no segment end
+      // falls in (`end_b`), and on rows of one 2-byte column (8 rows a unit)
+      // add_rows's row tests, where each was a 64-bit test. Long segments of
+      // 1 bf16 column were bound by integer instructions (Nsight Compute,
+      // H200: ALU the busiest pipe at 68 % of cycles, 96 instructions per
+      // warp-wide 16-byte load against 44 for fp32), most of them the tests
+      // around segment ends, one of which falls in nearly every batch (1024
+      // rows; segments of 512 to 1536). H200 (ab.py, forward % of copy
+      // bandwidth): bf16, 1 column, long segments 78.9 -> 85.3 and 85.2 (two
+      // runs); the rest within 0.7 (bf16, 64 columns, power law 74.3 -> 74.9;
+      // fp32, 32 columns 81.3 -> 82.0). The row tests in 32 bits on units of
+      // 4 rows (bf16, 2 columns, long segments) lost 1.6 (89.3 -> 87.7), so
+      // they stay on units of 8. Same rows, same adds: the sums are bit for
+      // bit the same.
+      const int left = static_cast<int>(imin(a1 - b, int64_t{kBatch} * kStepRows));
       uint4 d[kBatch];
 #pragma unroll
       for (int k = 0; k < kBatch; ++k) {  // all loads first
-        const int64_t u0 = b + k * kStepRows + q * R;  // this lane's first row
-        const T* p = src + u0 * kInner + c * kCols;
-        if (u0 + R <= a1)
+        const int r = k * kStepRows + q * R;  // this lane's first row, from b
+        const T* p = src + (b + r) * kInner + c * kCols;
+        if (r + R <= left)
           d[k] = *reinterpret_cast<const uint4*>(p);
-        else if (u0 < a1)  // only the very end of src
-          d[k] = load_tail_unit(p, static_cast<int>(a1 - u0) * kCols);
+        else if (r < left)  // only the very end of src
+          d[k] = load_tail_unit(p, (left - r) * kCols);
         else
           d[k] = make_uint4(0, 0, 0, 0);
       }
+      // x - b clamped into [-1, kBatch * kStepRows + 1]: as far as the
+      // batch's steps can tell, where x falls.
+      auto from_b = [&](int64_t x) {
+        return static_cast<int>(imax(imin(x - b, int64_t{kBatch} * kStepRows + 1), -1));
+      };
+      [[maybe_unused]] int end_b = 0;
+      if constexpr (U == 1) end_b = from_b(end);
 #pragma unroll
       for (int k = 0; k < kBatch; ++k) {
+        if (k * kStepRows >= left) break;
+        const int step1_b = (k + 1) * kStepRows < left ? (k + 1) * kStepRows : left;
+        if constexpr (U == 1) {  // (wider rows: the test below)
+          if (end_b >= step1_b) {  // the common case: no segment ends in this step
+            add_unit(d[k]);
+            continue;
+          }
+        }
         const int64_t step0 = b + k * kStepRows;
-        if (step0 >= a1) break;
-        const int64_t step1 = imin(step0 + kStepRows, a1);
+        const int64_t step1 = b + step1_b;
         const int64_t u0 = step0 + q * R;
         uint32_t v[sizeof(d[k]) / 4];  // the unit's elements, read by word_elem
         memcpy(v, &d[k], sizeof(v));
         auto add_rows = [&](int64_t lo, int64_t hi) {  // this lane's rows in [lo, hi)
+          if constexpr (R >= 8) {
+            // Row u0 + i is in [lo, hi) when first <= i + q * R < past, the
+            // bounds' offsets from step0 clamped into [-1, kStepRows + 1]
+            // (i + q * R lies in [0, kStepRows)).
+            const int first = static_cast<int>(imax(imin(lo - step0, int64_t{kStepRows} + 1), -1));
+            const int past = static_cast<int>(imax(imin(hi - step0, int64_t{kStepRows} + 1), -1));
 #pragma unroll
-          for (int i = 0; i < R; ++i)
-            if (u0 + i >= lo && u0 + i < hi)
+            for (int i = 0; i < R; ++i)
+              if (i + q * R >= first && i + q * R < past)
 #pragma unroll
-              for (int j = 0; j < kCols; ++j) acc.v[j] += word_elem<T>(v, i * kCols + j);
+                for (int j = 0; j < kCols; ++j) acc.v[j] += word_elem<T>(v, i * kCols + j);
+          } else {
+#pragma unroll
+            for (int i = 0; i < R; ++i)
+              if (u0 + i >= lo && u0 + i < hi)
+#pragma unroll
+                for (int j = 0; j < kCols; ++j) acc.v[j] += word_elem<T>(v, i * kCols + j);
+          }
         };
-        if (end >= step1) {  // the common case: no segment ends in this step
-          add_unit(d[k]);
-          continue;
+        if constexpr (U != 1) {
+          if (end >= step1) {  // the common case: no segment ends in this step
+            add_unit(d[k]);
+            continue;
+          }
         }
         int64_t lo = step0;
         while (end < step1) {  // segment s ends at row end - 1
@@ -3655,6 +3703,7 @@ __global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
           for (int j = 0; j < kCols; ++j) acc.v[j] = 0;
         }
         add_rows(lo, step1);
+        if constexpr (U == 1) end_b = from_b(end);
       }
     }
     // The segment open after the last row.
