@@ -3422,6 +3422,20 @@ __device__ __forceinline__ void split_by_cost(const int64_t* __restrict__ indptr
   __syncthreads();
 }
 
+// Lane q ^ d's v, in a slice (logical warp) of RS lanes. CUDA: a butterfly
+// shuffle (SHFL.BFLY), the lanes cub::ShuffleIndex<RS> takes at q ^ d without
+// the lane index computed for each shuffle. ROCm keeps cub's: HIP's *_sync
+// shuffles take a 64-bit mask (a 32-bit one fails their static_assert).
+template <int RS, typename V>
+__device__ __forceinline__ V slice_xor(V v, int q, int d) {
+#if defined(__HIP_PLATFORM_AMD__)
+  return cub::ShuffleIndex<RS>(v, q ^ d, 0xffffffffu);
+#else
+  (void)q;
+  return __shfl_xor_sync(0xffffffffu, v, d, RS);
+#endif
+}
+
 // kShort: short segments (launch_team_sum), where the team reads segment
 // ends ahead and blocks and teams split rows by cost; long segments keep the
 // code that leaves them the registers they had.
@@ -3470,15 +3484,14 @@ __global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
   // long segments and 256 columns within 0.3; the gather untouched. Short
   // segments have since taken the reduce-scatter below where RS divides kCols:
   // slice_total now serves long segments, and short ones in fp64 rows. Both
-  // shuffle with __shfl_xor_sync (SHFL.BFLY): the lanes cub::ShuffleIndex<RS>
-  // took at q ^ d, without the lane index computed for each shuffle.
+  // shuffle through slice_xor.
   auto slice_total = [&] {
     Part total = acc;
 #pragma unroll
     for (int d = 1; d < RS; d *= 2) {
 #pragma unroll
       for (int k = 0; k < kCols; ++k)
-        total.v[k] += __shfl_xor_sync(0xffffffffu, total.v[k], d, RS);
+        total.v[k] += slice_xor<RS>(total.v[k], q, d);
     }
     return total;
   };
@@ -3515,7 +3528,7 @@ __global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
         for (int i = 0; i < m; ++i) {
           const Acc send = upper ? v[i] : v[i + m];
           const Acc own = upper ? v[i + m] : v[i];
-          v[i] = own + __shfl_xor_sync(0xffffffffu, send, d, RS);
+          v[i] = own + slice_xor<RS>(send, q, d);
         }
       }
       Own part;
