@@ -1,0 +1,52 @@
+"""The ROCm build hipifies the CUDA kernels, so CUDA-only forms must sit behind
+`#if !defined(__HIP_PLATFORM_AMD__)` (or in the `#else` of its opposite) next to a
+form ROCm compiles. A CPU-only builder cannot compile for ROCm; this reads the
+sources instead. HIP's *_sync warp functions, for one, take a 64-bit mask and
+reject the 32-bit one CUDA code passes, at compile time."""
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+SOURCE_DIR = Path(os.environ.get("SEGMENT_OPS_SRC", Path(__file__).resolve().parents[1]))
+CUDA_SOURCES = sorted((SOURCE_DIR / "csrc" / "cuda").glob("*.cu*"))
+CUDA_ONLY = re.compile(r"\b\w+_sync\s*\(|\b__syncwarp\b|\basm\b|\b__pipeline_\w+")
+HIP = r"defined\s*\(\s*__HIP_PLATFORM_AMD__\s*\)"
+
+
+def unguarded_cuda_only(text: str) -> list[tuple[int, str]]:
+    """(line, text) of each CUDA-only form outside a CUDA-only preprocessor branch."""
+    found, branches = [], []  # per open #if: "cuda", "hip" or "any"
+    for number, line in enumerate(text.splitlines(), 1):
+        directive = line.strip()
+        if directive.startswith("#if"):
+            if re.search(r"!\s*" + HIP, directive):
+                branches.append("cuda")
+            elif re.search(HIP, directive) and directive.startswith(("#if ", "#ifdef")):
+                branches.append("hip")
+            else:
+                branches.append("any")
+        elif directive.startswith(("#else", "#elif")):
+            branches[-1] = {"cuda": "hip", "hip": "cuda"}.get(branches[-1], "any")
+        elif directive.startswith("#endif"):
+            branches.pop()
+        elif "cuda" not in branches and CUDA_ONLY.search(line.split("//")[0]):
+            found.append((number, line.strip()))
+    return found
+
+
+@pytest.mark.skipif(not CUDA_SOURCES, reason="no CUDA sources next to these tests")
+@pytest.mark.parametrize("path", CUDA_SOURCES, ids=lambda p: p.name)
+def test_cuda_only_forms_are_guarded_for_rocm(path):
+    assert unguarded_cuda_only(path.read_text()) == []
+
+
+def test_the_check_finds_an_unguarded_form():
+    text = (
+        "#if defined(__HIP_PLATFORM_AMD__)\n  y = __shfl_xor(x, 1);\n"
+        "#else\n  y = __shfl_xor_sync(0xffffffffu, x, 1);\n#endif\n"
+        "  z = __shfl_xor_sync(0xffffffffu, x, 2);  // unguarded\n"
+    )
+    assert [number for number, _ in unguarded_cuda_only(text)] == [6]
