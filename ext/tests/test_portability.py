@@ -14,6 +14,8 @@ SOURCE_DIR = Path(os.environ.get("SEGMENT_OPS_SRC", Path(__file__).resolve().par
 CUDA_SOURCES = sorted((SOURCE_DIR / "csrc" / "cuda").glob("*.cu*"))
 CUDA_ONLY = re.compile(r"\b\w+_sync\s*\(|\b__syncwarp\b|\basm\b|\b__pipeline_\w+")
 HIP = r"defined\s*\(\s*__HIP_PLATFORM_AMD__\s*\)"
+NOT_HIP = re.compile(r"#ifndef\s+__HIP_PLATFORM_AMD__\b|!\s*" + HIP)
+ON_HIP = re.compile(r"#ifdef\s+__HIP_PLATFORM_AMD__\b|" + HIP)
 
 
 def unguarded_cuda_only(text: str) -> list[tuple[int, str]]:
@@ -22,9 +24,9 @@ def unguarded_cuda_only(text: str) -> list[tuple[int, str]]:
     for number, line in enumerate(text.splitlines(), 1):
         directive = line.strip()
         if directive.startswith("#if"):
-            if re.search(r"!\s*" + HIP, directive):
+            if NOT_HIP.search(directive):
                 branches.append("cuda")
-            elif re.search(HIP, directive) and directive.startswith(("#if ", "#ifdef")):
+            elif ON_HIP.search(directive):
                 branches.append("hip")
             else:
                 branches.append("any")
@@ -48,5 +50,7 @@ def test_the_check_finds_an_unguarded_form():
         "#if defined(__HIP_PLATFORM_AMD__)\n  y = __shfl_xor(x, 1);\n"
         "#else\n  y = __shfl_xor_sync(0xffffffffu, x, 1);\n#endif\n"
         "  z = __shfl_xor_sync(0xffffffffu, x, 2);  // unguarded\n"
+        "#ifndef __HIP_PLATFORM_AMD__\n  __syncwarp();\n#endif\n"
+        "#ifdef __HIP_PLATFORM_AMD__\n  __syncwarp();  // on ROCm\n#endif\n"
     )
-    assert [number for number, _ in unguarded_cuda_only(text)] == [6]
+    assert [number for number, _ in unguarded_cuda_only(text)] == [6, 11]
