@@ -3368,6 +3368,11 @@ struct TeamSumShared {
 template <typename T>
 constexpr int64_t kTeamSegmentCost = sizeof(T) == 2 ? 6 : 4;
 
+// The team sum on short segments keeps rows as 32-bit offsets within a team
+// (team_sum_kernel's Row): inputs of up to kShortTeamMaxRows rows (128 GiB in
+// rows of 128 bytes); larger ones take the stream sum (short_team_rows).
+constexpr int64_t kShortTeamMaxRows = int64_t{1} << 30;
+
 // The block's rows [r0, r1), whose segment starts are [first, last), cut into
 // kTeams ranges of equal cost (a row costs 1, a segment start `per_start`):
 // team t's range is [bound[t], bound[t + 1]). kThreads probes of indptr go
@@ -3450,6 +3455,7 @@ __global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
   using Part = Partial<Acc, kCols>;
   constexpr int R = Shape::R, RS = Shape::RS, kInner = Shape::kInner;
   constexpr int kStepRows = Shape::kStepRows;
+  constexpr int kBatchRows = kBatch * kStepRows;  // rows one batch of loads covers
   constexpr int kItems = 2 * kTeams;
   __shared__ Shared sm;
   TeamPlace at = team_place<RS>(rows, team_rows);
@@ -3564,29 +3570,55 @@ __global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
     if (q == 0)  // empty segments starting at a0 are this team's to fill
       for (int64_t e = s - 1; e >= 0 && start_of(indptr, e, rows) == a0; --e) zero(e);
     bool started = s >= 0 && s < segments && start_of(indptr, s, rows) == a0;
+    // Short segments keep rows (segment ends, the batch's steps) as 32-bit
+    // offsets from a0 (Row), an end clamped into [-1, a1 - a0 + 1]: every
+    // test below sets an end against a row of [a0, a1] (a step's bound, a
+    // lane's row, a1) or against an earlier end under a1 (lo), and the clamp
+    // keeps each answer but one: lo < end < a0 (only where indptr decreases
+    // or the segment search was given too narrow a range), where both clamp
+    // to -1 and that segment takes zero() where it took store_sum of an acc
+    // no row reached: the same zero bytes. The offsets fit in 32 bits: this
+    // kernel runs only for rows <= kShortTeamMaxRows (launch_team_sum). Short
+    // segments end in most steps of 4 rows, and the integer work around each
+    // end bound these kernels (Nsight Compute, H200, bf16, 64 columns, power
+    // law: ALU the busiest pipe at 54 %, issue slots 63 % busy). sm_90 SASS,
+    // instructions per segment end (one end per step, none empty): bf16, 64
+    // columns 122 -> 100, fp32, 32 columns 82 -> 67; one shuffle per end
+    // where a 64-bit end took two; registers 64 -> 64 and 63 -> 63, no
+    // spills. H200 (ab.py, forward % of copy bandwidth, two runs): bf16, 64
+    // columns, short segments 77.3 -> 82.3 and 76.9 -> 82.0, power law 75.4
+    // -> 78.3 and 75.7 -> 78.4; fp32, 32 columns, short 84.4 -> 86.3, power
+    // law 83.0 -> 83.6; bf16, 64 columns, long segments (the long kernel,
+    // unchanged) 93.0 -> 93.0. Sums bit for bit the same.
+    using Row = std::conditional_t<kShort, int, int64_t>;
+    // from_b below sets a Row against the absolute b, and only rows of one
+    // unit (U == 1) take it: short segments come in rows of 8 units alone.
+    static_assert(!kShort || U == 8, "short segments: rows of 128 bytes (launch_team_sum)");
+    auto row_of = [&](int64_t x) -> Row {
+      if constexpr (kShort) return static_cast<int>(imax(imin(x - a0, a1 - a0 + 1), -1));
+      else return x;
+    };
     // Short segments: the ends of segments ends0 + l and ends0 + kTeam + l
     // (read ahead) in lane l, so an end costs a shuffle, not a dependent
-    // indptr load.
-    int64_t ends0 = s;
-    int64_t ends = kShort ? end_of(indptr, segments, rows, s + l) : 0;
-    int64_t ends_ahead = kShort ? end_of(indptr, segments, rows, s + kTeam + l) : 0;
-    auto end_at = [&](int64_t x) {  // x never decreases
+    // indptr load. end_at is called for s, then s + 1, s + 2, ...: `next`,
+    // the next call's x - ends0, counts in 32 bits to kTeam (where the 64-bit
+    // ends0 took a 64-bit subtraction and test per end), and ends0 is x -
+    // next where needed.
+    int next = 0;
+    Row ends = kShort ? row_of(end_of(indptr, segments, rows, s + l)) : 0;
+    Row ends_ahead = kShort ? row_of(end_of(indptr, segments, rows, s + kTeam + l)) : 0;
+    auto end_at = [&](int64_t x) -> Row {  // x: s, then one more each call
       if constexpr (!kShort) return end_of(indptr, segments, rows, x);
-      if (x - ends0 >= kTeam) {
-        if (x - ends0 < 2 * kTeam) {
-          ends0 += kTeam;
-          ends = ends_ahead;
-        } else {
-          ends0 = x;
-          ends = end_of(indptr, segments, rows, x + l);
-        }
-        ends_ahead = end_of(indptr, segments, rows, ends0 + kTeam + l);
+      if (next >= kTeam) {  // x is ends0 + kTeam: the read-ahead ends serve
+        next = 0;
+        ends = ends_ahead;
+        ends_ahead = row_of(end_of(indptr, segments, rows, x + kTeam + l));
       }
-      return cub::ShuffleIndex<kTeam>(ends, static_cast<int>(x - ends0), 0xffffffffu);
+      return cub::ShuffleIndex<kTeam>(ends, next++, 0xffffffffu);
     };
-    int64_t end = end_at(s);
+    Row end = end_at(s);
 
-    for (int64_t b = a0; b < a1; b += kBatch * kStepRows) {
+    for (int64_t b = a0; b < a1; b += kBatchRows) {
       // Batches that no segment end falls in add every row into acc, in a loop
       // of their own: the general batch rebuilds each address from the team's
       // bounds (SASS, sm_90, bf16, 1 column: about 130 instructions per batch
@@ -3595,7 +3627,7 @@ __global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
       // 78.8, fp32 87.4 -> 90.0; short segments never fill a batch and only
       // paid for the test (fp32, 32 columns, power law 78.5 -> 76.3).
       if constexpr (!kShort) {
-        const int64_t full = (imin(end, a1) - b) / (kBatch * kStepRows);
+        const int64_t full = (imin(end, a1) - b) / kBatchRows;
         if (full > 0) {
           constexpr int64_t kStepUnits = kStepRows * kInner * sizeof(T) / 16;
           const uint4* p = reinterpret_cast<const uint4*>(src + (b + q * R) * kInner + c * kCols);
@@ -3606,7 +3638,7 @@ __global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
 #pragma unroll
             for (int k = 0; k < kBatch; ++k) add_unit(f[k]);
           }
-          b += full * kBatch * kStepRows;
+          b += full * kBatchRows;
           if (b >= a1) break;
         }
       }
@@ -3626,7 +3658,12 @@ __global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
       // 4 rows (bf16, 2 columns, long segments) lost 1.6 (89.3 -> 87.7), so
       // they stay on units of 8. Same rows, same adds: the sums are bit for
       // bit the same.
-      const int left = static_cast<int>(imin(a1 - b, int64_t{kBatch} * kStepRows));
+      // Short segments: b's row and a1's as offsets from a0 (32-bit, see Row),
+      // so that `left` takes two 32-bit instructions where the compiler,
+      // short of registers, rebuilt it from 64-bit a1 - b after each end.
+      const Row b_row = kShort ? static_cast<Row>(b - a0) : static_cast<Row>(b);  // b in [a0, a1)
+      const int left = kShort ? min(static_cast<int>(a1 - a0) - static_cast<int>(b_row), kBatchRows)
+                              : static_cast<int>(imin(a1 - b, int64_t{kBatchRows}));
       uint4 d[kBatch];
 #pragma unroll
       for (int k = 0; k < kBatch; ++k) {  // all loads first
@@ -3639,10 +3676,10 @@ __global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
         else
           d[k] = make_uint4(0, 0, 0, 0);
       }
-      // x - b clamped into [-1, kBatch * kStepRows + 1]: as far as the
+      // x - b clamped into [-1, kBatchRows + 1]: as far as the
       // batch's steps can tell, where x falls.
-      auto from_b = [&](int64_t x) {
-        return static_cast<int>(imax(imin(x - b, int64_t{kBatch} * kStepRows + 1), -1));
+      auto from_b = [&](Row x) {
+        return static_cast<int>(imax(imin(x - b, int64_t{kBatchRows} + 1), -1));
       };
       [[maybe_unused]] int end_b = 0;
       if constexpr (U == 1) end_b = from_b(end);
@@ -3656,16 +3693,18 @@ __global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
             continue;
           }
         }
-        const int64_t step0 = b + k * kStepRows;
-        const int64_t step1 = b + step1_b;
-        const int64_t u0 = step0 + q * R;
+        const Row step0 = b_row + k * kStepRows;
+        const Row step1 = b_row + step1_b;
+        const Row u0 = step0 + q * R;
         uint32_t v[sizeof(d[k]) / 4];  // the unit's elements, read by word_elem
         memcpy(v, &d[k], sizeof(v));
-        auto add_rows = [&](int64_t lo, int64_t hi) {  // this lane's rows in [lo, hi)
+        auto add_rows = [&](Row lo, Row hi) {  // this lane's rows in [lo, hi)
           if constexpr (R >= 8) {
             // Row u0 + i is in [lo, hi) when first <= i + q * R < past, the
             // bounds' offsets from step0 clamped into [-1, kStepRows + 1]
-            // (i + q * R lies in [0, kStepRows)).
+            // (i + q * R lies in [0, kStepRows)). Two loops, not one over
+            // either test: folded, the 64-bit one compiled differently in
+            // four long-segment kernels (sm_90 SASS), and it was not retimed.
             const int first = static_cast<int>(imax(imin(lo - step0, int64_t{kStepRows} + 1), -1));
             const int past = static_cast<int>(imax(imin(hi - step0, int64_t{kStepRows} + 1), -1));
 #pragma unroll
@@ -3687,11 +3726,13 @@ __global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
             continue;
           }
         }
-        int64_t lo = step0;
+        Row lo = step0;
         while (end < step1) {  // segment s ends at row end - 1
           add_rows(lo, end);
           const Own total = slice_part();
-          if (s >= 0 && s < segments) {
+          // Short segments: s < segments here, as end_at(segments) gives
+          // row_of(kNever) = a1 - a0 + 1, past every step1.
+          if (s >= 0 && (kShort || s < segments)) {
             if (started) {
               if (owner) store_sum<T, kOwn>(out + s * kInner + c * kCols + own0, total.v);
             } else {  // it began before the team's rows
@@ -3708,7 +3749,9 @@ __global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
           // the next end ahead instead of on demand: within a point.)
           for (++s;; ++s) {
             end = end_at(s);
-            if (!(s < segments && end <= lo)) break;
+            // Short segments: end <= lo only for s < segments (row_of(kNever)
+            // is past lo, which lies under a1).
+            if (!((kShort || s < segments) && end <= lo)) break;
             if (q == 0) zero(s);
           }
           started = true;
@@ -3722,7 +3765,7 @@ __global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
     // The segment open after the last row.
     const Own total = slice_part();
     if (s >= 0 && s < segments) {
-      if (started && end == a1) {
+      if (started && end == row_of(a1)) {
         if (owner) store_sum<T, kOwn>(out + s * kInner + c * kCols + own0, total.v);
       } else if (started) {
         tail = s;
@@ -4510,7 +4553,8 @@ cudaError_t launch_team_sum(const T* src, const int64_t* indptr, T* out, int64_t
   if (err != cudaSuccess) return err;
   auto kernel = &team_sum_kernel<T, kCols, U, false>;
   if constexpr (U == 8) {  // rows of 128 bytes: the only ones with short segments here
-    if (short_segments) kernel = &team_sum_kernel<T, kCols, U, true>;
+    // (rows <= kShortTeamMaxRows: short_team_rows checked it already)
+    if (short_segments && rows <= kShortTeamMaxRows) kernel = &team_sum_kernel<T, kCols, U, true>;
   } else if (short_segments) {
     return cudaErrorInvalidValue;  // not reached: see segment_sum
   }
@@ -4809,7 +4853,8 @@ inline bool unit_rows_of_team(int64_t inner, int64_t elem_size) {
 // cost.
 constexpr int64_t kShortTeamMinRows = 4;
 inline bool short_team_rows(int64_t rows, int64_t inner, int64_t elem_size) {
-  return inner * elem_size == 128 && rows * inner * elem_size >= kGateMinBytes;
+  return inner * elem_size == 128 && rows * inner * elem_size >= kGateMinBytes &&
+         rows <= kShortTeamMaxRows;
 }
 
 }  // namespace detail
