@@ -964,6 +964,14 @@ _WALK_ROWS = 64  # mean segment length (rows) from which a chunk walks
 # 0.96 (tiles of 8192 elements on 8 warps), fp32 0.96 -> 1.01 (4096 on 4).
 # Neither beat tiles of 2048 elements on rows of one column (bf16 0.78 ->
 # 0.66 for both; tiles of 4096 elements on 8 warps, 0.45).
+# Chunks of 32768 and 65536 rows on one warp: fewer chunks, so fewer searches,
+# first-tile waits and crossing segments. The tuner takes 32768 for bf16 long
+# segments of one column (H200, its shapes timed alone: 16384 rows 192.6 us,
+# 32768 rows 188.1, 65536 rows 188.9); Triton over CUDA forward speed there
+# 0.766 -> 0.780 and 0.772 -> 0.786 (two runs), bf16 short segments 0.889 ->
+# 0.897, eight other cases within 0.003. Reading the walk's next segment end
+# one segment ahead lost (bf16 long 0.766 -> 0.747, fp32 power law 0.863 ->
+# 0.831); so did a second tile in flight in the walk (0.762 -> 0.744).
 _LANE_SHAPES = [
     (32, 512, 1, 128),
     (64, 1024, 1, 128),
@@ -971,6 +979,8 @@ _LANE_SHAPES = [
     (64, 4096, 1, 256),
     (64, 8192, 1, 256),
     (64, 16384, 1, 256),
+    (64, 32768, 1, 256),
+    (64, 65536, 1, 256),
     (128, 4096, 2, 1024),
     (64, 8192, 4, 1024),
     (64, 16384, 2, 512),
