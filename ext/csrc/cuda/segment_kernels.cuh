@@ -3598,12 +3598,12 @@ __global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
       if constexpr (kShort) return static_cast<int>(imax(imin(x - a0, a1 - a0 + 1), -1));
       else return x;
     };
-    // Short segments: the ends of segments ends0 + l and ends0 + kTeam + l
-    // (read ahead) in lane l, so an end costs a shuffle, not a dependent
-    // indptr load. end_at is called for s, then s + 1, s + 2, ...: `next`,
-    // the next call's x - ends0, counts in 32 bits to kTeam (where the 64-bit
-    // ends0 took a 64-bit subtraction and test per end), and ends0 is x -
-    // next where needed.
+    // Short segments: lane l holds the end of the l-th of the next kTeam
+    // segments (ends) and of the kTeam after them (ends_ahead, read ahead), so
+    // an end costs a shuffle, not a dependent indptr load. end_at is called
+    // for s, then s + 1, s + 2, ...: `next` counts the calls since the last
+    // refill in 32 bits, where a 64-bit base of the held ends took a 64-bit
+    // subtraction and test per end.
     int next = 0;
     Row ends = kShort ? row_of(end_of(indptr, segments, rows, s + l)) : 0;
     Row ends_ahead = kShort ? row_of(end_of(indptr, segments, rows, s + kTeam + l)) : 0;
@@ -4553,7 +4553,8 @@ cudaError_t launch_team_sum(const T* src, const int64_t* indptr, T* out, int64_t
   if (err != cudaSuccess) return err;
   auto kernel = &team_sum_kernel<T, kCols, U, false>;
   if constexpr (U == 8) {  // rows of 128 bytes: the only ones with short segments here
-    // (rows <= kShortTeamMaxRows: short_team_rows checked it already)
+    // rows <= kShortTeamMaxRows is short_team_rows' test again, kept here
+    // because the kernel's 32-bit rows depend on it whatever the caller.
     if (short_segments && rows <= kShortTeamMaxRows) kernel = &team_sum_kernel<T, kCols, U, true>;
   } else if (short_segments) {
     return cudaErrorInvalidValue;  // not reached: see segment_sum
