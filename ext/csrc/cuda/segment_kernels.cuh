@@ -1836,28 +1836,76 @@ struct LaneSumShared {
   int64_t big[kBigSlots];
 };
 
+// One round of a thread's share of items [.., end) (rows, or 16-byte units
+// of kVec elements, item i at src + i * kItem): items r, r + stride, ...,
+// kDepth of them, those at or past end read as zeros; added in that order.
+template <typename T, int W, int kVec, int kItem, int kDepth>
+__device__ __forceinline__ void share_round(const T* __restrict__ src, int64_t r, int64_t end,
+                                            int stride, typename Num<T>::acc (&acc)[W]) {
+  RawPack<T, kVec> p[kDepth];
+#pragma unroll
+  for (int u = 0; u < kDepth; ++u) {
+    const int64_t ru = r + static_cast<int64_t>(u) * stride;
+    p[u] = ru < end ? load_raw<T, kVec>(src + ru * kItem) : RawPack<T, kVec>{};
+  }
+#pragma unroll
+  for (int u = 0; u < kDepth; ++u) add_raw<T, W, kVec>(acc, p[u]);
+}
+
+// A thread's share of items [first, end): items at, at + stride, ... from
+// first, kLaneUnroll per round. kShallow: a round whose items all lie within
+// 1, 2 or 4 strides of its first item reads only that deep. The loads it
+// leaves out are all past end, zeros the full round would add to sums that
+// are never -0.0 (they start at +0.0, and x + (+0.0) is x bit for bit, a NaN
+// included: it is already what an add returns; no flush to zero, which the
+// build does not ask for), so the sums are the same. A team's segments (over
+// 32 rows; rows of 8 bytes, power law: most under 130 rows) take one round,
+// mostly of 16 to 64 units: the full round issued 8
+// loads, their zeroing, 8 bound tests and 64 unpacks and adds of 8 bf16 a
+// load for one or two loads in use (Nsight Compute, bf16, 4 columns, power
+// law: 189 instructions a round, 1.05 rounds a team segment, 1.35 team
+// segments a stripe; 20 % of the kernel's instructions). H200 (ab.py,
+// forward % of copy bandwidth, two runs): bf16, 4 columns, power law 60.2 ->
+// 63.4 and 60.4 -> 63.7; the other lane sums timed (1 and 4 columns, short
+// segments and power law) within 0.2.
+template <typename T, int W, int kVec, int kItem, bool kShallow>
+__device__ __forceinline__ void strided_share(const T* __restrict__ src, int64_t first,
+                                              int64_t end, int at, int stride,
+                                              typename Num<T>::acc (&acc)[W]) {
+  for (int64_t r = first + at; r < end; r += static_cast<int64_t>(stride) * kLaneUnroll) {
+    if constexpr (kShallow) {
+      // Items from the round's first on: the same in every thread (r - at).
+      const int64_t left = end - (r - at);
+      if (left <= stride) {
+        share_round<T, W, kVec, kItem, 1>(src, r, end, stride, acc);
+        continue;
+      }
+      if (left <= 2 * static_cast<int64_t>(stride)) {
+        share_round<T, W, kVec, kItem, 2>(src, r, end, stride, acc);
+        continue;
+      }
+      if (left <= 4 * static_cast<int64_t>(stride)) {
+        share_round<T, W, kVec, kItem, 4>(src, r, end, stride, acc);
+        continue;
+      }
+    }
+    share_round<T, W, kVec, kItem, kLaneUnroll>(src, r, end, stride, acc);
+  }
+}
+
 // This thread's share of the sum of rows [a, b): rows at, at + stride, ...
-template <typename T, int W>
+template <typename T, int W, bool kShallow = false>
 __device__ __forceinline__ void rows_share(const T* __restrict__ src, int64_t a, int64_t b,
                                            int at, int stride,
                                            typename Num<T>::acc (&acc)[W]) {
-  for (int64_t r = a + at; r < b; r += static_cast<int64_t>(stride) * kLaneUnroll) {
-    RawPack<T, W> p[kLaneUnroll];
-#pragma unroll
-    for (int u = 0; u < kLaneUnroll; ++u) {
-      const int64_t ru = r + static_cast<int64_t>(u) * stride;
-      p[u] = ru < b ? load_raw<T, W>(src + ru * W) : RawPack<T, W>{};
-    }
-#pragma unroll
-    for (int u = 0; u < kLaneUnroll; ++u) add_raw<T, W>(acc, p[u]);
-  }
+  strided_share<T, W, W, W, kShallow>(src, a, b, at, stride, acc);
 }
 
 // The same for a team or block (stride threads): rows narrower than 16 bytes
 // are read as the 16-byte units that lie wholly inside [a, b), so a warp's load
 // moves 512 bytes whatever the row width, and only the few rows on either side
 // one by one. src is 16-byte aligned.
-template <typename T, int W>
+template <typename T, int W, bool kShallow = false>
 __device__ __forceinline__ void units_share(const T* __restrict__ src, int64_t a, int64_t b,
                                             int at, int stride,
                                             typename Num<T>::acc (&acc)[W]) {
@@ -1866,10 +1914,10 @@ __device__ __forceinline__ void units_share(const T* __restrict__ src, int64_t a
   // A team or block has threads enough for both sides' rows at once.
   static_assert(2 * (kUnitRows - 1) <= kTeam, "one row at most per thread beside the units");
   if constexpr (kUnitRows == 1) {
-    rows_share<T, W>(src, a, b, at, stride, acc);
+    rows_share<T, W, kShallow>(src, a, b, at, stride, acc);
   } else {
     const int64_t qa = ceil_div(a, kUnitRows), qb = b / kUnitRows;  // whole units [qa, qb)
-    if (qa >= qb) {
+    if (qa >= qb) {  // (fewer than 2 * kUnitRows - 1 rows: never a team's segment)
       rows_share<T, W>(src, a, b, at, stride, acc);
       return;
     }
@@ -1879,16 +1927,7 @@ __device__ __forceinline__ void units_share(const T* __restrict__ src, int64_t a
     } else if (at - head < tail) {
       add_raw<T, W>(acc, load_raw<T, W>(src + (qb * kUnitRows + at - head) * W));
     }
-    for (int64_t q = qa + at; q < qb; q += static_cast<int64_t>(stride) * kLaneUnroll) {
-      RawPack<T, kVec> p[kLaneUnroll];
-#pragma unroll
-      for (int u = 0; u < kLaneUnroll; ++u) {
-        const int64_t qu = q + static_cast<int64_t>(u) * stride;
-        p[u] = qu < qb ? load_raw<T, kVec>(src + qu * kUnitRows * W) : RawPack<T, kVec>{};
-      }
-#pragma unroll
-      for (int u = 0; u < kLaneUnroll; ++u) add_raw<T, W, kVec>(acc, p[u]);
-    }
+    strided_share<T, W, kVec, kUnitRows * W, kShallow>(src, qa, qb, at, stride, acc);
   }
 }
 
@@ -2296,7 +2335,7 @@ __global__ void __launch_bounds__(kThreads, kLaneBlocksPerSm<T, W>)
         Part acc;
 #pragma unroll
         for (int k = 0; k < W; ++k) acc.v[k] = 0;
-        units_share<T, W>(src, sa, sb, lane, kTeam, acc.v);
+        units_share<T, W, true>(src, sa, sb, lane, kTeam, acc.v);
         const Part sum =
             typename Shared::TeamReduce(sm.team[t]).Reduce(acc, AddPartials<Acc, W>());
         if (lane == 0) store_sum<T, W>(out + (base + i * kTeam + from) * W, sum.v);
