@@ -2101,6 +2101,25 @@ __device__ __forceinline__ void word_lane_sums(const T* __restrict__ src, T* __r
     at[i] = reinterpret_cast<const uint32_t*>(src) + (a[i] >> 1);  // src is 16-byte aligned
     acc[i] = 0;
   }
+  // The last row alone (see below), read before the loop: its load then
+  // waits along with the first step's, where read after the loop it was one
+  // more wait a stripe (Nsight Compute, H200, bf16, 1 column, short
+  // segments: 2.0 % of the stall samples, at its two uses). Held across the
+  // loop, the value had left the loads too few registers while a and e were
+  // held too: ptxas issued the second segment's first word only after the
+  // first segment's adds. lane_sum_kernel's team sum reads its bounds from
+  // indptr again instead (see there), so a and e are dead in the loop, and
+  // a step's first loads hold both segments' first words again (sm_90 SASS,
+  // 48 registers, no spills; a short stripe 309 -> 308 instructions). H200
+  // (ab.py, forward % of copy bandwidth, two runs): bf16, 1 column, short
+  // segments 75.5 -> 77.8 and 75.6 -> 78.0, power law 62.6 -> 62.6, long
+  // segments 86.9 -> 86.7; fp16 takes the same path (not timed). (The flag
+  // implies the segment is this lane's and not empty: e[i] - 1 >= a[i] >= 0,
+  // e[i] <= rows.)
+  T last[kLaneRound];
+#pragma unroll
+  for (int i = 0; i < kLaneRound; ++i)
+    last[i] = flags >> (kLaneRound + i) & 1u ? src[e[i] - 1] : T{};
 #pragma unroll 1
   for (int q = 0; q < longest; q += kWordSteps) {
     uint32_t p[kLaneRound][kWordSteps];
@@ -2126,12 +2145,9 @@ __device__ __forceinline__ void word_lane_sums(const T* __restrict__ src, T* __r
 #pragma unroll
   for (int i = 0; i < kLaneRound; ++i) {
     if (flags >> i & 1u) {
-      // The last row alone, where a word would hold the row after it. Read
-      // after the loop, not with the first step: held across it, the value
-      // too left the loads no registers.
-      // (Its rows are [a[i], e[i]) there, e[i] - 1 >= a[i] >= 0.)
+      // The last row alone, where a word would hold the row after it.
       Acc sum[1] = {acc[i]};
-      if (flags >> (kLaneRound + i) & 1u) sum[0] += Num<T>::to_acc(src[e[i] - 1]);
+      if (flags >> (kLaneRound + i) & 1u) sum[0] += Num<T>::to_acc(last[i]);
       store_sum<T, 1>(out + base + i * kTeam + lane, sum);
     }
   }
@@ -2312,7 +2328,8 @@ __global__ void __launch_bounds__(kThreads, kLaneBlocksPerSm<T, W>)
           store_sum<T, W>(out + (base + (i0 + j) * kTeam + lane) * W, acc[j]);
     }
     // The team's long segments, one after another in (lane, i) order: the lane
-    // holding one hands the team its bounds.
+    // holding some hands the team which (longs); their bounds come from it, or
+    // on rows of one 2-byte column from indptr again (see below).
     // (A ballot: one vote, where a warp sum (REDUX) and a shuffle to share it
     // took 8 instructions per stripe and a shuffle's latency; lanes' bits are
     // distinct, so their sum is their union.)
@@ -2324,14 +2341,26 @@ __global__ void __launch_bounds__(kThreads, kLaneBlocksPerSm<T, W>)
       while (pending != 0) {
         const int i = __ffs(pending) - 1;
         pending &= pending - 1;
-        int64_t ha = 0, hb = 0;
+        int64_t sa, sb;
+        if constexpr (kWordLanes<T, W>) {
+          // The holder's bounds read again (one address for the whole team)
+          // and clamped as above: the same values (s < lim, as the holder
+          // found). Shuffled from the holder, a and e stayed live across
+          // word_lane_sums' loop, whose loads then lacked registers (see
+          // there).
+          const int64_t s = base + i * kTeam + from;
+          sa = imax(indptr[s], r0);
+          sb = imin(imax(indptr[s + 1], r0), r1);
+        } else {
+          int64_t ha = 0, hb = 0;
 #pragma unroll
-        for (int k = 0; k < kLaneRound; ++k) {  // a[i] without indexing registers at run time
-          ha = k == i ? a[k] : ha;
-          hb = k == i ? e[k] : hb;
+          for (int k = 0; k < kLaneRound; ++k) {  // a[i] without indexing registers at run time
+            ha = k == i ? a[k] : ha;
+            hb = k == i ? e[k] : hb;
+          }
+          sa = cub::ShuffleIndex<kTeam>(ha, from, 0xffffffffu);
+          sb = cub::ShuffleIndex<kTeam>(hb, from, 0xffffffffu);
         }
-        const int64_t sa = cub::ShuffleIndex<kTeam>(ha, from, 0xffffffffu);
-        const int64_t sb = cub::ShuffleIndex<kTeam>(hb, from, 0xffffffffu);
         Part acc;
 #pragma unroll
         for (int k = 0; k < W; ++k) acc.v[k] = 0;
