@@ -3071,16 +3071,18 @@ __device__ __forceinline__ void finish_items(const int64_t* item_key,
 // The bench's 512 MiB of 32 bf16 columns on an H200 (521 blocks) need up to
 // 1965 ends a block with short segments, a median of 2009 and at most 3731
 // on the power law, where 2048 would leave a fifth of the ends to indptr:
-// 4096 (32 KB) take them all, 4 blocks still fit an SM (41 KB each, 64
-// registers, no spill). H200, forward % of copy bandwidth, bf16, 32 columns:
+// 4096 take them all, 4 blocks still fit an SM (then 64-bit ends: 32 KB, 41
+// KB a block, 64 registers, no spill; now 32-bit offsets, kRelEnds: 16 KB,
+// 24 KB a block). H200, forward % of copy bandwidth, bf16, 32 columns:
 // power law 63.4 -> 69.2 (2048 ends: 60.0), short segments 80.0 -> 81.2;
 // fp32, 32 columns within 0.2.
-// ROCm keeps indptr reads there: 4 blocks of 41 KB would not fit a 64 KB LDS.
+// ROCm keeps indptr reads there: 4 blocks of 41 KB (64-bit ends) would not
+// fit a 64 KB LDS.
 //
 // The read-ahead loops of wide rows (kWide: 2-byte types, 16 packs a row or
 // more; 8-byte packs of the 4- and 8-byte types) stage ends the same way, up
 // to kStreamAheadEnds of them, clamped into [0, rows] as end_of reads them
-// (those loops clamp; the pairs' loop compares raw ends): the values are
+// (those loops clamp; the pairs' loop clamps its offsets, kRelEnds): the values are
 // end_of's own, so the results are bit for bit the same. Their loop waited on
 // the next end where the segment before it closed, as the pairs' loop did: a
 // segment of one row (half of the power law's) closes a row after the one
@@ -3105,6 +3107,10 @@ constexpr int kStreamAheadEnds = 0;
 constexpr int kStreamEnds = 4096;
 constexpr int kStreamAheadEnds = 2048;
 #endif
+// The pairs' loop keeps rows as 32-bit offsets within a block where it stages
+// its ends (kRelEnds): inputs of up to kPairMaxRows rows (128 GiB in rows of
+// 64 bytes); segment_sum sends larger ones to the other stream sums.
+constexpr int64_t kPairMaxRows = kStreamEnds > 0 ? INT_MAX - 1 : INT64_MAX;
 template <typename T, int W, StreamRows kShape, int64_t kInner>
 constexpr int kStagedEnds =
     !StreamSumRows<T, kShape>::kReadAhead && kInner > 0 ? kStreamEnds
@@ -3113,15 +3119,22 @@ constexpr int kStagedEnds =
         ? kStreamAheadEnds
         : 0;
 
-template <int kEnds>
-struct StagedEnds {
-  int64_t end[kEnds];  // end[j]: the end of segment base + j, kNever past the last
-};
-template <>
-struct StagedEnds<0> {};
+// The loop without read-ahead (the pairs', kInner > 0) stages its ends as
+// 32-bit offsets from the block's first row (stream_sum_block's kRelEnds says
+// why); the read-ahead loops stage them as rows.
+template <typename T, StreamRows kShape, int64_t kInner>
+constexpr bool kRelEnds =
+    !StreamSumRows<T, kShape>::kReadAhead && kInner > 0 && kStreamEnds > 0;
 
-template <typename T, int W, int kEnds = 0>
-struct StreamSumShared : StagedEnds<kEnds> {
+template <int kEnds, typename E>
+struct StagedEnds {
+  E end[kEnds];  // end[j]: the end of segment base + j, kNever (or its offset) past the last
+};
+template <typename E>
+struct StagedEnds<0, E> {};
+
+template <typename T, int W, int kEnds = 0, typename E = int64_t>
+struct StreamSumShared : StagedEnds<kEnds, E> {
   using Acc = typename Num<T>::acc;
   // Partials of segments that cross a group boundary: two per group (the one
   // open at its first row, the one open after its last), column-major.
@@ -3129,7 +3142,9 @@ struct StreamSumShared : StagedEnds<kEnds> {
   Acc item_val[2 * kThreads * W];
 };
 template <typename T, int W, StreamRows kShape, int64_t kInner>
-using StreamSumSharedOf = StreamSumShared<T, W, kStagedEnds<T, W, kShape, kInner>>;
+using StreamSumSharedOf =
+    StreamSumShared<T, W, kStagedEnds<T, W, kShape, kInner>,
+                    std::conditional_t<kRelEnds<T, kShape, kInner>, int, int64_t>>;
 
 // kInner > 0: rows are known to hold kInner elements (inner is ignored), so
 // every row address is a constant offset from the group's pointer. On the
@@ -3162,6 +3177,12 @@ __device__ __forceinline__ void stream_sum_block(const T* __restrict__ src,
   // barrier). A previous slab's readers are past the kernel's barrier.
   int64_t ends_base = 0;
   int ends_n = 0;
+  // kRel: the loop without read-ahead keeps its ends as 32-bit offsets from
+  // the block's first row (rel_end), staged ends included (see that loop).
+  constexpr bool kRel = kRelEnds<T, kShape, kInner>;
+  auto rel_end = [&](int64_t x) {  // x clamped into [r0 - 1, r1 + 1], less r0
+    return static_cast<int>(imin(imax(x, p.r0 - 1), p.r1 + 1) - p.r0);
+  };
   if constexpr (kEnds > 0) {
     ends_base = imax(range.lo + 1, 0);
     ends_n = static_cast<int>(imax(0, imin(kEnds, range.hi + 2 - ends_base)));
@@ -3169,14 +3190,18 @@ __device__ __forceinline__ void stream_sum_block(const T* __restrict__ src,
       // Every load goes out before the first store: entries past ends_n read
       // the last one again (no branch around a load), and past the last
       // segment indptr[segments], kept as kNever.
-      int64_t v[kEnds / kThreads];
+      // kRel: each end becomes its offset as it comes (a value of 32 bits to
+      // hold to the stores).
+      std::conditional_t<kRel, int, int64_t> v[kEnds / kThreads];
 #pragma unroll
       for (int i = 0; i < kEnds / kThreads; ++i) {
         const int j = i * kThreads + static_cast<int>(threadIdx.x);
         const int64_t k = ends_base + (j < ends_n ? j : ends_n - 1);
-        v[i] = indptr[imin(k, segments - 1) + 1];
-        if constexpr (Batch::kReadAhead) v[i] = clamp_row(v[i], rows);  // as end_of reads it
-        v[i] = k < segments ? v[i] : kNever;
+        int64_t e = indptr[imin(k, segments - 1) + 1];
+        if constexpr (Batch::kReadAhead) e = clamp_row(e, rows);  // as end_of reads it
+        e = k < segments ? e : kNever;
+        if constexpr (kRel) v[i] = rel_end(e);
+        else v[i] = e;
       }
 #pragma unroll
       for (int i = 0; i < kEnds / kThreads; ++i) {
@@ -3283,40 +3308,111 @@ __device__ __forceinline__ void stream_sum_block(const T* __restrict__ src,
       auto end_of_raw = [&](int64_t k) {  // staged where kStreamEnds are
         return staged_end(k, [&](int64_t e) { return e < segments ? indptr[e + 1] : kNever; });
       };
-      int64_t s_at = s * inner + p.col;  // where segment s's total goes
-      auto close = [&](int64_t row) {
+      // kRel (the pairs' loop): rows and ends as 32-bit offsets from the
+      // block's first row r0 (Row), an end clamped into [-1, r1 - r0 + 1]
+      // (rel_end). Every test below sets an end against a row of [r0, r1] (a
+      // row of a batch, the batch's first row r, g1), and the clamp keeps
+      // each answer: an end under r0 (-1) is under every such row, one past
+      // r1 (r1 - r0 + 1; kNever among them) past every such row and unequal
+      // to g1, and end - r stays negative for an end before r (a malformed
+      // indptr), a large unsigned value as the 64-bit difference was. The
+      // offsets fit in 32 bits: segment_sum sends only inputs of up to
+      // kPairMaxRows rows here. The staged ends are such offsets (16 KB where
+      // rows took 32), and j, the index among them of the next end close
+      // reads (segment s + 1's), counts in 32 bits, held at ends_n once past
+      // them, where the 64-bit s - ends_base took a subtraction and two tests
+      // at each end. Short segments close every few rows, and the integer
+      // work at a close is most of what this loop spends besides its adds.
+      // sm_90 SASS, bf16, 32 columns, instructions a close runs (started,
+      // none empty, a staged end): 16-row batches (kDeep) 44 -> 28, 8-row
+      // batches 44 -> 30; per batch, its first until 5 -> 1 and its row
+      // count 4 -> 2; 63-64 registers before, 64 after, no spills. H200
+      // (ab.py, forward % of copy, two runs), bf16, 32 columns: power law 69.6
+      // -> 73.6 and 68.6 -> 73.2, short segments 80.7 -> 81.2 and 80.9 ->
+      // 81.6. Sums bit for bit the same.
+      static_assert(!kRel || kWholeWords<T, W>, "the pairs' zero store below");
+      using Row = std::conditional_t<kRel, int, int64_t>;
+      auto row_at = [&](int64_t x) -> Row {  // x: a row of [r0, r1]
+        if constexpr (kRel) return static_cast<int>(x - p.r0);
+        else return x;
+      };
+      Row end_r, after_r;
+      if constexpr (kRel) {
+        end_r = rel_end(end);
+        after_r = rel_end(end_after);
+      } else {
+        end_r = end;
+        after_r = end_after;
+      }
+      [[maybe_unused]] int j = 0;
+      if constexpr (kRel) j = static_cast<int>(imax(-1, imin(s + 1 - ends_base, ends_n)));
+      // Where segment s's total goes: s_at, or for kRel its address o, from
+      // which s is read back where needed (segment_of: past the staged ends,
+      // and after the loop) instead of counted at every end, as o steps
+      // anyway. Before the first close, the only one that can find
+      // started false, s has not moved.
+      int64_t s_at = s * inner + p.col;
+      [[maybe_unused]] T* o = out + s_at;
+      auto segment_of = [&](const T* q) { return (q - out - p.col) / inner; };
+      auto next_end = [&]() -> Row {  // the end of segment s + 1
+        if constexpr (kRel) {
+          if (static_cast<unsigned>(j) < static_cast<unsigned>(ends_n)) return sm.end[j];
+          const int64_t e = segment_of(o) + 1;
+          return rel_end(e < segments ? indptr[e + 1] : kNever);
+        } else {
+          return end_of_raw(s + 1);
+        }
+      };
+      auto total_at = [&]() {
+        if constexpr (kRel) return o;
+        else return out + s_at;
+      };
+      auto next_segment = [&]() {
+        if constexpr (kRel) {
+          o += inner;
+          j = min(j + 1, ends_n);
+        } else {
+          ++s;
+          s_at += inner;
+        }
+      };
+      auto close = [&](Row row) {
         if (started) {
-          store_sum<T, kCols>(out + s_at, acc);
-        } else if (s >= 0) {  // it began in an earlier group
-          keep_head(s);
+          store_sum<T, kCols>(total_at(), acc);
+        } else if (s >= 0) {  // it began in an earlier group (kRel: the first
+          keep_head(s);         // close, so s has not moved)
         }
-        ++s;
-        s_at += inner;
-        for (; end_after <= row; ++s, s_at += inner) {  // kNever past the last segment
-          store_pack(out + s_at, zero_pack<T, kCols>());  // without rows
-          end_after = end_of_raw(s + 1);
+        next_segment();
+        for (; after_r <= row; next_segment()) {  // kNever past the last segment
+          if constexpr (kRel) {  // whole words, zero bits: one store (a Pack took two)
+            *reinterpret_cast<Words<T, W>*>(o) = Words<T, W>{};
+          } else {
+            store_pack(total_at(), zero_pack<T, kCols>());  // without rows
+          }
+          after_r = next_end();
         }
-        end = end_after;
-        end_after = end_of_raw(s + 1);
+        end_r = after_r;
+        after_r = next_end();
         started = true;
 #pragma unroll
         for (int k = 0; k < kCols; ++k) acc[k] = 0;
       };
       // Rows of the batch at r before segment s ends; an end before r (only
       // a malformed indptr has one) wraps to a large unsigned value.
-      auto rows_before_end = [&](int64_t r) {
-        const uint64_t left = static_cast<uint64_t>(end - r);
+      auto rows_before_end = [&](Row r) {
+        using U = std::make_unsigned_t<Row>;
+        const U left = static_cast<U>(end_r - r);
         return left < kRows ? static_cast<int>(left) : kRows;
       };
       // Whole batches, then the rest row by row: groups own a multiple of
       // kRows rows, so only the input's last group has a rest.
-      const int64_t batched_end = p.g0 + (p.g1 - p.g0) / kRows * kRows;
+      const Row batched_end = row_at(p.g0 + (p.g1 - p.g0) / kRows * kRows);
       auto load_batch = [&](RawPack<T, W>(&d)[kRows], const T* q) {
 #pragma unroll
         for (int b = 0; b < kRows; ++b) d[b] = load_raw<T, W>(q + b * inner);
       };
       RawPack<T, W> d[kRows];
-      int64_t r = p.g0;
+      Row r = row_at(p.g0);
       if (r < batched_end) load_batch(d, at);
       for (; r < batched_end; r += kRows, at += kRows * inner) {
         int until = rows_before_end(r);
@@ -3330,10 +3426,18 @@ __device__ __forceinline__ void stream_sum_block(const T* __restrict__ src,
         }
         if (r + kRows < batched_end) load_batch(d, at + kRows * inner);
       }
+      const Row g1 = row_at(p.g1);
 #pragma unroll 1
-      for (; r < p.g1; ++r, at += inner) {
-        if (r == end) close(r);
+      for (; r < g1; ++r, at += inner) {
+        if (r == end_r) close(r);
         add_raw<T, W>(acc, load_raw<T, W>(at));
+      }
+      // The test below, end == g1, on the offset (see kRel).
+      if constexpr (kRel) {
+        end = end_r == g1 ? p.g1 : kNever;
+        s = segment_of(o);
+      } else {
+        end = end_r;
       }
     }
     // The segment open after the last row.
@@ -5007,7 +5111,7 @@ cudaError_t segment_sum(const T* src, const int64_t* indptr, T* out, int64_t row
   // loop spills, with 8 rows per batch or 12.
   if constexpr (sizeof(T) == 2) {
     if (inner * static_cast<int64_t>(sizeof(T)) == detail::kPairRowBytes &&
-        detail::aligned(src, 4) && detail::aligned(out, 4))
+        rows <= detail::kPairMaxRows && detail::aligned(src, 4) && detail::aligned(out, 4))
       return detail::launch_stream_sum<T, 2, detail::StreamRows::kNarrow,
                                        detail::kPairRowBytes / sizeof(T)>(
           src, indptr, out, rows, segments, inner, workspace, stream);
