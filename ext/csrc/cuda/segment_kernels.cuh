@@ -3153,7 +3153,7 @@ using StreamSumSharedOf =
 // 2464 instructions, 64 -> 62 registers). On an H200 (ab.py, % of copy
 // bandwidth), bf16 rows of 32 columns: short segments 76.0 -> 80.6, power
 // law 61.1 -> 63.7; other widths within 0.3.
-template <typename T, int W, StreamRows kShape, int64_t kInner = 0>
+template <typename T, int W, StreamRows kShape, int64_t kInner = 0, bool kIntRows = false>
 __device__ __forceinline__ void stream_sum_block(const T* __restrict__ src,
                                                  const int64_t* __restrict__ indptr,
                                                  T* __restrict__ out, int64_t rows,
@@ -3247,7 +3247,82 @@ __device__ __forceinline__ void stream_sum_block(const T* __restrict__ src,
       return unstaged(k);
     };
 
-    if constexpr (Batch::kReadAhead) {
+    if constexpr (kIntRows) {
+      // The read-ahead loop of 8-byte packs (kIntRowsOf) on 32-bit rows:
+      // launch_stream_sum runs it for rows <= kIntRowsMax only. Rows, the
+      // batch's bounds and segment ends are uint32_t. An end as end_of reads
+      // it (clamped into [0, rows]) keeps its value; kNever becomes its low
+      // word, UINT32_MAX, still past every row, so the test for empty
+      // segments needs no s < segments beside it. At a segment end s <
+      // segments holds (end is kNever's past that), and started implies s >=
+      // 0, so the 64-bit tests there go too. The total's address o steps with
+      // s, where out + s * inner took a 64-bit multiply at each end, and j,
+      // the staged index of segment s + 1's end, counts in 32 bits (a 64-bit
+      // subtraction and two tests before). The same rows, adds and stores as
+      // the loop below: sums bit for bit the same. SASS counts: kIntRowsOf.
+      using U = uint32_t;
+      const U g1 = static_cast<U>(p.g1);
+      U end32 = static_cast<U>(end), after32 = static_cast<U>(end_after);
+      static_assert(kEnds > 0 && kWholeWords<T, W>, "kIntRowsOf: staged ends, 8-byte packs");
+      // s is ends_base - 1 + j, j = s + 1 - ends_base in [-segments - 1,
+      // segments + 1] (s in [-1, segments]: s < segments at every end, as
+      // above), an int for segments <= kIntRowsMax: the index among the
+      // staged ends of segment s + 1's end. The loop steps j and o alone.
+      int j = static_cast<int>(s + 1 - ends_base);
+      T* o = out + s * inner + p.col;  // where segment s's total goes
+      auto next_end = [&]() -> U {  // the end of segment s + 1
+        if (static_cast<unsigned>(j) < static_cast<unsigned>(ends_n))
+          return static_cast<U>(sm.end[j]);
+        return static_cast<U>(end_of(indptr, segments, rows, ends_base + j));
+      };
+      auto next_segment = [&]() {
+        ++j;
+        o += inner;
+      };
+      auto load_batch = [&](RawPack<T, W>(&d)[kRows], const T* q, int n) {
+#pragma unroll
+        for (int b = 0; b < kRows; ++b)
+          d[b] = b < n ? load_raw<T, W>(q + b * inner) : RawPack<T, W>{};
+      };
+      auto batch_rows = [&](U r) {  // r <= g1 + kRows - 1: no wrap below
+        return max(0, min(static_cast<int>(g1 - r), kRows));
+      };
+      RawPack<T, W> d[kRows], next[kRows];
+      load_batch(d, at, batch_rows(static_cast<U>(p.g0)));
+      for (U r = static_cast<U>(p.g0); r < g1; r += kRows, at += kRows * inner) {
+        const int n = batch_rows(r);
+        load_batch(next, at + kRows * inner, batch_rows(r + kRows));
+#pragma unroll
+        for (int b = 0; b < kRows; ++b) {
+          if (b >= n) break;
+          const U row = r + b;
+          if (row == end32) {  // the segment before this row is complete
+            if (started) {
+              store_sum<T, kCols>(o, acc);
+            } else if (s >= 0) {  // it began in an earlier group (the first
+              keep_head(s);         // end: s has not moved)
+            }
+            next_segment();
+            for (; after32 <= row; next_segment()) {  // UINT32_MAX past the last
+              // Without rows: whole words of zero bits, zero_pack's bytes, in
+              // one store (a Pack of bf16 at o took four).
+              *reinterpret_cast<Words<T, W>*>(o) = Words<T, W>{};
+              after32 = next_end();
+            }
+            end32 = after32;
+            after32 = next_end();
+            started = true;
+#pragma unroll
+            for (int k = 0; k < kCols; ++k) acc[k] = 0;
+          }
+          add_raw<T, W>(acc, d[b]);
+        }
+#pragma unroll
+        for (int b = 0; b < kRows; ++b) d[b] = next[b];
+      }
+      s = ends_base - 1 + j;
+      end = end32;  // as the test below reads it: a real end, or not g1
+    } else if constexpr (Batch::kReadAhead) {
       // end_of(k), from the staged ends where they hold it (kStreamAheadEnds).
       auto end_of_staged = [&](int64_t k) {
         return staged_end(k, [&](int64_t e) { return end_of(indptr, segments, rows, e); });
@@ -3467,18 +3542,39 @@ __device__ __forceinline__ void stream_sum_block(const T* __restrict__ src,
                   slab == 0, indptr, out, rows, inner, cross);
 }
 
+// The read-ahead loop of 8-byte packs (fp32 pairs, 2-byte types in fours on
+// kWide) runs on 32-bit rows (stream_sum_block's kIntRows) for inputs of up
+// to kIntRowsMax rows; larger ones keep 64-bit rows, the same sums. Those
+// rows (fp32, 64 columns; bf16, 256 columns) are one warp or more per group,
+// so a warp runs each segment end whole, and on short segments the integer
+// work at the ends and around each batch is much of what it issues. sm_90
+// SASS, instructions a warp runs: fp32 pairs (kRows 4), a batch with no end
+// 118 -> 90 (11 -> 10 a row, the batch's bounds, loads and step 74 -> 50),
+// an end (started, none empty, a staged end) 57 -> 28; bf16 fours (kWide,
+// kRows 6) 195 -> 167 (17 -> 16 a row, 93 -> 71) and 52 -> 32. Registers 64
+// -> 62 and 78 -> 76, no spills. H200 (ab.py, forward % of copy, two runs
+// where two are given), power law: fp32, 64 columns 83.7 -> 85.4 and 83.6 ->
+// 85.3; fp32, 256 columns 82.8 -> 84.9; bf16, 256 columns 82.0 -> 83.9 and
+// 81.9 -> 83.7; short segments: fp32 64 and 256 columns +0.9, bf16 256
+// columns +0.8 and +0.5; long segments within 0.3. ROCm keeps 64-bit rows
+// (not measured there).
+template <typename T, int W, StreamRows kShape>
+constexpr bool kIntRowsOf = StreamSumRows<T, kShape>::kReadAhead && W * sizeof(T) == 8 &&
+                            sizeof(T) <= 4 && kStreamAheadEnds > 0;
+constexpr int64_t kIntRowsMax = INT_MAX - 1;  // rows and segments
+
 // Grid: x = row ranges (one per block, equal sizes, as many as fit on the GPU
 // at once), y = column slabs of kThreads packs (only rows wider than
 // kThreads * W elements have more than one).
-template <typename T, int W, StreamRows kShape, int64_t kInner = 0>
+template <typename T, int W, StreamRows kShape, int64_t kInner = 0, bool kIntRows = false>
 __global__ void __launch_bounds__(kThreads, StreamSumRows<T, kShape>::kBlocksPerSm)
     stream_sum_kernel(const T* __restrict__ src, const int64_t* __restrict__ indptr,
                       T* __restrict__ out, int64_t rows, int64_t segments, int64_t inner,
                       int64_t group_rows, int64_t slabs, Crossing<typename Num<T>::acc> cross) {
   __shared__ StreamSumSharedOf<T, W, kShape, kInner> sm;
   for (int64_t slab = blockIdx.y; slab < slabs; slab += gridDim.y) {
-    stream_sum_block<T, W, kShape, kInner>(src, indptr, out, rows, segments, inner, group_rows,
-                                           slab, cross, sm);
+    stream_sum_block<T, W, kShape, kInner, kIntRows>(src, indptr, out, rows, segments, inner,
+                                                     group_rows, slab, cross, sm);
     __syncthreads();
   }
 }
@@ -4679,7 +4775,8 @@ inline int64_t unit_rows(int64_t rows, int64_t units, int64_t min_rows, int64_t 
   return ceil_div(imax(min_rows, ceil_div(rows, units)), step) * step;
 }
 
-template <typename T, int W, StreamRows kShape = StreamRows::kNarrow, int64_t kInner = 0>
+template <typename T, int W, StreamRows kShape = StreamRows::kNarrow, int64_t kInner = 0,
+          bool kIntRows = false>
 cudaError_t launch_stream_sum(const T* src, const int64_t* indptr, T* out, int64_t rows,
                               int64_t segments, int64_t inner, void* workspace,
                               cudaStream_t stream) {
@@ -4705,8 +4802,14 @@ cudaError_t launch_stream_sum(const T* src, const int64_t* indptr, T* out, int64
                                                                 segments, inner, workspace,
                                                                 stream);
   }
+  if constexpr (kIntRowsOf<T, W, kShape> && !kIntRows) {
+    if (rows <= kIntRowsMax && segments <= kIntRowsMax)
+      return launch_stream_sum<T, W, kShape, kInner, true>(src, indptr, out, rows, segments,
+                                                           inner, workspace, stream);
+  }
   int64_t capacity = 0;
-  cudaError_t err = resident_blocks<&stream_sum_kernel<T, W, kShape, kInner>>(&capacity);
+  cudaError_t err =
+      resident_blocks<&stream_sum_kernel<T, W, kShape, kInner, kIntRows>>(&capacity);
   if (err != cudaSuccess) return err;
   const int64_t units = imax(1, capacity / shape.grid_y) * shape.groups;
   // Rows that read ahead end each group with a partial batch if need be, in
@@ -4721,7 +4824,7 @@ cudaError_t launch_stream_sum(const T* src, const int64_t* indptr, T* out, int64
   err = crossing(workspace, blocks, inner, &c);
   if (err != cudaSuccess) return err;
   const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(shape.grid_y));
-  stream_sum_kernel<T, W, kShape, kInner><<<grid, kThreads, 0, stream>>>(
+  stream_sum_kernel<T, W, kShape, kInner, kIntRows><<<grid, kThreads, 0, stream>>>(
       src, indptr, out, rows, segments, inner, group_rows, shape.slabs, c);
   err = cudaGetLastError();
   if (err != cudaSuccess || blocks == 1) return err;
