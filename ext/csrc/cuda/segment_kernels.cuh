@@ -1230,6 +1230,76 @@ struct RunSumOp {
   }
 };
 
+// cub's raking BlockScan (the default algorithm) of kThreads items, exclusive
+// with an initial value, written out so that the warps it leaves idle can
+// work between its two barriers: the same combines of the same operands in
+// the same order (cub 3.0, BlockScanRaking::ExclusiveScan with an initial
+// value: BlockRakingLayout, WarpScanShfl, ThreadScanExclusive), so the sums
+// are bit for bit cub's. The caller places each thread's item at
+// rake_slot(tid), waits on a barrier, runs rake_scan in warp 0 (threads 0 to
+// 31), waits on a second barrier and reads its exclusive result back from its
+// slot.
+constexpr int kRakeLength = kThreads / 32;  // items per raking thread
+// cub pads each raking thread's items by one when their count is even and
+// above 2 (bank conflicts); kept, so the layout is cub's.
+constexpr int kRakePad = kRakeLength % 2 == 0 && kRakeLength > 2 ? 1 : 0;
+constexpr int kRakeItems = 32 * (kRakeLength + kRakePad);
+static_assert(kThreads % 32 == 0 && kThreads > 32, "whole raking segments, several warps");
+
+__device__ __forceinline__ int rake_slot(int tid) { return tid + tid / kRakeLength * kRakePad; }
+
+// x from the lane d below (its own below lane d), a 4-byte word at a time, as
+// cub's ShuffleUp; only lanes 0 to 31 call it.
+template <typename Item>
+__device__ __forceinline__ Item shuffle_up(const Item& x, int d) {
+  static_assert(sizeof(Item) % 4 == 0, "whole words");
+  uint32_t w[sizeof(Item) / 4];
+  memcpy(w, &x, sizeof(Item));
+#pragma unroll
+  for (int k = 0; k < static_cast<int>(sizeof(Item) / 4); ++k) {
+#if defined(__HIP_PLATFORM_AMD__)
+    w[k] = __shfl_up(w[k], d, 32);
+#else
+    w[k] = __shfl_up_sync(0xffffffffu, w[k], d);
+#endif
+  }
+  Item y;
+  memcpy(&y, w, sizeof(Item));
+  return y;
+}
+
+template <typename Item, typename Op>
+__device__ __forceinline__ void rake_scan(Item* grid, const Item& initial, Op op) {
+  const int lane = threadIdx.x;  // < 32
+  Item* const seg = grid + lane * (kRakeLength + kRakePad);
+  const Item first = initial;  // read with the items, off the chain below
+  Item cached[kRakeLength];
+  // Upsweep: this lane's items, reduced left to right.
+#pragma unroll
+  for (int i = 0; i < kRakeLength; ++i) cached[i] = seg[i];
+  Item inclusive = cached[0];
+#pragma unroll
+  for (int i = 1; i < kRakeLength; ++i) inclusive = op(inclusive, cached[i]);
+  // The warp's inclusive scan (Kogge-Stone, the lower lanes' partial on the
+  // left), the initial value combined on the left, then shifted up a lane.
+#pragma unroll
+  for (int d = 1; d < 32; d *= 2) {
+    const Item lower = shuffle_up(inclusive, d);
+    const Item sum = op(lower, inclusive);
+    if (lane >= d) inclusive = sum;
+  }
+  inclusive = op(first, inclusive);
+  Item prefix = shuffle_up(inclusive, 1);
+  if (lane == 0) prefix = first;
+  // Downsweep: the exclusive scan of the lane's items after its prefix.
+#pragma unroll
+  for (int i = 0; i < kRakeLength; ++i) {
+    const Item next = op(prefix, cached[i]);
+    seg[i] = prefix;
+    prefix = next;
+  }
+}
+
 // Runs of one column take the storeless walk (tile_sum_block), runs of 2 the
 // walk that stores as it goes: the storeless one spilled there and lost
 // (bf16, 2 columns, power law 69.6 -> 66.4 % of copy bandwidth, H100).
@@ -1249,7 +1319,24 @@ struct TileSumShared {
       std::conditional_t<sizeof(RunSum<Acc, W>) <= 8, cub::BlockScan<RunSum<Acc, W>, kThreads>,
                          cub::BlockScan<RunSum<Acc, W>, kThreads, cub::BLOCK_SCAN_WARP_SCANS>>;
   using CountScan = cub::BlockScan<int, kThreads, cub::BLOCK_SCAN_WARP_SCANS>;
-  typename Scan::TempStorage scan;
+  // Runs of one float scan with rake_scan instead, in the same storage, so
+  // that store_closed (tile_sum_block) runs between its barriers.
+  // ROCm keeps its library scan (its own combine order, and so its sums).
+#if defined(__HIP_PLATFORM_AMD__)
+  static constexpr bool kSplitScan = false;
+#else
+  static constexpr bool kSplitScan = kStorelessWalk<W> && sizeof(RunSum<Acc, W>) <= 8;
+#endif
+  union {
+    typename Scan::TempStorage scan;
+    std::conditional_t<kSplitScan, RunSum<Acc, W>[kRakeItems], char[1]> rake;  // no larger
+  };
+#if !defined(__HIP_PLATFORM_AMD__)
+  // rake_scan copies cub's raking layout: a CCCL that changes it stops the
+  // build here instead of changing the sums.
+  static_assert(cub::BlockRakingLayout<RunSum<Acc, W>, kThreads>::GRID_ELEMENTS == kRakeItems,
+                "rake_scan's layout is cub's");
+#endif
   typename CountScan::TempStorage count_scan;  // its own: no barrier between the two scans
   using G = Geometry<T, W>;
   static_assert(G::kRunRows <= 32 && 32 % G::kRunRows == 0, "a run's starts fit one mask word");
@@ -1555,61 +1642,90 @@ __device__ __forceinline__ void tile_sum_block(const T* __restrict__ src,
     item.closed = kCountInScan && predicated ? __popc(marks) : closed >= 0;
 #pragma unroll
     for (int k = 0; k < W; ++k) item.sum.v[k] = acc[k];
-    const Item carry = sm.carry;
-    Scan(sm.scan).ExclusiveScan(item, before, carry, RunSumOp<Acc, W>());
-    if (kCountInScan && predicated && closed >= 0) closed = first - 1 + before.closed;
-    if (closed >= 0) {
+    // The storeless walk's segments closed in their run, stored by threads c
+    // = 0, 1, ... of kClosers, once every run's sums are in place (a barrier).
+    auto store_all_closed = [&](int c, auto closers) {
+      constexpr int kClosers = decltype(closers)::value;
+      // Segment i is closed in its run when the next start falls in the
+      // same run; its sum is then the row's before that start. Kept lean,
+      // window entries alone in the loop: with start(i) and 64-bit indices
+      // it took 56 instructions a segment, and the walk gained 58.0 -> 59.9
+      // % of copy bandwidth instead of 57.7 -> 64.5 (bf16, power law, H100).
+      // The checks keep a malformed indptr's rows inside the tile's sums:
+      // s0 in the tile, s1 - 1 in s0's run. Testing s0 >= 0 alone let a
+      // start past the tile (a later round's entry, or one no round wrote)
+      // read shared memory hundreds of KB past the sums.
+      constexpr int kStride = TileSumShared<T, W>::kSumsStride;
+      const Acc* sums = &sm.sums[0].x;
+      auto closed_in_run = [](int s0, int s1) {
+        return static_cast<unsigned>(s0) < static_cast<unsigned>(G::kTileRows) && s1 > s0 &&
+               ((s0 ^ s1) & -kRun) == 0;
+      };
+      // Row x of run x / kRun is at x * W + x / kRun * (kStride - kRun * W);
+      // 32-bit and unsigned (s1 > s0 >= 0 once closed_in_run passes, so the
+      // row s1 - 1 is too). The row s1 - 1 lies in s0's run (s0 <= s1 - 1 <
+      // s1, s0 and s1 in one run), so its run is s0 / kRun, known as soon as
+      // s0 is: one instruction fewer a segment (20 -> 19, SASS, sm_90, bf16,
+      // 1 column) and one fewer between the window's loads and the sum's
+      // (timed with the whole-tile loads, see load_stage).
+      auto sum_before = [&](int s0, int s1) {  // the row before s1
+        const unsigned x = static_cast<unsigned>(s1 - 1);
+        const unsigned run = static_cast<unsigned>(s0) / kRun;
+        return sums + (x * W + run * (kStride - kRun * W));
+      };
+      auto store_closed = [&](int s0, int s1, T* dst) {
+        if (!closed_in_run(s0, s1)) return;
+        Acc total[W];
+        const Acc* row = sum_before(s0, s1);
 #pragma unroll
-      for (int k = 0; k < W; ++k) head_sum[k] += before.sum.v[k];
-      flush(closed, head_sum);
-    }
-    if constexpr (kStorelessWalk<W>) {
-      if (predicated) {  // the scan's barrier put every run's sums in place
-        // Segment i is closed in its run when the next start falls in the
-        // same run; its sum is then the row's before that start. Kept lean,
-        // window entries alone in the loop: with start(i) and 64-bit indices
-        // it took 56 instructions a segment, and the walk gained 58.0 -> 59.9
-        // % of copy bandwidth instead of 57.7 -> 64.5 (bf16, power law, H100).
-        // The checks keep a malformed indptr's rows inside the tile's sums:
-        // s0 in the tile, s1 - 1 in s0's run. Testing s0 >= 0 alone let a
-        // start past the tile (a later round's entry, or one no round wrote)
-        // read shared memory hundreds of KB past the sums.
-        constexpr int kStride = TileSumShared<T, W>::kSumsStride;
-        const Acc* sums = &sm.sums[0].x;
-        auto closed_in_run = [](int s0, int s1) {
-          return static_cast<unsigned>(s0) < static_cast<unsigned>(G::kTileRows) && s1 > s0 &&
-                 ((s0 ^ s1) & -kRun) == 0;
-        };
-        // Row x of run x / kRun is at x * W + x / kRun * (kStride - kRun * W);
-        // 32-bit and unsigned (s1 > s0 >= 0 once closed_in_run passes, so the
-        // row s1 - 1 is too). The row s1 - 1 lies in s0's run (s0 <= s1 - 1 <
-        // s1, s0 and s1 in one run), so its run is s0 / kRun, known as soon as
-        // s0 is: one instruction fewer a segment (20 -> 19, SASS, sm_90, bf16,
-        // 1 column) and one fewer between the window's loads and the sum's
-        // (timed with the whole-tile loads, see load_stage).
-        auto sum_before = [&](int s0, int s1) {  // the row before s1
-          const unsigned x = static_cast<unsigned>(s1 - 1);
-          const unsigned run = static_cast<unsigned>(s0) / kRun;
-          return sums + (x * W + run * (kStride - kRun * W));
-        };
-        auto store_closed = [&](int s0, int s1, T* dst) {
-          if (!closed_in_run(s0, s1)) return;
-          Acc total[W];
-          const Acc* row = sum_before(s0, s1);
-#pragma unroll
-          for (int k = 0; k < W; ++k) total[k] = row[k];
-          store_sum<T, W>(dst, total);
-        };
-        // Per entry: two window reads, the test, the row's sum and the
-        // store, with 32-bit indices.
-        const int in_window = static_cast<int>(imin(w.n, kWindow));
-        T* dst = out + (first + tid) * W;  // segment first + i
-        const int* at = sm.window + tid;
-        const int* const end = sm.window + in_window - 1;
+        for (int k = 0; k < W; ++k) total[k] = row[k];
+        store_sum<T, W>(dst, total);
+      };
+      // Per entry: two window reads, the test, the row's sum and the
+      // store, with 32-bit indices.
+      const int in_window = static_cast<int>(imin(w.n, kWindow));
+      T* dst = out + (first + c) * W;  // segment first + i
+      const int* at = sm.window + c;
+      const int* const end = sm.window + in_window - 1;
 #pragma unroll 2
-        for (; at < end; at += kThreads, dst += kThreads * W) store_closed(at[0], at[1], dst);
-        for (int64_t i = in_window - 1 + tid; i + 1 < w.n; i += kThreads)  // past the window
-          store_closed(start(i), start(i + 1), out + (first + i) * W);
+      for (; at < end; at += kClosers, dst += kClosers * W) store_closed(at[0], at[1], dst);
+      for (int64_t i = in_window - 1 + c; i + 1 < w.n; i += kClosers)  // past the window
+        store_closed(start(i), start(i + 1), out + (first + i) * W);
+    };
+    auto flush_head = [&](const Item& before) {
+      if (kCountInScan && predicated && closed >= 0) closed = first - 1 + before.closed;
+      if (closed >= 0) {
+#pragma unroll
+        for (int k = 0; k < W; ++k) head_sum[k] += before.sum.v[k];
+        flush(closed, head_sum);
+      }
+    };
+    if constexpr (TileSumShared<T, W>::kSplitScan) {
+      // The run scan is cub's raking scan (rake_scan): between its barriers
+      // warp 0 alone rakes the 256 items (~135 instructions, one dependent
+      // chain), and the other 7 warps waited at its second barrier (13 % of
+      // the stall samples, Nsight Compute, bf16, 1 column, power law, H200).
+      // They store the closed segments there instead, which need only its
+      // first barrier; the same sums go to the same rows. H200 (ab.py, forward
+      // % of copy, two runs), power law, 1 column: bf16 62.7 -> 65.0 and 62.6
+      // -> 65.0, fp32 72.9 -> 78.3 and 72.9 -> 78.5; the other cases timed
+      // within 0.5.
+      Item* const slot = sm.rake + rake_slot(tid);
+      *slot = item;
+      __syncthreads();  // the items, and every run's sums, in place
+      if (tid < 32)
+        rake_scan(sm.rake, sm.carry, RunSumOp<Acc, W>());
+      else if (predicated)
+        store_all_closed(tid - 32, std::integral_constant<int, kThreads - 32>());
+      __syncthreads();
+      before = *slot;
+      flush_head(before);
+    } else {
+      const Item carry = sm.carry;
+      Scan(sm.scan).ExclusiveScan(item, before, carry, RunSumOp<Acc, W>());
+      flush_head(before);
+      if constexpr (kStorelessWalk<W>) {  // the scan's barrier put every run's sums in place
+        if (predicated) store_all_closed(tid, std::integral_constant<int, kThreads>());
       }
     }
     if (tid == kThreads - 1) {
