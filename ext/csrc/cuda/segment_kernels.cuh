@@ -3021,7 +3021,13 @@ __device__ __forceinline__ void tile_gather_block(const T* __restrict__ src,
         label(q, sm.values[k]);
       }
 #else
-      // sm.values[j], then one entry on at each marked row (step_if).
+      // sm.values[j], then one entry on at each marked row (step_if). Each
+      // step waits on the load before it; walking the run's second half down
+      // from its last row as a second chain, interleaved with the first (SASS,
+      // fp32, 1 column: the serial waits 15 -> 7, instructions 40 -> 51),
+      // gained nothing: H200, backward % of copy, 1 and 4 columns, short and
+      // power law, fp32 and bf16, within 0.4 (bf16, 1 column, short 77.1 ->
+      // 76.8). Two chains from row 0, tried before, timed the same.
       uint32_t at = static_cast<uint32_t>(__cvta_generic_to_shared(&sm.values[j32]));
 #pragma unroll
       for (int q = 0; q < kRun; ++q) {
@@ -4008,7 +4014,12 @@ __global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
     // an end costs a shuffle, not a dependent indptr load. end_at is called
     // for s, then s + 1, s + 2, ...: `next` counts the calls since the last
     // refill in 32 bits, where a 64-bit base of the held ends took a 64-bit
-    // subtraction and test per end.
+    // subtraction and test per end. Going further, a pointer to segment s's
+    // output stepped at each end, with s itself worked out only at refills
+    // (SASS: an end 100 -> 91 instructions, bf16, 64 columns; 67 -> 61 fp32,
+    // 32 columns), was within a point: H200, forward % of copy, two runs,
+    // bf16, 64 columns, short 80.9 -> 81.7 and 80.5 -> 81.0, power law 77.0 ->
+    // 76.7 and 77.5 -> 77.2; fp32, 32 columns within 0.2.
     int next = 0;
     Row ends = kShort ? row_of(end_of(indptr, segments, rows, s + l)) : 0;
     Row ends_ahead = kShort ? row_of(end_of(indptr, segments, rows, s + kTeam + l)) : 0;

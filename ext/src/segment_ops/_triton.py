@@ -269,6 +269,10 @@ def _walk_inside(
     tiles, read while the previous step is added; each step is folded over its
     tiles within the thread into a one-tile accumulator, so the registers grow
     with the loads in flight only."""
+    # Two steps in flight on the one-warp lane shapes (two buffers taking turns,
+    # each reloaded right after its add: the same registers, the per-step moves
+    # gone) timed, H200, Triton over CUDA forward speed, power law, 1 column:
+    # bf16 0.684 -> 0.695, fp32 0.778 -> 0.746; not kept.
     acc_type = tl.float64 if IS_FP64 else tl.float32
     BLOCK_COLS: tl.constexpr = cols.shape[0]
     ELEMENTS: tl.constexpr = BLOCK_ROWS * BLOCK_COLS
