@@ -3204,7 +3204,7 @@ __device__ __forceinline__ void finish_items(const int64_t* item_key,
 // The read-ahead loops of wide rows (kWide: 2-byte types, 16 packs a row or
 // more; 8-byte packs of the 4- and 8-byte types) stage ends the same way, up
 // to kStreamAheadEnds of them, clamped into [0, rows] as end_of reads them
-// (those loops clamp; the pairs' loop clamps its offsets, kRelEnds): the values are
+// (those loops clamp, as the pairs' loop clamps its offsets): the values are
 // end_of's own, so the results are bit for bit the same. Their loop waited on
 // the next end where the segment before it closed, as the pairs' loop did: a
 // segment of one row (half of the power law's) closes a row after the one
