@@ -656,7 +656,8 @@ def test_triton_wide_lanes_only_for_short_segments_of_narrow_enough_rows(monkeyp
     # segments, blocks of 512 bytes a row (one 16-byte load per thread and row on
     # one warp); rows to 128 bytes (fp32) or 512 bytes (fp16, bf16) take blocks of
     # four segments, on two warps above 256 bytes. Wider rows, fp64 and long
-    # segments keep the walk. Stand-in kernels: no GPU needed.
+    # segments keep the walk. Chunks inside one segment walk 2 KB a warp a step
+    # (FAST_TILES tiles), at least two tiles. Stand-in kernels: no GPU needed.
     triton_module = pytest.importorskip("segment_ops._triton", exc_type=ImportError)
     launches = []
 
@@ -681,18 +682,19 @@ def test_triton_wide_lanes_only_for_short_segments_of_narrow_enough_rows(monkeyp
         name, kwargs = launches[0]
         if not name.startswith("wide"):
             return name
-        return name, kwargs["BLOCK_SEGS"], kwargs["ROW_ELEMENTS"], kwargs["LANE_ROWS"]
+        shape = kwargs["BLOCK_SEGS"], kwargs["ROW_ELEMENTS"], kwargs["LANE_ROWS"]
+        return name, *shape, kwargs["FAST_TILES"]
 
-    assert picked(torch.bfloat16, 32, 8) == picked(torch.float16, 32, 63) == ("wide", 8, 256, 16)
-    assert picked(torch.bfloat16, 20, 8) == ("wide", 8, 256, 16)  # a block of 32 columns
-    assert picked(torch.bfloat16, 8, 8) == picked(torch.bfloat16, 5, 8) == ("wide", 32, 256, 16)
-    assert picked(torch.float32, 16, 8) == picked(torch.float32, 9, 8) == ("wide", 8, 128, 16)
-    assert picked(torch.float32, 8, 8) == ("wide", 16, 128, 16)
-    assert picked(torch.bfloat16, 64, 8) == picked(torch.bfloat16, 33, 8) == ("wide", 4, 512, 16)
-    assert picked(torch.float32, 32, 8) == picked(torch.float32, 17, 8) == ("wide", 4, 256, 16)
-    assert picked(torch.bfloat16, 128, 8) == ("wide", 4, 1024, 16)
+    assert picked(torch.bfloat16, 32, 8) == picked(torch.float16, 32, 63) == ("wide", 8, 256, 16, 4)
+    assert picked(torch.bfloat16, 20, 8) == ("wide", 8, 256, 16, 4)  # a block of 32 columns
+    assert picked(torch.bfloat16, 8, 8) == picked(torch.bfloat16, 5, 8) == ("wide", 32, 256, 16, 4)
+    assert picked(torch.float32, 16, 8) == picked(torch.float32, 9, 8) == ("wide", 8, 128, 16, 4)
+    assert picked(torch.float32, 8, 8) == ("wide", 16, 128, 16, 4)
+    assert picked(torch.bfloat16, 64, 8) == picked(torch.bfloat16, 33, 8) == ("wide", 4, 512, 16, 2)
+    assert picked(torch.float32, 32, 8) == picked(torch.float32, 17, 8) == ("wide", 4, 256, 16, 2)
+    assert picked(torch.bfloat16, 128, 8) == ("wide", 4, 1024, 16, 2)
     assert picked(torch.float16, 256, 8) == picked(torch.bfloat16, 200, 8) == (
-        "wide, 2 warps", 4, 2048, 16)
+        "wide, 2 warps", 4, 2048, 16, 2)
     assert picked(torch.bfloat16, 4, 8) == picked(torch.float32, 4, 8) == "lanes"
     assert picked(torch.bfloat16, 32, 64) == picked(torch.float32, 16, 64) == "walk"
     assert picked(torch.bfloat16, 256, 64) == "walk"

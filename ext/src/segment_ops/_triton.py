@@ -1182,6 +1182,31 @@ _WIDE_ROW_SEGS = 4
 _WIDE_REST_ROWS = 8
 _ONE_WARP_ROW_BYTES = 256
 _WIDE_LANE_ROWS = 16
+# Chunks of the wide lanes that lie inside one segment take _walk_inside,
+# FAST_TILES tiles a step, that step _WIDE_FAST_BYTES a warp or two tiles,
+# whichever is more (a tile is ROW_ELEMENTS elements: 512 bytes a warp for
+# rows of up to 64 bytes, 1 or 2 KB a warp for wider ones). They took
+# _walk_rows before: on the bench's power law (bf16, 32 columns, 2^23 rows,
+# chunks of 512 rows) 7420 of the 16385 chunks, 45 % of the rows, lie inside
+# one segment, and offline (sm_90 SASS) the walk's tile loop waits for the
+# load it issues at its top (the bf16 pairs are unpacked there into the
+# loop-carried tile): one 512-byte tile a warp in flight, about 60
+# instructions per 8 rows. _walk_inside keeps 4 tiles (2 KB a warp) in flight
+# at 130 instructions per 32 rows. Registers (sm_90, one warp, chunks of 512
+# rows, 4 / 8 rows per lane and iteration), before -> with it: bf16, 32
+# columns 66 -> 72 and 70 -> 70 (both 28 programs an SM, registers being
+# allocated by 8 a thread), 64 columns 72 and 72 unchanged, 256 columns (two
+# warps) 127 and 128 unchanged; fp32, 8 to 32 columns unchanged (64 to 66); no
+# spills. Two widths lose occupancy on 4 rows: 8 bf16 columns 64 -> 70 at
+# chunks of 512 and 1024 rows (32 -> 28 programs an SM), 128 columns 119 ->
+# 128 (17 -> 16). Model of the bench's bf16 x32 power law (one round = one
+# load wait of a warp): inside chunks 527k -> 178k rounds of 1339k. H200
+# (tri.py, Triton over CUDA forward speed, two runs), power law, bf16: 32
+# columns 0.802 -> 0.868 and 0.792 -> 0.857, 256 columns 0.829 -> 0.853 and
+# 0.818 -> 0.840, 64 columns 0.876 -> 0.889 and 0.865 -> 0.878; short
+# segments of 32 bf16 or fp32 columns and fp32 power law, 32 columns, within
+# 0.003 (one run).
+_WIDE_FAST_BYTES = 2048
 # Longest segment a lane sums on its own; longer ones go to the whole program,
 # one after another. Rows of one column are cheap enough per lane to take
 # longer ones (H100, % of copy bandwidth, power law, 1 column: bf16 43.7 ->
@@ -1398,7 +1423,8 @@ _LANE_KERNELS = {
 # The wide lanes' block is set by the row width, so their tuners try chunk
 # sizes and rows per lane and iteration (bf16: 8 won on 16 columns, short
 # segments 55.4 -> 60.8; 4 on 32 columns, 70.7 -> 71.7, and on the power law).
-# num_warps is a setting of each config: one tuner per warp count.
+# num_warps is a setting of each config: one tuner per warp count. FAST_TILES
+# is set by the row width too (_wide_lane_shape), so it is passed at launch.
 _WIDE_LANE_KERNELS = {
     warps: triton.autotune(
         configs=[
@@ -1407,7 +1433,6 @@ _WIDE_LANE_KERNELS = {
                     "CHUNK_ROWS": chunk,
                     "LANE_STEP": step,
                     "WALK_ONLY": False,
-                    "FAST_TILES": 0,
                     "MID_FROM": 0,
                     "MID_ROWS": 0,
                 },
@@ -1425,8 +1450,9 @@ _WIDE_LANE_KERNELS = {
 
 def _wide_lane_shape(
     rows: int, segments: int, inner: int, block_cols: int, element_size: int
-) -> tuple[int, int, int] | None:
-    """(segments per block, elements per rest tile, warps) where rows wider than
+) -> tuple[int, int, int, int] | None:
+    """(segments per block, elements per rest tile, warps, tiles per step of
+    _walk_inside; see _WIDE_FAST_BYTES) where rows wider than
     _LANE_MAX_COLS columns take the lane kernel, else None: fp32, fp16 and bf16
     rows of one column block (block_cols columns) up to _WIDE_LANE_MAX_BYTES,
     over segments of a mean under _WALK_ROWS rows (shapes only, so no sync;
@@ -1440,9 +1466,12 @@ def _wide_lane_shape(
     if concrete and rows >= _WALK_ROWS * max(segments, 1):
         return None
     if row_bytes <= _NARROW_ROW_BYTES:
-        return _WIDE_LANE_BYTES // row_bytes, _WIDE_LANE_BYTES // element_size, 1
-    warps = 1 if row_bytes <= _ONE_WARP_ROW_BYTES else 2
-    return _WIDE_ROW_SEGS, _WIDE_REST_ROWS * block_cols, warps
+        segs, elements, warps = _WIDE_LANE_BYTES // row_bytes, _WIDE_LANE_BYTES // element_size, 1
+    else:
+        warps = 1 if row_bytes <= _ONE_WARP_ROW_BYTES else 2
+        segs, elements = _WIDE_ROW_SEGS, _WIDE_REST_ROWS * block_cols
+    fast_tiles = max(_WIDE_FAST_BYTES * warps // (elements * element_size), 2)
+    return segs, elements, warps, fast_tiles
 
 
 def forget_tuning() -> None:
@@ -1523,7 +1552,7 @@ def _launch(x: Tensor, indptr: Tensor, out: Tensor) -> None:
             **constants,
         )
     elif wide := _wide_lane_shape(rows, segments, inner, block_cols, x.element_size()):
-        block_segs, row_elements, warps = wide
+        block_segs, row_elements, warps, fast_tiles = wide
         launcher(_WIDE_LANE_KERNELS[warps])[grid](
             *lane_args,
             INNER=int(inner),
@@ -1531,6 +1560,7 @@ def _launch(x: Tensor, indptr: Tensor, out: Tensor) -> None:
             BLOCK_SEGS=block_segs,
             LANE_ROWS=_WIDE_LANE_ROWS,
             ROW_ELEMENTS=row_elements,
+            FAST_TILES=fast_tiles,
             WALK_ROWS=_WALK_ROWS,
             **constants,
         )
