@@ -1333,9 +1333,13 @@ struct TileSumShared {
   };
 #if !defined(__HIP_PLATFORM_AMD__)
   // rake_scan copies cub's raking layout: a CCCL that changes it stops the
-  // build here instead of changing the sums.
+  // build here instead of changing the sums. Scan is then cub's raking scan,
+  // whose storage holds that layout, so the union does not grow.
   static_assert(cub::BlockRakingLayout<RunSum<Acc, W>, kThreads>::GRID_ELEMENTS == kRakeItems,
                 "rake_scan's layout is cub's");
+  static_assert(!kSplitScan ||
+                    sizeof(RunSum<Acc, W>[kRakeItems]) <= sizeof(typename Scan::TempStorage),
+                "rake_scan's items fit in the scan's storage");
 #endif
   typename CountScan::TempStorage count_scan;  // its own: no barrier between the two scans
   using G = Geometry<T, W>;
