@@ -3610,6 +3610,44 @@ __device__ __forceinline__ void stream_sum_block(const T* __restrict__ src,
         }
       };
       auto close = [&](Row row) {
+        // kRel: the common close first, under one branch: a started segment,
+        // the next one not empty and its end among the staged ones. It leaves
+        // o, j, end_r, after_r, started and acc as the general close below
+        // would (there next_segment's min(j + 1, ends_n) is j + 1, the loop
+        // over empty segments does not run, and next_end reads sm.end[j +
+        // 1]), with the same store: sums bit for bit the same. The general
+        // close tests these one branch at a time, and a warp's issue waits on
+        // each branch's predicate: sm_90 SASS, bf16, 32 columns (kDeep), a
+        // close taken at a batch's second row 27 instructions (28 in the
+        // count of the loop's comment, taken at another row), 4 branches and
+        // at least 96 cycles of issue stalls; the common close 24, 1 branch
+        // and 59 (plus a wait on its end from shared memory at the join). The
+        // kernel grows 3698 -> 4114 instructions (kNarrow 2658 -> 2826), 64
+        // -> 63 registers (kNarrow 64), no spills, and a batch without a
+        // close runs 3 more. It matters on the power law: a warp whose two
+        // groups sit in a crowd of short segments runs 8.5 closes a 16-row
+        // batch (the bench's 2^23 rows: up to 533 a warp, against 250 on
+        // short segments; 54 % of the power law's warp batches have none),
+        // with no load in flight, and such warps end the one wave. H200
+        // (ab.py, forward % of copy, two runs): bf16 x32 power 73.4 -> 78.4
+        // and 74.0 -> 78.3, short 81.1 -> 82.0 and 81.3 -> 82.3, long within
+        // 0.1.
+        if constexpr (kRel) {
+          const int jn = j + 1;
+          if (started && after_r > row &&
+              static_cast<unsigned>(jn) < static_cast<unsigned>(ends_n)) {
+            const Row next = sm.end[jn];  // segment s + 2's end
+            store_sum<T, kCols>(o, acc);
+            o += inner;
+            j = jn;
+            end_r = after_r;
+#pragma unroll
+            for (int k = 0; k < kCols; ++k) acc[k] = 0;
+            after_r = next;
+            return;
+          }
+        }
+        // (the common close above repeats this case for kRel: keep them in step)
         if (started) {
           store_sum<T, kCols>(total_at(), acc);
         } else if (s >= 0) {  // it began in an earlier group (kRel: the first
