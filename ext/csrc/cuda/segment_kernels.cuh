@@ -5203,16 +5203,23 @@ cudaError_t launch_narrow_sum(const T* src, const int64_t* indptr, T* out, int64
 // bytes: bf16, 1 column, short segments 68.5 -> 59.0), as did 2 or 4
 // segments per thread and round (fp32, 4 columns, short segments 64.8 and
 // 81.4), the long ones filled by a warp each (83.5) and tiles of 32 KB (82.0).
-// Each segment's value and end read with its start, not once the start
-// puts it in the tile, lost a little too (fp32, 4 columns, short segments
-// 84.4 -> 83.4, power law 83.1 -> 82.7). A tile's bounds in 32 bits (one
-// clamp, a 32-bit round test, full tiles stored off one pointer: sm_90 SASS,
-// ~175 -> 125 instructions a thread and tile) timed on an H200 within a
-// point: fp32, 4 columns, short segments 79.0 -> 79.5, power law 76.2 ->
-// 76.1.
+// Each segment's value and end read with its start by every thread, not
+// once the start puts it in the tile, lost a little too (fp32, 4 columns,
+// short segments 84.4 -> 83.4, power law 83.1 -> 82.7). The kernel now reads
+// only the value early, and only for about 1.25 times the last tile's starts
+// plus kFillAheadMargin threads: H200 (ab.py, backward % of copy, two runs),
+// fp32, 4 columns, short segments 79.0 -> 79.3 and 78.9 -> 80.0, power law
+// 76.5 -> 77.4 and 76.5 -> 77.2, long unchanged. A tile's bounds in 32
+// bits alone (one clamp, a 32-bit round test, full tiles stored off one
+// pointer: sm_90 SASS, ~175 -> 125 instructions a thread and tile) timed on
+// an H200 within a point: fp32, 4 columns, short segments 79.0 -> 79.5,
+// power law 76.2 -> 76.1; its clamp (tile_row) stays, to fit the early value
+// in 32 registers.
 constexpr int kFillTileRows = 1024;  // 16 KB of shared memory
 constexpr int kFillRows = 32;        // the longest segment one thread fills alone
 constexpr int kFillBlocksPerSm = 8;  // <= 32 registers; at 4 (64), power law 83.0 -> 77.8 %
+constexpr int kFillAheadMargin = 32; // values read early past 1.25 x the last tile's starts
+                                     // (the factor and the margin: the only ones timed)
 
 template <typename Row>
 struct FillGatherShared {
@@ -5236,27 +5243,51 @@ __global__ void __launch_bounds__(kThreads, kFillBlocksPerSm)
   const int64_t r1 = imin(rows, r0 + rows_per_block);
   if (tid == 0) sm.nlong = 0;
   int64_t first = block_lower_bound(indptr, segments, rows, r0);  // (a barrier)
+  // Threads that read their segment's value with its start, in the same wait
+  // on memory, not once the start puts the segment in the tile: the first
+  // round's, then about 1.25 times the last tile's starts and a margin. The
+  // others (segments not expected in the tile) read it after the start, as
+  // all did before. Every thread reading its value and end ahead (256 values
+  // a round against about 121 starts a tile of short segments) lost a point
+  // on an H100 (see the comment above). The wait saved is one of a tile's two
+  // on memory (the gain is in the comment above kFillTileRows).
+  int ahead = kThreads;
   for (int64_t t0 = r0; t0 < r1; t0 += kFillTileRows) {
     const int64_t t1 = imin(r1, t0 + kFillTileRows);
+    const int nrows = static_cast<int>(t1 - t0);
+    // A row of indptr clamped into the tile [t0, t1], as an offset from t0:
+    // what start_of's clamp into [0, rows] then the clamp into the tile gave
+    // ([t0, t1] lies in [0, rows]), so an unsorted indptr stays in bounds (u
+    // is v - t0 wherever it is used: v > t0 >= 0, no overflow). In 32 bits,
+    // it keeps the value read ahead within the 32 registers of 8 blocks per
+    // SM: with 64-bit clamps, sm_90 took 32 registers and spilled 16 bytes
+    // (30 registers, no spills, this way).
+    auto tile_row = [&](int64_t v) -> int {
+      const uint64_t u = static_cast<uint64_t>(v) - static_cast<uint64_t>(t0);
+      return v <= t0 ? 0 : static_cast<int>(u < static_cast<uint32_t>(nrows) ? u : nrows);
+    };
     // Segment s in [-1, segments] holds rows [start, end) (-1: those before
     // indptr[0], `segments`: those from indptr[segments] on, both zeros).
     // Round 0 starts with first - 1, the segment open at t0.
     int filled = 0;  // long ones
+    int tile_starts = 0;
     for (int64_t s0 = first - 1;; s0 += kThreads) {
       const int64_t s = s0 + tid;
       bool in = false;
       int lo = 0, hi = 0;
       Row value{};
       if (s <= segments) {
-        const int64_t start = s < 0 ? 0 : start_of(indptr, s, rows);
-        in = s < first || start < t1;
+        const bool early = tid < ahead;
+        const bool real = s >= 0 && s < segments;
+        const int64_t start = s < 0 ? 0 : indptr[s];
+        if (early && real) value = src[s];
+        lo = s < 0 ? 0 : tile_row(start);
+        in = s < first || lo < nrows;  // lo < nrows: the start is under t1
         if (in) {
-          const int64_t end = end_of(indptr, segments, rows, s);
-          // Clamped into the tile: an unsorted indptr stays in bounds.
-          lo = static_cast<int>(imin(imax(start, t0), t1) - t0);
-          hi = static_cast<int>(imax(imin(end, t1), t0) - t0);
+          if (!early && real) value = src[s];
+          // (indptr[s + 1]: the next thread's start, usually in a line already read)
+          hi = s < segments ? tile_row(indptr[s + 1]) : nrows;  // (end_of: kNever)
           hi = hi > lo ? hi : lo;
-          if (s >= 0 && s < segments) value = src[s];
         }
       }
       int slot = -1;
@@ -5282,10 +5313,12 @@ __global__ void __launch_bounds__(kThreads, kFillBlocksPerSm)
       const int tried =
           static_cast<int>(imax(0, imin(s0 + kThreads, segments + 1) - imax(s0, first)));
       first += starts;
+      tile_starts = min(tile_starts + starts, kThreads);  // (no more needed)
+      ahead = kThreads;  // a tile's next round: all of them
       if (starts < tried || s0 + kThreads > segments) break;
     }
+    ahead = min(kThreads, tile_starts + (tile_starts >> 2) + kFillAheadMargin);
     if (tid == 0) sm.nlong = 0;  // (read by every thread before the barrier above)
-    const int nrows = static_cast<int>(t1 - t0);
 #pragma unroll 1
     for (int r = tid; r < nrows; r += kThreads) out[t0 + r] = sm.tile[r];
     __syncthreads();  // the tile is read
