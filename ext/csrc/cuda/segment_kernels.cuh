@@ -2360,7 +2360,11 @@ __global__ void __launch_bounds__(kThreads, kLaneBlocksPerSm<T, W>)
   // team summed the stripe before, it lost everywhere (H200, ab.py, % of copy
   // bandwidth): short segments, fp32, 1 column 84.4 -> 69.7, 2 columns 86.0
   // -> 82.1; bf16, 1 column 61.8 -> 54.3, 4 columns 86.0 -> 79.0; fp32, 4
-  // columns (staged) 79.8 -> 78.7, power law 82.8 -> 80.1.
+  // columns (staged) 79.8 -> 78.7, power law 82.8 -> 80.1. Stripes claimed
+  // two at a time, with the second's starts pulled into L2 (prefetch.global.L2)
+  // by 5 lanes while the first was summed (the asm made all 30 indptr loads
+  // lose .CONSTANT), lost a little too: bf16, 1 column, short 78.0 -> 77.4 and
+  // 77.8 -> 77.5, power law and long within 0.1.
   for (;;) {  // (2^32 stripes would take an indptr of 4 TiB)
     unsigned stripe = 0;
     if (lane == 0) stripe = claim_stripe(&sm.next_stripe);
@@ -2435,6 +2439,12 @@ __global__ void __launch_bounds__(kThreads, kLaneBlocksPerSm<T, W>)
       word_lane_sums<T>(src, out, base, lane, mine, a, e);
       staged = true;
     }
+    // A warp's loop runs for its longest lane segment, most lanes idle. On
+    // 2-byte rows of 4 columns, setting a stripe's lane segments of 5 to 32
+    // rows aside in a ring in shared memory and summing them 32 at a time, one
+    // a lane, once 32 had gathered, lost: H200 (ab.py, forward % of copy, two
+    // runs), bf16, 4 columns, power law 63.9 -> 60.4 and 63.7 -> 59.7, short
+    // 84.3 -> 83.5 and 84.2 -> 83.4.
 #pragma unroll
     for (int i0 = 0; i0 < kLaneRound && !staged; i0 += kSide) {
       Acc acc[kSide][W];
@@ -2931,6 +2941,13 @@ __device__ __forceinline__ void tile_gather_block(const T* __restrict__ src,
     cached = cached > wanted ? cached : wanted;
     if (t0 + G::kTileRows < r1) {  // raw and raw_values are free again
       steps = n >= steps * kThreads ? kAhead : usual_steps;  // nrows = kTileRows here
+      // Pulling a tile's second window round into L2 (prefetch.global.L2) before
+      // the first round's barrier, where the first round predicted a full one,
+      // and on 2-byte rows of one column a tile ahead, gained nothing: H200
+      // (ab.py, backward % of copy, two runs), power law, 1 column, bf16 66.3
+      // -> 66.6 and 66.3 -> 66.5, fp32 76.2 -> 76.0 and 75.7 -> 75.4; bf16,
+      // 1 column, short 76.7 -> 75.7 (the asm also took .CONSTANT off every
+      // indptr load).
       prefetch(first + w.n);
     }
     // No start in a whole tile: every row is segment first - 1, whose value
