@@ -2565,8 +2565,9 @@ __global__ void __launch_bounds__(kThreads, kLaneBlocksPerSm<T, W>)
 // and the resident blocks its registers are budgeted for. A tile of 2-byte rows
 // holds 8192 rows, about 1000 starts of short segments: read 4 deep, they
 // mostly come in the round read ahead, where 2 deep left a further round to
-// wait on, but the registers that takes allow 3 blocks per SM, not 4 (4 deep at
-// 4 blocks spilled). On an H100, % of copy bandwidth, bf16, 1 column: short
+// wait on, but the registers that took allowed 3 blocks per SM, not 4 (4 deep
+// at 4 blocks spilled, until the label walk by search stopped holding its run
+// in registers: kTileGatherBlocksPerSm). On an H100, % of copy bandwidth, bf16, 1 column: short
 // segments 70.2 -> 83.2, power law 70.7 -> 68.2 (at 3 blocks alone 61.7 and
 // 64.9). Starts held as 32-bit words still spilled 64 bytes at 4 blocks (power
 // law 68.4 -> 62.6, short segments 83.2 -> 70.1), and were within 0.3 points
@@ -2584,8 +2585,23 @@ template <typename T, int W>
 constexpr int kTileGatherAhead = W * sizeof(T) <= 4 ? kWindowSteps : kPrefetchSteps;
 template <typename T, int W>
 constexpr bool kTileGatherAdapts = W * sizeof(T) == 4;
+// Every row width takes 4 blocks per SM. Rows of 2 bytes took 3 (76 registers)
+// while the label walk by search held its run in registers (16 words), the
+// kernel's most registers live at once; at 64 that spilled the values read
+// ahead (52 bytes), stored to the stack just after their loads were issued, so
+// each tile waited there on them. With that walk writing its rows straight to
+// the stage, bf16, 1 column fits 63 registers with no spill (SASS, sm_90: the
+// walk by marks, which every tile of the bench's inputs takes, 143 -> 150
+// instructions from the marks barrier to the stage's last 16-byte store; fp32,
+// 1 column and bf16, 2 columns 63 -> 59 registers). On an H200, bf16, 1 column,
+// power law, at 3 blocks (24 warps per SM): issue slots 49 % busy, DRAM at 49 %
+// of peak, ~5,200 cycles a block and tile (Nsight Compute); fp32, 1 column, at
+// 4: 59 % and 59 %. At 4 blocks (ab.py, backward % of copy, two runs), bf16, 1
+// column: power law 66.5 -> 70.8 and 66.6 -> 71.2, short segments 76.8 -> 81.0
+// and 76.7 -> 81.0; fp32, 1 column and bf16, 2 and 4 columns within 0.3; fp32,
+// 2 columns, short 78.0 -> 77.4.
 template <typename T, int W>
-constexpr int kTileGatherBlocksPerSm = W * sizeof(T) == 2 ? 3 : kTileBlocksPerSm;
+constexpr int kTileGatherBlocksPerSm = kTileBlocksPerSm;
 // Rows of 4 bytes mark a tile of at most 2 * kThreads starts in passes of 2
 // entries a thread, not 4 (mark_gather_starts). Such a tile (4096 rows; short
 // segments hold ~470 starts, p99 510, on the bench's inputs) had threads 0-117
@@ -2961,9 +2977,9 @@ __device__ __forceinline__ void tile_gather_block(const T* __restrict__ src,
     // column 77.5 -> 77.8, but bf16, 1 column spilled and lost 11 points, so
     // rows of 2 bytes kept the common path. On the lean tiles (H200, power
     // law): fp32, 1 column 73.4 -> 74.3; bf16, 4 columns 74.2 -> 75.0. The
-    // lean tiles left rows of 2 bytes the room: they now take this path too,
-    // within the 80 registers of 3 blocks per SM and with no spill (SASS,
-    // sm_90, bf16, 1 column), and there the walk it skips is the largest
+    // lean tiles left rows of 2 bytes the room: they take this path too (then
+    // within the 80 registers of 3 blocks per SM, now within the 64 of 4:
+    // kTileGatherBlocksPerSm), with no spill (SASS, sm_90, bf16, 1 column), and there the walk it skips is the largest
     // share of a tile's instructions (32 rows per thread, against 16 in rows
     // of 4 bytes). With the two barriers of a tile below (H200, % of copy
     // bandwidth, bf16, 1 column): power law 58.3 -> 63.9, short segments 75.3
@@ -3088,15 +3104,24 @@ __device__ __forceinline__ void tile_gather_block(const T* __restrict__ src,
         label(q, load_shared_at<P>(at));
       }
 #endif
+      write_run(sm.stage, run.units);
     } else {
+      // Each row straight to its place in the stage (write_run's, row q at
+      // byte q * sizeof(P) of the run's units), not held in the run's 16
+      // registers: this walk was where the kernel held the most registers
+      // (bf16, 1 column: 76 -> 63 without it; kTileGatherBlocksPerSm). Rare: a crowded tile, or more starts than
+      // the cached values.
       int next = start(j);
+      const int swizzle = stage_swizzle<G::kStageUnits>(tid);
+      char* const to = reinterpret_cast<char*>(sm.stage + tid * G::kStageUnits);
 #pragma unroll
       for (int q = 0; q < kRun; ++q) {
         while (next <= a + q) next = start(++j);  // skips segments without rows
-        label(q, j < cached ? sm.values[j] : value(first - 1 + j));
+        const P v = j < cached ? sm.values[j] : value(first - 1 + j);
+        const int at = q * static_cast<int>(sizeof(P));  // a constant once unrolled
+        *reinterpret_cast<P*>(to + ((at / 16) ^ swizzle) * 16 + at % 16) = v;
       }
     }
-    write_run(sm.stage, run.units);
     // Each warp stores the units of its own runs (store_warp_units), so its
     // lanes' writes to the stage are all it waits for: a warp barrier where a
     // block one was. The label walk by search reads the window, which the
