@@ -1896,7 +1896,10 @@ constexpr int kLaneUnroll = 8;
 // 4: fp32 rows of 4 columns, short segments 74.6 -> 78.5 % and power law
 // 70.1 -> 76.5 %; bf16 rows of 8 columns 72.8 -> 76.6 % and 68.1 -> 69.8 %.
 // Narrower rows lost with 8 (fp32, 1 column, short segments: 88 -> 83 %;
-// bf16, 4 columns, power law: 76.3 -> 71.9 %).
+// bf16, 4 columns, power law: 76.3 -> 71.9 %). Past the team's shorter
+// segments, rows of 8 bytes of a 2-byte type read 8 rows of the one longer
+// segment a step (kLaneTail): the 8 loads of a step of both, where 8 rows of
+// each of both lost as above.
 template <typename T, int W>
 constexpr int kLaneSteps = W * sizeof(T) == 16 ? 8 : 4;
 template <typename T, int W>
@@ -2314,6 +2317,58 @@ __device__ __forceinline__ unsigned team_ballot(bool p) {
 #endif
 }
 
+// Rows of 8 bytes of a 2-byte type (bf16 or fp16, 4 columns): a lane's loop
+// reads both its segments kLaneSteps rows a step only while the team's shorter
+// segments last (their longest, rounded up to whole steps), then the rest of a
+// longer one 2 * kLaneSteps rows a step (8 loads a step, as many as a step of
+// both; 8 rows of each of both lost, see kLaneSteps). The loop ran for the
+// team's longest lane segment, kLaneSteps rows of each of the lane's two
+// segments a step, though the lane's other segment had mostly ended by then: on
+// the bench's power law a stripe's longest lane segment is 17 to 32 rows in
+// 77 % of stripes, while most lanes' shorter segments are 1 to 4 rows. A model
+// over the bench's lengths: power law 5.84 -> 4.03 steps a stripe, each a wait
+// on memory; short segments (1 to 16 rows) 4 steps as before. sm_90 SASS: a
+// step of both segments 102 instructions as before, a step of the rest 95;
+// about 13 more a stripe (the team maximum, the vote on the rest), 24 more
+// where the rest is read; 62 -> 63 registers, no spills. The same rows are read
+// in the same stripe as before, unlike the ring of longer segments (see the
+// loop below), which read indptr again and the rows stripes later. H200 (ab.py,
+// forward % of copy, two runs): bf16, 4 columns, power law 64.0 -> 68.7 and
+// 63.8 -> 68.8; short segments 84.5 -> 84.5 and 84.5 -> 84.5; long segments
+// 89.1 -> 89.2. fp16 takes the same path (not timed).
+// The rows go into the same sums in the same order: each segment's rows one
+// by one from +0.0, rows past its end read as +0.0, which leaves a sum that
+// is never -0.0 unchanged (see strided_share); only the count of such zeros
+// changes.
+#if defined(__HIP_PLATFORM_AMD__)
+template <typename T, int W>
+constexpr bool kLaneTail = false;  // (not measured on ROCm, where a team is half a wavefront)
+#else
+template <typename T, int W>
+constexpr bool kLaneTail = sizeof(T) == 2 && W == 4 && kLaneRound == 2;
+#endif
+
+// The largest v over this thread's team (every lane of the team takes part).
+__device__ __forceinline__ unsigned team_max(unsigned v) {
+#if defined(__HIP_PLATFORM_AMD__)
+  for (int offset = kTeam / 2; offset > 0; offset /= 2) {
+    const unsigned other = __shfl_xor(v, offset, kTeam);
+    v = other > v ? other : v;
+  }
+  return v;
+#else
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+  return __reduce_max_sync(0xffffffffu, v);  // one REDUX, its result in a uniform register
+#else
+  for (int offset = kTeam / 2; offset > 0; offset /= 2) {
+    const unsigned other = __shfl_xor_sync(0xffffffffu, v, offset);
+    v = other > v ? other : v;
+  }
+  return v;
+#endif
+#endif
+}
+
 template <typename T, int W>
 __global__ void __launch_bounds__(kThreads, kLaneBlocksPerSm<T, W>)
     lane_sum_kernel(const T* __restrict__ src, const int64_t* __restrict__ indptr,
@@ -2409,8 +2464,9 @@ __global__ void __launch_bounds__(kThreads, kLaneBlocksPerSm<T, W>)
       }
     }
     // kLaneSide of the lane's segments at a time, kLaneSteps rows of each per
-    // step: a lane's few bytes per row would leave it waiting on one load
-    // after another.
+    // step (on rows of 8 bytes of a 2-byte type, past the team's shorter
+    // segments, 2 * kLaneSteps rows of the longer one: kLaneTail): a lane's
+    // few bytes per row would leave it waiting on one load after another.
     constexpr int kSide = kLaneSide<T, W>;
     constexpr int kSteps = kLaneSteps<T, W>;
     // Rows of 4 bytes or less step a pointer and a count per segment instead
@@ -2467,8 +2523,24 @@ __global__ void __launch_bounds__(kThreads, kLaneBlocksPerSm<T, W>)
 #pragma unroll
         for (int k = 0; k < W; ++k) acc[j][k] = 0;
       }
+      // kLaneTail: the loop reads `upto` rows of each segment, the rest of a
+      // longer one follows below.
+      int upto = longest;
+      bool second = false;  // kLaneTail: the segment with rows past upto is segment i0 + 1
+      if constexpr (kLaneTail<T, W>) {
+        static_assert(kSide == 2, "a lane's two segments side by side");
+        // Every lane's shorter segment ends within the team's longest shorter
+        // one, rounded up to whole steps: past that, only longer segments have
+        // rows left.
+        constexpr unsigned kStep = kSteps;
+        static_assert((kStep & (kStep - 1)) == 0, "steps of a power of two rows");
+        const unsigned shorter = static_cast<unsigned>(len[0] < len[1] ? len[0] : len[1]);
+        const int both = static_cast<int>((team_max(shorter) + kStep - 1) & ~(kStep - 1));
+        upto = longest < both ? longest : both;
+        second = len[1] > len[0];
+      }
 #pragma unroll 1
-      for (int q = 0; q < longest; q += kSteps) {
+      for (int q = 0; q < upto; q += kSteps) {
         RawPack<T, W> p[kSide][kSteps];
 #pragma unroll
         for (int j = 0; j < kSide; ++j) {
@@ -2489,6 +2561,32 @@ __global__ void __launch_bounds__(kThreads, kLaneBlocksPerSm<T, W>)
         for (int j = 0; j < kSide; ++j)
 #pragma unroll
           for (int u = 0; u < kSteps; ++u) add_raw<T, W>(acc[j], p[j][u]);
+      }
+      if constexpr (kLaneTail<T, W>) {
+        // Past upto only the longer segment has rows left: 2 * kSteps of them
+        // a step, added to its sum in order after its first upto rows.
+        const int rest = longest - upto;
+        if (team_ballot(rest > 0) != 0) {
+          Acc sum[W];
+#pragma unroll
+          for (int k = 0; k < W; ++k) sum[k] = second ? acc[1][k] : acc[0][k];
+          const T* from = src + ((second ? a[i0 + 1] : a[i0]) + upto) * W;
+#pragma unroll 1
+          for (int left = rest; left > 0; left -= 2 * kSteps) {
+            RawPack<T, W> p[2 * kSteps];
+#pragma unroll
+            for (int u = 0; u < 2 * kSteps; ++u)
+              p[u] = u < left ? load_raw<T, W>(from + u * W) : RawPack<T, W>{};
+            from += 2 * kSteps * W;
+#pragma unroll
+            for (int u = 0; u < 2 * kSteps; ++u) add_raw<T, W>(sum, p[u]);
+          }
+#pragma unroll
+          for (int k = 0; k < W; ++k) {
+            acc[0][k] = second ? acc[0][k] : sum[k];
+            acc[1][k] = second ? sum[k] : acc[1][k];
+          }
+        }
       }
 #pragma unroll
       for (int j = 0; j < kSide; ++j)
