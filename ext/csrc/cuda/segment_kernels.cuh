@@ -95,7 +95,11 @@ constexpr int kTileBlocksPerSm = 4;
 // The tile sum holds the next tile in registers, 16 KB in flight per block
 // even at 3 blocks per SM; at 4 its registers spilled (measured on an H100,
 // 1- and 4-column rows: 3 was up to 11 points of copy bandwidth faster, and
-// at most 2 points slower).
+// at most 2 points slower). Fitting 64 registers at 4 (the crowded walk and
+// the rake scan reading from shared memory, the run read after the marks):
+// H200 (ab.py, forward % of copy, two runs), 1 column, power law fp32 79.7 ->
+// 81.9 and 79.3 -> 81.5 but bf16 65.2 -> 63.7 and 66.2 -> 64.8; short and
+// long segments within 0.4. Not kept.
 constexpr int kTileSumBlocksPerSm = 3;
 constexpr int kStreamBlocksPerSm = 4;
 // Tile and lane sums: blocks start on 8 rows, 16 bytes or more.
@@ -2179,14 +2183,38 @@ __device__ __forceinline__ bool staged_lane_sums(const T* __restrict__ src, T* _
 #endif
 }
 
-// Rows of one element of 4 or 2 bytes take 5 blocks per SM (48 registers, no
-// spills), the others 4. On an H100 against 4 (ab.py, % of copy bandwidth):
-// fp32, 1 column, power law 69.9 -> 71.4, short segments 87.6 -> 88.2; bf16,
-// 1 column, short segments 78.1 -> 81.9 (its power law takes the tile sum:
-// 58.0 -> 57.7). Lost at 5: 16-byte rows (10 to 14 points; at 6 they spill),
-// 8-byte rows (spill), bf16 rows of 2 columns (short segments 1.1 points).
+// Rows of one 4-byte element take 5 blocks per SM (48 registers, no spills;
+// 2-byte ones did too, see below), the others 4. On an H100 against 4 (ab.py,
+// % of copy bandwidth): fp32, 1 column, power law 69.9 -> 71.4, short segments
+// 87.6 -> 88.2; bf16, 1 column, short segments 78.1 -> 81.9 (its power law
+// takes the tile sum: 58.0 -> 57.7). Lost at 5: 16-byte rows (10 to 14 points;
+// at 6 they spill), 8-byte rows (spill), bf16 rows of 2 columns (short segments
+// 1.1 points). Rows of one 2-byte element take 6 (40 registers, no spills):
+// H200 against 5 (ab.py, forward % of copy bandwidth, two runs): bf16, 1
+// column, short segments 78.7 -> 81.2 and 78.7 -> 81.0, power law 65.3 ->
+// 65.3, long segments 86.5 -> 86.6. Nsight Compute, H200, bf16, 1 column, short segments, at 5:
+// the stripes wait on memory (two round trips a stripe: indptr, then the words;
+// 46 % of the warp cycles on long scoreboard), and the bytes moved match the
+// warps resident times the bytes a stripe moves over its time, so more warps
+// should move more. 48 registers were the word loop's: at 40 as the kernel
+// stood, ptxas spilled 36 bytes: the block's first and lim (reloaded every
+// stripe) and issued 3 word loads before a step's first wait instead of 6, the
+// second segment's words a round trip later. The block's head and tail segments
+// (read only after the stripes) now wait in shared memory, and a team segment's
+// row range is read from shared memory again: the word loop then issues 6 words
+// before its first wait at 40, as at 48, and the stripe's instructions are the
+// same but for 2 more a word step and 2 fewer before the word loop (sm_90 SASS:
+// 267 from the claim to the team vote in both, a step 69 -> 71). ROCm keeps 5
+// (not measured there).
+#if defined(__HIP_PLATFORM_AMD__)
 template <typename T, int W>
 constexpr int kLaneBlocksPerSm = W == 1 && sizeof(T) <= 4 ? 5 : kTileBlocksPerSm;
+#else
+template <typename T, int W>
+constexpr int kLaneBlocksPerSm = W == 1 && sizeof(T) == 2 ? 6
+                                 : W == 1 && sizeof(T) <= 4 ? 5
+                                                            : kTileBlocksPerSm;
+#endif
 
 // atomicAdd(counter, 1u) from one lane, as atomicInc, which wraps only at
 // 2^32 - 1 (below 2^32 stripes, as the loop says): with the lane taken as
@@ -2253,21 +2281,20 @@ __device__ __forceinline__ void word_lane_sums(const T* __restrict__ src, T* __r
     at[i] = reinterpret_cast<const uint32_t*>(src) + (a[i] >> 1);  // src is 16-byte aligned
     acc[i] = 0;
   }
-  // The last row alone (see below), read before the loop: its load then
-  // waits along with the first step's, where read after the loop it was one
-  // more wait a stripe (Nsight Compute, H200, bf16, 1 column, short
-  // segments: 2.0 % of the stall samples, at its two uses). Held across the
-  // loop, the value had left the loads too few registers while a and e were
-  // held too: ptxas issued the second segment's first word only after the
-  // first segment's adds. lane_sum_kernel's team sum reads its bounds from
-  // indptr again instead (see there), so a and e are dead in the loop, and
-  // a step's first loads hold both segments' first words again (sm_90 SASS,
-  // 48 registers, no spills; a short stripe 309 -> 308 instructions). H200
-  // (ab.py, forward % of copy bandwidth, two runs): bf16, 1 column, short
-  // segments 75.5 -> 77.8 and 75.6 -> 78.0, power law 62.6 -> 62.6, long
-  // segments 86.9 -> 86.7; fp16 takes the same path (not timed). (The flag
-  // implies the segment is this lane's and not empty: e[i] - 1 >= a[i] >= 0,
-  // e[i] <= rows.)
+  // The last row alone (see below), read before the loop: its load then waits
+  // along with the first step's, where read after the loop it was one more wait
+  // a stripe (Nsight Compute, H200, bf16, 1 column, short segments: 2.0 % of the
+  // stall samples, at its two uses). Held across the loop, the value had left
+  // the loads too few registers while a and e were held too: ptxas issued the
+  // second segment's first word only after the first segment's adds.
+  // lane_sum_kernel's team sum reads its bounds from indptr again instead (see
+  // there), so a and e are dead in the loop, and a step's first loads hold both
+  // segments' first words again (sm_90 SASS, then at 5 blocks per SM: 48
+  // registers, no spills; a short stripe 309 -> 308 instructions). H200 (ab.py,
+  // forward % of copy bandwidth, two runs): bf16, 1 column, short segments
+  // 75.5 -> 77.8 and 75.6 -> 78.0, power law 62.6 -> 62.6, long segments
+  // 86.9 -> 86.7; fp16 takes the same path (not timed). (The flag implies the
+  // segment is this lane's and not empty: e[i] - 1 >= a[i] >= 0, e[i] <= rows.)
   T last[kLaneRound];
 #pragma unroll
   for (int i = 0; i < kLaneRound; ++i)
@@ -2303,6 +2330,20 @@ __device__ __forceinline__ void word_lane_sums(const T* __restrict__ src, T* __r
       store_sum<T, 1>(out + base + i * kTeam + lane, sum);
     }
   }
+}
+
+// Lane q ^ d's v, in a slice (logical warp) of RS lanes. CUDA: a butterfly
+// shuffle (SHFL.BFLY), the lanes cub::ShuffleIndex<RS> takes at q ^ d without
+// the lane index computed for each shuffle. ROCm keeps cub's: HIP's *_sync
+// shuffles take a 64-bit mask (a 32-bit one fails their static_assert).
+template <int RS, typename V>
+__device__ __forceinline__ V slice_xor(V v, int q, int d) {
+#if defined(__HIP_PLATFORM_AMD__)
+  return cub::ShuffleIndex<RS>(v, q ^ d, 0xffffffffu);
+#else
+  (void)q;
+  return __shfl_xor_sync(0xffffffffu, v, d, RS);
+#endif
 }
 
 // The bits of p over this thread's team of kTeam lanes, lane i's in bit i
@@ -2350,22 +2391,15 @@ constexpr bool kLaneTail = sizeof(T) == 2 && W == 4 && kLaneRound == 2;
 
 // The largest v over this thread's team (every lane of the team takes part).
 __device__ __forceinline__ unsigned team_max(unsigned v) {
-#if defined(__HIP_PLATFORM_AMD__)
-  for (int offset = kTeam / 2; offset > 0; offset /= 2) {
-    const unsigned other = __shfl_xor(v, offset, kTeam);
-    v = other > v ? other : v;
-  }
-  return v;
-#else
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+#if !defined(__HIP_PLATFORM_AMD__) && (!defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800)
   return __reduce_max_sync(0xffffffffu, v);  // one REDUX, its result in a uniform register
 #else
-  for (int offset = kTeam / 2; offset > 0; offset /= 2) {
-    const unsigned other = __shfl_xor_sync(0xffffffffu, v, offset);
+  const int q = static_cast<int>(threadIdx.x % kTeam);
+  for (int d = kTeam / 2; d > 0; d /= 2) {
+    const unsigned other = slice_xor<kTeam>(v, q, d);
     v = other > v ? other : v;
   }
   return v;
-#endif
 #endif
 }
 
@@ -2379,6 +2413,10 @@ __global__ void __launch_bounds__(kThreads, kLaneBlocksPerSm<T, W>)
   using Shared = LaneSumShared<T, W>;
   static_assert(kTeam <= 32, "a team's lanes are bits of an unsigned");
   __shared__ Shared sm;
+  // kWordLanes: the block's head and tail segments, read back after the
+  // stripes (see kLaneBlocksPerSm). Not part of Shared, whose layout the other
+  // instantiations keep (this array is left out of their kernels).
+  __shared__ int64_t ends[2];
   if (gated_out(gate, indptr, segments, rows, cross)) return;
   const int tid = threadIdx.x, t = tid / kTeam;
   const int lane = static_cast<int>(threadIdx.x % kTeam);  // unsigned: no sign fix-up
@@ -2399,12 +2437,18 @@ __global__ void __launch_bounds__(kThreads, kLaneBlocksPerSm<T, W>)
   // Segments starting at r1 belong to the next block, except past the last
   // row, where the trailing empty ones are zeroed here.
   const int64_t last = imin(range.next, segments);
-  const int64_t head = head_segment(indptr, segments, rows, range.r0, first);
-  const int64_t tail =
+  int64_t head = head_segment(indptr, segments, rows, range.r0, first);
+  int64_t tail =
       last > first && end_of(indptr, segments, rows, last - 1) > range.r1 ? last - 1 : -1;
   if (tid == 0 && cross.head_key != nullptr) {
     cross.head_key[block] = head;
     cross.tail_key[block] = tail;
+  }
+  if constexpr (kWordLanes<T, W>) {
+    if (tid == 0) {  // (read after the barrier that follows the stripes)
+      ends[0] = head;
+      ends[1] = tail;
+    }
   }
   // The segments the lanes and teams sum: [first, lim). The tail, when there
   // is one, is last - 1, the block's last segment: the bound that leaves it
@@ -2614,9 +2658,15 @@ __global__ void __launch_bounds__(kThreads, kLaneBlocksPerSm<T, W>)
           // found). Shuffled from the holder, a and e stayed live across
           // word_lane_sums' loop, whose loads then lacked registers (see
           // there).
+          // The block's rows read again too, through volatile: with r0 and
+          // r1 reused, they were held across that loop (4 registers), which
+          // at 6 blocks per SM left it 3 loads before its first wait (see
+          // kLaneBlocksPerSm). The same values.
           const int64_t s = base + i * kTeam + from;
-          sa = imax(indptr[s], r0);
-          sb = imin(imax(indptr[s + 1], r0), r1);
+          const int64_t b0 = *static_cast<const volatile int64_t*>(&sm.r0);
+          const int64_t b1 = *static_cast<const volatile int64_t*>(&sm.r1);
+          sa = imax(indptr[s], b0);
+          sb = imin(imax(indptr[s + 1], b0), b1);
         } else {
           int64_t ha = 0, hb = 0;
 #pragma unroll
@@ -2640,6 +2690,10 @@ __global__ void __launch_bounds__(kThreads, kLaneBlocksPerSm<T, W>)
   __syncthreads();  // the big list is complete
   const int64_t r0 = sm.r0, r1 = sm.r1;
   Acc total[W];
+  if constexpr (kWordLanes<T, W>) {
+    head = ends[0];
+    tail = ends[1];
+  }
   if (head >= 0) {
     block_rows_sum<T, W>(src, r0, imin(end_of(indptr, segments, rows, head), r1), sm, total);
     if (tid == 0) {
@@ -2722,8 +2776,33 @@ constexpr int kTileGatherBlocksPerSm = kTileBlocksPerSm;
 // of copy bandwidth, short segments: fp32, 1 column 79.5 -> 80.5; bf16, 2
 // columns 79.4 -> 80.4; power law, and bf16 rows of 1 column (2 bytes, not
 // changed), within 0.2.
+// Rows of 8 bytes (tiles of 2048 rows: short segments hold ~241 starts, 97 %
+// of tiles at most 256; the power law p10 151, median 367, p90 503, in its
+// tiles with a start, 92 % at most 512) mark one entry a thread up to
+// kThreads starts and two up to 2 * kThreads, so all 8 warps mark (short
+// segments) where passes of 4 had threads 0-60 do it: 2 warps (3.2 on
+// average on the power law). Nsight Compute, H200, bf16, 4 columns, short
+// segments, passes of 4: a marking warp issued ~173 instructions (its pass,
+// the warp_first records in 62 % of them, divergent branches) after the ~87
+// every warp issues from load_window's barrier to the marks, while the other
+// 6 waited at the barrier after the marks: 23 % of the stall samples, the
+// kernel's largest (issue slots 51 % busy, 1.06 eligible warps a scheduler,
+// ~5,300 cycles a block and tile, 335 warp instructions a warp and tile). A
+// pass of one entry is ~40 instructions (SASS, sm_90, tile_gather_kernel,
+// bf16, 4 columns, path without a warp crossing; ~12 more with a warp_first
+// record): 8 warps of ~45-50 where 2 issued ~173, about 40 more warp
+// instructions a tile, about 1.5 %, for a path to that barrier of ~130
+// instructions instead of ~260. The marks, crowded flag and warp_first are
+// the same at any pass width (sorted starts). H200 (ab.py, backward % of copy
+// bandwidth, two runs): bf16, 4 columns, short segments 77.8 -> 79.6 and
+// 77.9 -> 79.3, power law 76.9 -> 76.9 and 76.9 -> 77.2; fp32, 2 columns,
+// short 77.8 -> 79.4, power 76.7 -> 77.1; 1-column rows within 0.1.
+// Rows of 8 bytes meet kTileGatherMarkPairs too, but they take
+// kTileGatherMarkSingles first, with its 1-entry pass up to kThreads starts.
 template <typename T, int W>
-constexpr bool kTileGatherMarkPairs = W * sizeof(T) == 4;
+constexpr bool kTileGatherMarkPairs = W * sizeof(T) == 4 || W * sizeof(T) == 8;
+template <typename T, int W>
+constexpr bool kTileGatherMarkSingles = W * sizeof(T) == 8;
 
 template <typename T, int W>
 struct TileGatherShared {
@@ -2787,12 +2866,13 @@ __device__ __forceinline__ int warp_scan_step(int x) {
 // and a barrier per thread and tile (SASS, sm_90, bf16, 1 column).
 // n counts the window's entries to mark, at most nrows + 1 (tile_gather_block):
 // 32-bit, as start(i), which gives INT_MAX from n on.
-// kPer entries per thread and pass (the tile gather picks 2 or 4 per tile).
+// kPer entries per thread and pass (the tile gather picks 1, 2 or 4 per tile).
 template <int kWarpRowsLog2, int kPer, typename Start>
 __device__ __forceinline__ void mark_gather_starts(int n, int nrows, const int* window,
                                                    Start&& start, uint32_t* starts, int& crowded,
                                                    int* warp_first) {
-  static_assert(kPer == 2 || kPer == 4, "entries read as one 8- or 16-byte word");
+  static_assert(kPer == 1 || kPer == 2 || kPer == 4,
+                "entries read as one 4-, 8- or 16-byte word");
   const int in_window = n < kWindow ? n : kWindow;
   for (int i0 = kPer * static_cast<int>(threadIdx.x); i0 < n; i0 += kPer * kThreads) {
     int r[kPer + 2];  // entries i0 - 1 to i0 + kPer
@@ -2801,6 +2881,8 @@ __device__ __forceinline__ void mark_gather_starts(int n, int nrows, const int* 
       r[0] = i0 > 0 ? window[i0 - 1] : 0;
       if constexpr (kPer == 4) {
         read_quad(window + i0, r + 1);
+      } else if constexpr (kPer == 1) {
+        r[1] = window[i0];
       } else {  // i0 even, window 16-byte aligned: one 8-byte read
         const int2 v = *reinterpret_cast<const int2*>(window + i0);
         r[1] = v.x;
@@ -3135,7 +3217,14 @@ __device__ __forceinline__ void tile_gather_block(const T* __restrict__ src,
       mark_gather_starts<kWarpRowsLog2, decltype(per)::value>(
           n, nrows, sm.window, tile_start, sm.starts, crowded_word, warp_first);
     };
-    if constexpr (kTileGatherMarkPairs<T, W>) {
+    if constexpr (kTileGatherMarkSingles<T, W>) {
+      if (n <= kThreads)
+        mark(std::integral_constant<int, 1>{});
+      else if (n <= 2 * kThreads)
+        mark(std::integral_constant<int, 2>{});
+      else
+        mark(std::integral_constant<int, 4>{});
+    } else if constexpr (kTileGatherMarkPairs<T, W>) {
       if (n <= 2 * kThreads)
         mark(std::integral_constant<int, 2>{});
       else
@@ -3777,7 +3866,10 @@ __device__ __forceinline__ void stream_sum_block(const T* __restrict__ src,
         // with no load in flight, and such warps end the one wave. H200
         // (ab.py, forward % of copy, two runs): bf16 x32 power 73.4 -> 78.4
         // and 74.0 -> 78.3, short 81.1 -> 82.0 and 81.3 -> 82.3, long within
-        // 0.1.
+        // 0.1. Folding `started` into j (held 2^20 lower until the first
+        // close: a close 24 -> 22 instructions, a batch without one 158 ->
+        // 153) timed the same: power 79.0 -> 78.8 and 79.3 -> 79.6, short
+        // 83.3 -> 83.4 and 83.2 -> 83.5. Not kept.
         if constexpr (kRel) {
           const int jn = j + 1;
           if (started && after_r > row &&
@@ -4058,23 +4150,13 @@ __device__ __forceinline__ void split_by_cost(const int64_t* __restrict__ indptr
   __syncthreads();
 }
 
-// Lane q ^ d's v, in a slice (logical warp) of RS lanes. CUDA: a butterfly
-// shuffle (SHFL.BFLY), the lanes cub::ShuffleIndex<RS> takes at q ^ d without
-// the lane index computed for each shuffle. ROCm keeps cub's: HIP's *_sync
-// shuffles take a 64-bit mask (a 32-bit one fails their static_assert).
-template <int RS, typename V>
-__device__ __forceinline__ V slice_xor(V v, int q, int d) {
-#if defined(__HIP_PLATFORM_AMD__)
-  return cub::ShuffleIndex<RS>(v, q ^ d, 0xffffffffu);
-#else
-  (void)q;
-  return __shfl_xor_sync(0xffffffffu, v, d, RS);
-#endif
-}
-
 // kShort: short segments (launch_team_sum), where the team reads segment
 // ends ahead and blocks and teams split rows by cost; long segments keep the
-// code that leaves them the registers they had.
+// code that leaves them the registers they had. Storing a one-row segment's
+// sum straight from its lane (rows of 128 bytes; 53 % of the power law's
+// segments), skipping the cross-lane sum, timed no faster: H200, forward %
+// of copy, power law bf16 x64 78.0 -> 77.8 and 78.2 -> 78.1, fp32 x32 83.9 ->
+// 83.6; short segments within 0.1. Not kept.
 template <typename T, int kCols, int U, bool kShort>
 __global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
     team_sum_kernel(const T* __restrict__ src, const int64_t* __restrict__ indptr,
@@ -5377,6 +5459,39 @@ struct FillGatherShared {
   Row long_value[kLongs];
 };
 
+// Rows [lo, hi) of a fill tile set to v by one thread, in the order of their
+// bank group, not of the rows: at step k (0 to 7) it stores the run's rows t
+// and t + 8, t = (tid - lo + k) mod 8, both in group r = tid + k (mod 8). A
+// 16-byte store of a warp runs as quarter warps of 8 lanes over the 8 groups
+// of 16 bytes of shared memory banks (rows r mod 8 of the tile), so the 8
+// lanes of a quarter, each at its own r mod 8, never share a group, where
+// rows lo + k did (the short segments' starts fall at any r mod 8). Nsight
+// Compute on an H200, fp32, 4 columns, short segments: the fill's 16-byte
+// stores ran 15.3M shared wavefronts where 6.4M would do (bank conflicts: a
+// run's first store, 7.1 wavefronts against 3.2), 77 % of the kernel's
+// shared wavefronts, with L1 82 % busy. In this order, by a host emulation
+// of the bench's tiles (quarter-warp model, which puts the old order at 401
+// wavefronts a tile against the 453 measured), 232 a tile instead of 401 on
+// short segments, 156 instead of 170 on the power law. H200 (ab.py, backward
+// % of copy bandwidth, two runs): fp32, 4 columns, short segments 79.1 ->
+// 80.0 and 78.7 -> 79.9, power law 76.7 -> 77.5 both; bf16, 8 columns, short
+// 78.8 -> 79.9, power 76.6 -> 77.4; long segments 97.5 -> 97.2.
+// Rows 16 on of a run (more than 16 rows: about 1 run in 40 on the power
+// law, and the long ones of an unsorted indptr that do not fit the long
+// slots) keep the row order.
+template <typename Row>
+__device__ __forceinline__ void fill_run(Row* tile, int lo, int hi, const Row& v, int tid) {
+  Row* const run = tile + lo;
+  const int len = hi - lo;
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {  // rows 0-15 of the run: t and t + 8 at step k
+    const int t = (tid - lo + k) & 7;  // run[t]: in group (tid + k) % 8
+    if (t < len) run[t] = v;
+    if (t + 8 < len) run[t + 8] = v;
+  }
+  for (int r = lo + 16; r < hi; ++r) tile[r] = v;  // (power law: about 1 run in 40)
+}
+
 template <typename Row>
 __global__ void __launch_bounds__(kThreads, kFillBlocksPerSm)
     fill_gather_kernel(const Row* __restrict__ src, const int64_t* __restrict__ indptr,
@@ -5407,7 +5522,7 @@ __global__ void __launch_bounds__(kThreads, kFillBlocksPerSm)
     // is v - t0 wherever it is used: v > t0 >= 0, no overflow). In 32 bits,
     // it keeps the value read ahead within the 32 registers of 8 blocks per
     // SM: with 64-bit clamps, sm_90 took 32 registers and spilled 16 bytes
-    // (30 registers, no spills, this way).
+    // (30 registers, no spills, this way; 32 and no spills with fill_run).
     auto tile_row = [&](int64_t v) -> int {
       const uint64_t u = static_cast<uint64_t>(v) - static_cast<uint64_t>(t0);
       return v <= t0 ? 0 : static_cast<int>(u < static_cast<uint32_t>(nrows) ? u : nrows);
@@ -5425,8 +5540,11 @@ __global__ void __launch_bounds__(kThreads, kFillBlocksPerSm)
       if (s <= segments) {
         const bool early = tid < ahead;
         const bool real = s >= 0 && s < segments;
-        const int64_t start = s < 0 ? 0 : indptr[s];
+        // (The value's load first: with fill_run's stores below, sm_90 put
+        // the start and the value in the same registers when the start came
+        // first, and waited on the start before it issued the value.)
         if (early && real) value = src[s];
+        const int64_t start = s < 0 ? 0 : indptr[s];
         lo = s < 0 ? 0 : tile_row(start);
         in = s < first || lo < nrows;  // lo < nrows: the start is under t1
         if (in) {
@@ -5443,7 +5561,7 @@ __global__ void __launch_bounds__(kThreads, kFillBlocksPerSm)
         sm.long_hi[slot] = hi;
         sm.long_value[slot] = value;
       } else if (in) {  // (only an unsorted indptr has more long ones than fit)
-        for (int r = lo; r < hi; ++r) sm.tile[r] = value;
+        fill_run(sm.tile, lo, hi, value, tid);
       }
       const int starts = __syncthreads_count(in && s >= first);
       const int nlong = min(sm.nlong, Shared::kLongs);

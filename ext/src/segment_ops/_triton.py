@@ -880,6 +880,10 @@ def _segment_sum_lanes_kernel(
     PACK_BOUNDS: tl.constexpr = CHUNK_ROWS + 2 < 32768
     MID: tl.constexpr = MID_FROM > 0 and PACK_BOUNDS
     lane_rows: tl.constexpr = MID_FROM if MID else LANE_ROWS
+    # Mid lanes keyed by sign | slot << 23 | first << 8 | rows (the mid loop
+    # below): slots below 256, first rows below 2^15 (PACK_BOUNDS), up to 255
+    # rows; one column only (the shapes the tuner gives the mid path).
+    MID_KEYS: tl.constexpr = MID and BLOCK_SEGS <= 256 and MID_ROWS < 256 and BLOCK_COLS == 1
     acc_type = tl.float64 if IS_FP64 else tl.float32
     flag_ptr, part_ptr = _workspace(ws_ptr, slots, FLAG_WORDS)
     nseg = tl.cast(segments, tl.int64)
@@ -967,7 +971,13 @@ def _segment_sum_lanes_kernel(
     slot_lanes = tl.arange(0, BLOCK_SEGS)
     base = tl.maximum(lo - 1, 0)
     # A block is its first segment `block` (an int64 scalar) and int32 lane
-    # offsets: the per-lane index and address arithmetic is 32-bit.
+    # offsets: the per-lane index and address arithmetic is 32-bit. The block
+    # loop's counter and segments left in int32 too (int32 `segments`, the
+    # trip count taken in int64: -2 to -3 % of a lane chunk's instructions
+    # offline) timed mixed, H200, Triton over CUDA forward speed, power law:
+    # fp32 4 columns 0.821 -> 0.870, bf16 32 columns 0.811 -> 0.841, bf16 1
+    # column 0.680 -> 0.689, but bf16 4 columns 0.820 -> 0.795 and bf16 short
+    # segments, 1 column 0.909 -> 0.874. Not kept.
     block = base
     valid = slot_lanes < tl.minimum(hi - block, BLOCK_SEGS).to(tl.int32)
     start = _indptr_local(indptr_ptr + block, slot_lanes, c0, valid, CHUNK_ROWS, ROWS32)
@@ -1003,6 +1013,11 @@ def _segment_sum_lanes_kernel(
             # with the tile change below (timed only together with the lane
             # kernel's other changes, see _LANE_MID_SHAPES).
             packed = tl.where(rest | mid if MID else rest, _pack_bounds(start, end), 0)
+            if MID_KEYS:
+                # A mid lane's word is its key instead: negative (the other
+                # lanes' words are not), then slot, first row and rows, so one
+                # REDUX.MIN picks the lowest mid lane and gives its bounds.
+                packed = tl.where(mid, ((slot_lanes - 256) << 23) + (first << 8) + count, packed)
         if not MID:
             row_ptr = chunk_src + first[:, None] * INNER + cols[None, :]
         acc = tl.zeros([BLOCK_SEGS, BLOCK_COLS], dtype=acc_type)
@@ -1019,14 +1034,55 @@ def _segment_sum_lanes_kernel(
                 row_ptr_k = chunk_src + (first + k)[:, None] * INNER + cols[None, :]
             else:
                 row_ptr_k = row_ptr + k * INNER
+            # bf16 rows of one column read as aligned 4-byte words, two rows a
+            # load (-4.4 % of a lane chunk's instructions offline) lost: H200,
+            # Triton over CUDA forward speed, power law 0.680 -> 0.651 and
+            # 0.678 -> 0.649.
             for r in tl.static_range(LANE_STEP):
                 acc += _lane_row(row_ptr_k, r, left, col_mask, INNER, even_cols).to(acc_type)
-        tl.store(
-            (out_ptr + block * INNER) + slot_lanes[:, None] * INNER + cols[None, :],
-            acc.to(out_ptr.dtype.element_ty),
-            mask=_tile_mask(lane, col_mask, even_cols),
-        )
-        if MID:
+        if not MID_KEYS:
+            tl.store(
+                (out_ptr + block * INNER) + slot_lanes[:, None] * INNER + cols[None, :],
+                acc.to(out_ptr.dtype.element_ty),
+                mask=_tile_mask(lane, col_mask, even_cols),
+            )
+        if MID_KEYS:
+            # The mid loop below, with keys (the mid lanes' `packed`): a step
+            # takes the smallest word, the lowest mid lane (slots are unique),
+            # with one REDUX.MIN where it took a REDUX.MIN of slots and a
+            # REDUX.SUM of the picked lane's bounds, clears that lane's word
+            # and puts its sum into the lane's `acc`, stored with the lanes'
+            # sums after the loop instead of a store a step. Same segments in
+            # the same order, same rows and adds (bit-identical sums). Steps
+            # = mid lanes, and only a mid lane's word is negative: every step
+            # takes one, inside the chunk, for any indptr. Offline, sm_90,
+            # 8192-row chunks, bf16 (fp32): 59 (54) -> 50 (46) instructions a
+            # mid segment, the block's code outside its loops +6 (+3); bf16
+            # 62 -> 63 registers, fp32 64 unchanged (the same 64 allocated):
+            # bench power law, 1 column, about -3 % (-4 %) of a lane chunk's
+            # instructions. H200 (tri.py, Triton over CUDA forward speed, two
+            # runs): bf16, 1 column, power law 0.680 -> 0.699 and 0.678 ->
+            # 0.699, short segments 0.909 -> 0.912; fp32 power law 0.773 ->
+            # 0.772 and 0.775 -> 0.774.
+            stored = lane | mid
+            for _ in range(tl.sum(mid.to(tl.int32), axis=0)):
+                key = tl.min(packed, axis=0)
+                hit = packed == key
+                packed = tl.where(hit, 0, packed)
+                m_first = (key >> 8) & 0x7FFF
+                m_count = key & 0xFF
+                tile = tl.load(
+                    (chunk_src + m_first * INNER) + mid_rows[:, None] * INNER + cols[None, :],
+                    mask=_tile_mask(mid_rows < m_count, col_mask, even_cols),
+                    other=0.0,
+                )
+                acc = tl.where(hit[:, None], tl.sum(tile.to(acc_type), axis=0)[None, :], acc)
+            tl.store(
+                (out_ptr + block * INNER) + slot_lanes[:, None] * INNER + cols[None, :],
+                acc.to(out_ptr.dtype.element_ty),
+                mask=_tile_mask(stored, col_mask, even_cols),
+            )
+        elif MID:
             # Mid segments (inside the chunk, MID_FROM + 1 to MID_ROWS rows),
             # one after another on the whole warp: one tile of MID_ROWS rows
             # each, reduced over the warp. In lanes, a block's loop ran as long
