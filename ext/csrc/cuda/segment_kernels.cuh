@@ -95,12 +95,37 @@ constexpr int kTileBlocksPerSm = 4;
 // The tile sum holds the next tile in registers, 16 KB in flight per block
 // even at 3 blocks per SM; at 4 its registers spilled (measured on an H100,
 // 1- and 4-column rows: 3 was up to 11 points of copy bandwidth faster, and
-// at most 2 points slower). Fitting 64 registers at 4 (the crowded walk and
-// the rake scan reading from shared memory, the run read after the marks):
-// H200 (ab.py, forward % of copy, two runs), 1 column, power law fp32 79.7 ->
-// 81.9 and 79.3 -> 81.5 but bf16 65.2 -> 63.7 and 66.2 -> 64.8; short and
-// long segments within 0.4. Not kept.
+// at most 2 points slower). Rows of 1 column of 4 bytes over short segments
+// take 4. At 64 registers they spilled (bf16 212 bytes, fp32 72, the starts
+// read ahead among them, stored to the stack right after their loads), for
+// four reasons: the run was held in registers through mark_starts; the
+// crowded walk and its search kept it too; warp 0's rake kept its 8 items
+// through the warp scan; and the block's own and head segments stayed in
+// registers through the walk. With those four cut (tile_sum_block,
+// rake_scan), bf16 and fp32 both fit 64 registers with no spill (SASS, sm_90;
+// 80 and 79 at 3 blocks), and the hot path's register peak is the storeless
+// walk's. Nsight Compute, H200, bf16, 1 column, power law, at 3 blocks: 22 of
+// 24 warps per SM resident, issue slots 58 % busy, DRAM at 46.5 % of peak,
+// latency that 32 resident warps should hide better, as 4 blocks did for the
+// tile gather (kTileGatherBlocksPerSm). H200 (ab.py, forward, % of copy
+// bandwidth, two runs each), 1 column, power law: fp32 77.6 -> 79.7 and 78.0
+// -> 80.1 (79.7 -> 81.9 and 79.3 -> 81.5 with bf16 at 4 too); short and long
+// segments within 0.4. bf16 lost at 4 blocks, 65.2 -> 63.7 and 66.2 -> 64.8,
+// and with the cuts at 3 blocks still 65.0 -> 64.5 twice: it keeps 3 blocks
+// and the code before the cuts (kLeanTileSum). (Not measured: at 4 blocks
+// its 46.5 KB of shared memory a block leave L1 about 60 KB, not 92; fp32's
+// 29.6 KB leave it 124 KB.)
+// (ROCm keeps 3, and the code before the cuts: the register counts are
+// sm_90's.)
+template <typename T, int W, bool kShort>
+#if defined(__HIP_PLATFORM_AMD__)
 constexpr int kTileSumBlocksPerSm = 3;
+#else
+constexpr int kTileSumBlocksPerSm = W == 1 && kShort && sizeof(T) == 4 ? 4 : 3;
+#endif
+// The tile sums that take the register cuts: those budgeted 64 registers.
+template <typename T, int W, bool kShort>
+constexpr bool kLeanTileSum = kTileSumBlocksPerSm<T, W, kShort> > 3;
 constexpr int kStreamBlocksPerSm = 4;
 // Tile and lane sums: blocks start on 8 rows, 16 bytes or more.
 constexpr int64_t kSplitQuantum = 8;
@@ -1272,7 +1297,7 @@ __device__ __forceinline__ Item shuffle_up(const Item& x, int d) {
   return y;
 }
 
-template <typename Item, typename Op>
+template <bool kReread, typename Item, typename Op>
 __device__ __forceinline__ void rake_scan(Item* grid, const Item& initial, Op op) {
   const int lane = threadIdx.x;  // < 32
   Item* const seg = grid + lane * (kRakeLength + kRakePad);
@@ -1295,10 +1320,14 @@ __device__ __forceinline__ void rake_scan(Item* grid, const Item& initial, Op op
   inclusive = op(first, inclusive);
   Item prefix = shuffle_up(inclusive, 1);
   if (lane == 0) prefix = first;
-  // Downsweep: the exclusive scan of the lane's items after its prefix.
+  // Downsweep: the exclusive scan of the lane's items after its prefix. With
+  // kReread the items are read again (no other thread writes them between the
+  // barriers) rather than held through the warp scan: 16 registers fewer at
+  // warp 0's peak, which set the tile sum's at 64 registers (bf16, 1 column:
+  // 40 bytes spilled with them held; SASS, sm_90).
 #pragma unroll
   for (int i = 0; i < kRakeLength; ++i) {
-    const Item next = op(prefix, cached[i]);
+    const Item next = op(prefix, kReread ? seg[i] : cached[i]);
     seg[i] = prefix;
     prefix = next;
   }
@@ -1310,7 +1339,7 @@ __device__ __forceinline__ void rake_scan(Item* grid, const Item& initial, Op op
 template <int W>
 constexpr bool kStorelessWalk = W == 1;
 
-template <typename T, int W>
+template <typename T, int W, bool kLean = false>
 struct TileSumShared {
   using Acc = typename Num<T>::acc;
   // A run's sum of one float scans with cub's default, raking scan, wider ones
@@ -1350,7 +1379,18 @@ struct TileSumShared {
   static_assert(G::kRunRows <= 32 && 32 % G::kRunRows == 0, "a run's starts fit one mask word");
   int counts[3];
   int crowded;           // some row of the tile starts several segments
-  RunSum<Acc, W> carry;  // the segment open at the tile's start: its sum so far
+  // tile_sum_block's first owned segment and head (or -1), written by thread
+  // 0 before the first barrier and read where they are needed: in registers
+  // through the storeless walk, the kernel's register peak, they cost a spill
+  // at 64 registers (bf16, 1 column; SASS, sm_90). Kept beside the carry,
+  // only where 64 registers are the budget (kLean); other kernels keep them
+  // in registers and this layout unchanged.
+  struct CarryOwn : RunSum<Acc, W> {
+    using RunSum<Acc, W>::operator=;
+    int64_t own, head;
+  };
+  // the segment open at the tile's start: its sum so far
+  std::conditional_t<kLean, CarryOwn, RunSum<Acc, W>> carry;
   uint32_t starts[G::kTileRows / 32];  // bit r: a segment starts at row r
   alignas(16) int window[kWindow];
   // The storeless walk's per-row sums, over the stage once every run is read
@@ -1366,6 +1406,27 @@ struct TileSumShared {
     AccPair sums[kSums / 2];
   };
 };
+
+// tile_sum_block's own and head segments, read from shared memory in lean
+// kernels (TileSumShared::CarryOwn), from their registers in the others.
+// (Lambdas in their place changed the other kernels' SASS.)
+template <bool kLean, typename Carry>
+__device__ __forceinline__ int64_t block_own(const Carry& carry, int64_t own) {
+  if constexpr (kLean) {
+    return carry.own;
+  } else {
+    return own;
+  }
+}
+
+template <bool kLean, typename Carry>
+__device__ __forceinline__ int64_t block_head(const Carry& carry, int64_t head) {
+  if constexpr (kLean) {
+    return carry.head;
+  } else {
+    return head;
+  }
+}
 
 // One block's row range, tile by tile. A tile is loaded with coalesced 16-byte
 // loads into shared memory, with its segment starts beside it. Thread g sums
@@ -1409,18 +1470,20 @@ struct TileSumShared {
 // -> 41.7 (8 rows per thread: 30.6), 2 columns 69.4 -> 54.4, fp32, 1 column
 // 80.3 -> 61.1; a warp's threads wait for its longest segment.)
 template <typename T, int W, bool kShort>
-__device__ __forceinline__ void tile_sum_block(const T* __restrict__ src,
-                                               const int64_t* __restrict__ indptr,
-                                               T* __restrict__ out, int64_t rows,
-                                               int64_t segments, int64_t inner,
-                                               const BlockRows& range,
-                                               const Crossing<typename Num<T>::acc>& cross,
-                                               TileSumShared<T, W>& sm) {
+__device__ __forceinline__ void tile_sum_block(
+    const T* __restrict__ src, const int64_t* __restrict__ indptr, T* __restrict__ out,
+    int64_t rows, int64_t segments, int64_t inner, const BlockRows& range,
+    const Crossing<typename Num<T>::acc>& cross,
+    TileSumShared<T, W, kLeanTileSum<T, W, kShort>>& sm) {
   using Acc = typename Num<T>::acc;
   using G = Geometry<T, W>;
   using Item = RunSum<Acc, W>;
-  using Scan = typename TileSumShared<T, W>::Scan;
-  using CountScan = typename TileSumShared<T, W>::CountScan;
+  using Shared = TileSumShared<T, W, kLeanTileSum<T, W, kShort>>;
+  using Scan = typename Shared::Scan;
+  using CountScan = typename Shared::CountScan;
+  // The register cuts that fit 64 registers (kTileSumBlocksPerSm): where 3
+  // blocks per SM leave 80, the code before them runs.
+  constexpr bool kLean = kLeanTileSum<T, W, kShort>;
   constexpr int kRun = G::kRunRows;
   const int tid = threadIdx.x;
   // Blocks of kThreads threads (the launch): drops the tests of k * kThreads
@@ -1450,10 +1513,16 @@ __device__ __forceinline__ void tile_sum_block(const T* __restrict__ src,
   if (tid == 0 && cross.head_key != nullptr) cross.head_key[block] = head;
   // Segments before this one were finished by earlier blocks.
   const int64_t own = head >= 0 ? head : first;
+  if constexpr (kLean) {
+    if (tid == 0) {
+      sm.carry.own = own;
+      sm.carry.head = head;
+    }
+  }
 
   auto flush = [&](int64_t s, const Acc (&v)[W]) {
-    if (s < own || s >= segments) return;
-    if (s == head) {
+    if (s < block_own<kLean>(sm.carry, own) || s >= segments) return;
+    if (s == block_head<kLean>(sm.carry, head)) {
       Acc* dst = cross.head_val + block * inner;
 #pragma unroll
       for (int k = 0; k < W; ++k) dst[k] = v[k];
@@ -1462,7 +1531,8 @@ __device__ __forceinline__ void tile_sum_block(const T* __restrict__ src,
     }
   };
   auto zero = [&](int64_t s) {
-    if (s >= own && s < segments) store_pack(out + s * W, zero_pack<T, W>());
+    if (s >= block_own<kLean>(sm.carry, own) && s < segments)
+      store_pack(out + s * W, zero_pack<T, W>());
   };
 
   int round = 0;
@@ -1482,8 +1552,9 @@ __device__ __forceinline__ void tile_sum_block(const T* __restrict__ src,
   // to 2200 starts, and those with more than 1024 (38 % of the tiles, Nsight
   // Compute, load_window) waited on a second round, a read of indptr between
   // two barriers. The deeper reads that lost (Geometry::kPrefetch) held 64-bit
-  // entries: 16 more registers where the kernel already has the 80 that
-  // kTileSumBlocksPerSm allows. Other tiles read as many entries as before.
+  // entries: 16 more registers where the kernel already had the 80 that 3
+  // blocks per SM allow (64 at 4: kTileSumBlocksPerSm). Other tiles read as
+  // many entries as before.
   // Low words are exact below 2^32 rows only: from there nothing is read
   // ahead (steps 0). (H200, power law, 1 column, % of copy bandwidth: bf16
   // 52.2 -> 56.0, fp32 63.4 -> 67.3; bf16, 2 columns 50.6 -> 52.9.)
@@ -1519,15 +1590,19 @@ __device__ __forceinline__ void tile_sum_block(const T* __restrict__ src,
     // stage whole, and the marks' barrier below then lets the storeless walk
     // write its sums over it, with no barrier of its own: one barrier a tile
     // fewer (of 6; power law, 1 column: bf16 52.2 -> 53.8, fp32 63.4 -> 63.9;
-    // with the low words and the early loads: bf16 59.6, fp32 68.5).
+    // with the low words and the early loads: bf16 59.6, fp32 68.5). Lean
+    // kernels read it after mark_starts, not before: its 16 registers were
+    // live through it, the kernel's peak then (SASS, sm_90, bf16, 1 column: at
+    // 64 registers 212 bytes spilled, 84 with the run read after it).
     uint4 run[G::kStageUnits];
-    read_run(sm.stage, run);
+    if constexpr (!kLean) read_run(sm.stage, run);
     auto start = [&](int64_t i) {
       return i < w.n ? window_start(sm.window, indptr, rows, t0, w, i) : INT_MAX;
     };
     // Segments without rows are zeroed here.
     mark_starts(w.n, nrows, sm.window, start, sm.starts, sm.crowded,
                 [&](int64_t i) { zero(first + i); });
+    if constexpr (kLean) read_run(sm.stage, run);
     __syncthreads();
 
     // This run's rows [a, a + kRun), segment first - 1 + j being the one open
@@ -1540,13 +1615,17 @@ __device__ __forceinline__ void tile_sum_block(const T* __restrict__ src,
     // The storeless walk is cheaper still: every uncrowded tile takes it.
     const bool predicated = kShort && !sm.crowded && (kStorelessWalk<W> || w.n > kThreads / 4);
     // The storeless walk takes the starts before its run from the run scan
-    // (RunSum), and needs no count scan.
+    // (RunSum), and needs no count scan; in lean kernels the other walk then
+    // searches the window inside its branch, where, over short segments, the
+    // run is not live (below).
     constexpr bool kCountInScan = kStorelessWalk<W>;
-    int64_t j =
-        kCountInScan && predicated
-            ? 0
-            : starts_before<CountScan>(a, marks, predicated, sm.count_scan, sm.window, indptr,
-                                       rows, t0, w);
+    constexpr bool kSearchInWalk = kLean && kCountInScan;
+    auto search_before = [&] {
+      return starts_before<CountScan>(a, marks, predicated, sm.count_scan, sm.window, indptr,
+                                      rows, t0, w);
+    };
+    int64_t j = 0;
+    if constexpr (!kSearchInWalk) j = kCountInScan && predicated ? 0 : search_before();
     uint32_t v[sizeof(run) / 4];  // the rows' elements, read by word_elem
     memcpy(v, run, sizeof(v));
     int64_t closed = -1;  // the segment that ends first in this run
@@ -1565,9 +1644,9 @@ __device__ __forceinline__ void tile_sum_block(const T* __restrict__ src,
         // nothing: the segments that a later mark of the run closes are
         // stored after the scan, by a thread per segment, coalesced; the
         // head's sum is read back here.
-        using AccPair = typename TileSumShared<T, W>::AccPair;
+        using AccPair = typename Shared::AccPair;
         static_assert(kRun * W % 2 == 0, "sums go out in pairs");
-        AccPair* mine = sm.sums + tid * (TileSumShared<T, W>::kSumsStride / 2);
+        AccPair* mine = sm.sums + tid * (Shared::kSumsStride / 2);
         Acc sums[kRun * W];
 #pragma unroll
         for (int q = 0; q < kRun; ++q) {
@@ -1609,6 +1688,7 @@ __device__ __forceinline__ void tile_sum_block(const T* __restrict__ src,
       }
       if (marks) closed = kCountInScan ? 0 : first - 1 + j;  // storeless: after the scan
     } else {
+      if constexpr (kSearchInWalk) j = search_before();  // no barrier: predicated is false
       // A segment's total is written when the row after it starts another:
       // the first such total waits for the scan (it may have begun in an
       // earlier run); the others began in this run and are complete.
@@ -1623,7 +1703,10 @@ __device__ __forceinline__ void tile_sum_block(const T* __restrict__ src,
 #pragma unroll
         for (int k = 0; k < W; ++k) acc[k] = 0;
       };
-      if (!sm.crowded) {  // one start per marked row
+      // Over short segments, rows of 1 column come here on crowded tiles
+      // alone (predicated is !sm.crowded): lean kernels keep the loop below.
+      constexpr bool kCrowdedOnly = kLean && kShort && kStorelessWalk<W>;
+      if (!kCrowdedOnly && !sm.crowded) {  // one start per marked row
 #pragma unroll
         for (int q = 0; q < kRun; ++q) {
           if ((marks >> q) & 1u) end_segment(first - 1 + j++);
@@ -1631,6 +1714,18 @@ __device__ __forceinline__ void tile_sum_block(const T* __restrict__ src,
           for (int k = 0; k < W; ++k) acc[k] += word_elem<T>(v, q * W + k);
         }
       } else {
+        // Lean kernels read the rows from the stage, not from v: predicated
+        // is the same in every thread and false here, so no storeless walk
+        // writes its sums over the stage before the next tile's first
+        // barrier. With v live through this loop and its search, this rarely
+        // run branch (crowded tiles: only segments without rows make them)
+        // held the kernel's register peak (SASS, sm_90, bf16, 1 column, at 64
+        // registers: 84 -> 64 bytes spilled, and 0 with the other cuts; same
+        // values, same order of adds).
+        const uint32_t* row_words =
+            kLean ? reinterpret_cast<const uint32_t*>(
+                        sm.stage + stage_unit<G::kStageUnits>(tid * G::kStageUnits))
+                  : v;
         int next = start(j);
 #pragma unroll
         for (int q = 0; q < kRun; ++q) {
@@ -1641,7 +1736,7 @@ __device__ __forceinline__ void tile_sum_block(const T* __restrict__ src,
             while (next == r);  // rows without segments, zeroed above
           }
 #pragma unroll
-          for (int k = 0; k < W; ++k) acc[k] += word_elem<T>(v, q * W + k);
+          for (int k = 0; k < W; ++k) acc[k] += word_elem<T>(row_words, q * W + k);
         }
       }
     }
@@ -1663,7 +1758,7 @@ __device__ __forceinline__ void tile_sum_block(const T* __restrict__ src,
       // s0 in the tile, s1 - 1 in s0's run. Testing s0 >= 0 alone let a
       // start past the tile (a later round's entry, or one no round wrote)
       // read shared memory hundreds of KB past the sums.
-      constexpr int kStride = TileSumShared<T, W>::kSumsStride;
+      constexpr int kStride = Shared::kSumsStride;
       const Acc* sums = &sm.sums[0].x;
       auto closed_in_run = [](int s0, int s1) {
         return static_cast<unsigned>(s0) < static_cast<unsigned>(G::kTileRows) && s1 > s0 &&
@@ -1714,7 +1809,7 @@ __device__ __forceinline__ void tile_sum_block(const T* __restrict__ src,
         flush(closed, head_sum);
       }
     };
-    if constexpr (TileSumShared<T, W>::kSplitScan) {
+    if constexpr (Shared::kSplitScan) {
       // The run scan is cub's raking scan (rake_scan): between its barriers
       // warp 0 alone rakes the 256 items (~135 instructions, one dependent
       // chain), and the other 7 warps waited at its second barrier (13 % of
@@ -1728,7 +1823,7 @@ __device__ __forceinline__ void tile_sum_block(const T* __restrict__ src,
       *slot = item;
       __syncthreads();  // the items, and every run's sums, in place
       if (tid < 32)
-        rake_scan(sm.rake, sm.carry, RunSumOp<Acc, W>());
+        rake_scan<kLean>(sm.rake, static_cast<const Item&>(sm.carry), RunSumOp<Acc, W>());
       else if (predicated)
         store_all_closed(tid - 32, std::integral_constant<int, kThreads - 32>());
       __syncthreads();
@@ -1754,8 +1849,9 @@ __device__ __forceinline__ void tile_sum_block(const T* __restrict__ src,
   // The segment open at r1: complete here, or a partial for the fix-up.
   const int64_t open = first - 1;
   const bool crossing = open >= 0 && open < segments && start_of(indptr, open + 1, rows) > r1;
+  const int64_t head_at_end = block_head<kLean>(sm.carry, head);
   if (tid == 0 && open >= 0 && open < segments) {
-    if (crossing && open != head) {
+    if (crossing && open != head_at_end) {
       Acc* dst = cross.tail_val + block * inner;
 #pragma unroll
       for (int k = 0; k < W; ++k) dst[k] = sm.carry.sum.v[k];
@@ -1764,7 +1860,7 @@ __device__ __forceinline__ void tile_sum_block(const T* __restrict__ src,
     }
   }
   if (tid == 0 && cross.tail_key != nullptr)
-    cross.tail_key[block] = crossing && open != head ? open : -1;
+    cross.tail_key[block] = crossing && open != head_at_end ? open : -1;
   if (r1 == rows)  // segments that start at the last row's end have none
     for (int64_t s = imax(open + 1, 0) + tid; s < segments; s += kThreads) zero(s);
 }
@@ -1858,11 +1954,11 @@ __device__ __forceinline__ bool gated_out(TailGate gate, const int64_t* __restri
 // starts take the predicated walk; without it, the kernel keeps to the
 // branches that cost less when starts are rare.
 template <typename T, int W, bool kShort>
-__global__ void __launch_bounds__(kThreads, kTileSumBlocksPerSm)
+__global__ void __launch_bounds__(kThreads, kTileSumBlocksPerSm<T, W, kShort>)
     tile_sum_kernel(const T* __restrict__ src, const int64_t* __restrict__ indptr,
                     T* __restrict__ out, int64_t rows, int64_t segments, int64_t inner,
                     Costs cost, Crossing<typename Num<T>::acc> cross, TailGate gate) {
-  __shared__ TileSumShared<T, W> sm;
+  __shared__ TileSumShared<T, W, kLeanTileSum<T, W, kShort>> sm;
   if (gated_out(gate, indptr, segments, rows, cross)) return;
   const BlockRows range =
       balanced_rows(indptr, segments, rows, blockIdx.x, gridDim.x, cost, kSplitQuantum);
