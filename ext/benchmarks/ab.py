@@ -17,7 +17,13 @@ defined, built with CMake (as CMakeLists.txt says) into DIR/NAME/ (the
 library, its sources, CMake cache and build log: DIR copies to the GPU as it
 is); e.g.
 try=/tmp/try.cuh:NEW_SPLIT=1 is that header built with NEW_SPLIT defined to 1,
-for a header that switches a change on with a macro. `run` prints, per case
+for a header that switches a change on with a macro. A variant whose file
+ends in .py is a Triton one instead: that file in place of
+src/segment_ops/_triton.py, its forward (`backend="triton"`) under its own
+torch.ops namespace, nothing to build (it compiles on the GPU); Triton and
+CUDA variants side by side time one against the other, e.g.
+`cuda=csrc/cuda/segment_kernels.cuh tri=src/segment_ops/_triton.py
+try=/tmp/try.py`. `run` prints, per case
 and op (fwd: the sum, bwd: the gather; `--ops fwd` times only the sum), each
 variant's bandwidth as a fraction of the copy's and its time relative to the
 first variant's (> 1: faster), and the largest difference of its results from
@@ -43,6 +49,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
@@ -58,6 +65,7 @@ HEADER = Path("csrc", "cuda", "segment_kernels.cuh")
 MANIFEST = "variants.json"
 DEFAULT_CASES = "float32:short:1,float32:power:1,bfloat16:short:1,bfloat16:power:1,bfloat16:power:4"
 KINDS = ("fwd", "bwd")  # the sum, the gather
+OP_OF_KIND = {"fwd": "segment_sum", "bwd": "segment_gather"}
 
 
 class UsageError(Exception):
@@ -75,6 +83,8 @@ def parse_variant(text: str) -> tuple[str, Path, list[str]]:
             f"variant {text!r}: expected NAME=HEADER[:MACRO[=VALUE]...], NAME a C identifier"
         )
     header, *defines = rest.split(":")
+    if header.endswith(".py") and defines:
+        raise UsageError(f"variant {name}: a Triton module ({header}) takes no macros")
     for define in defines:
         if not re.fullmatch(rf"{IDENTIFIER}(=[A-Za-z0-9_.+-]*)?", define):
             raise UsageError(
@@ -131,10 +141,23 @@ def macro_flags(defines: list[str]) -> list[str]:
 
 
 def build(out: Path, variants: list[tuple[str, Path, list[str]]]) -> None:
-    cmake = find_cmake()
-    extra = cuda_args()
+    cmake, extra = None, None  # looked for at the first CUDA variant: Triton ones need neither
     manifest = {}
     for name, header, defines in variants:
+        namespace = f"segment_ops_ab_{name}"
+        if header.suffix == ".py":
+            module = out / name / "_triton.py"
+            module.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(header, module)
+            manifest[name] = {
+                "namespace": namespace,
+                "triton": str(module.relative_to(out)),
+                "from": str(header),
+            }
+            print(f"copied {name}: {module}", flush=True)
+            continue
+        cmake = cmake or find_cmake()
+        extra = cuda_args() if extra is None else extra
         src = out / name / "src"
         shutil.rmtree(src, ignore_errors=True)
         shutil.copytree(SOURCE_DIR / "csrc", src / "csrc")
@@ -142,7 +165,6 @@ def build(out: Path, variants: list[tuple[str, Path, list[str]]]) -> None:
         shutil.copy2(header, src / HEADER)
         log = out / name / "build.log"
         lib = out / name / "libsegment_ops.so"
-        namespace = f"segment_ops_ab_{name}"
         # The build tree (objects of every kernel, several times the library)
         # goes once the library and the CMake cache (how it was configured:
         # compilers, flags, architectures) are out: DIR then holds what `run`
@@ -190,12 +212,36 @@ def load(directory: Path) -> dict[str, object]:
         raise UsageError(f"{path}: not found; run `ab.py build --out {directory}` first")
     ops = {}
     for name, entry in json.loads(path.read_text()).items():
+        if "triton" in entry:
+            ops[name] = load_triton(directory / entry["triton"], entry["namespace"])
+            continue
         try:
             torch.ops.load_library(str(directory / entry["lib"]))
         except OSError as err:  # built against another torch, or moved
             raise UsageError(f"variant {name}: cannot load {entry['lib']}: {err}") from None
         ops[name] = getattr(torch.ops, entry["namespace"])
     return ops
+
+
+def load_triton(path: Path, namespace: str) -> SimpleNamespace:
+    """A Triton module variant, imported as a module of the installed
+    segment_ops (whose helpers it uses) with its op registered under
+    `namespace`, not segment_ops' own: its forward beside the installed one."""
+    import importlib.util
+
+    import segment_ops.ops
+
+    spec = importlib.util.spec_from_file_location(f"segment_ops._ab_{namespace}", path)
+    module = importlib.util.module_from_spec(spec)
+    installed = segment_ops.ops.NAMESPACE
+    segment_ops.ops.NAMESPACE = namespace  # read by the module's `from .ops import NAMESPACE`
+    try:
+        spec.loader.exec_module(module)
+    except Exception as err:  # a variant that does not import: say which, in one line
+        raise UsageError(f"Triton variant {path}: {type(err).__name__}: {err}") from None
+    finally:
+        segment_ops.ops.NAMESPACE = installed
+    return SimpleNamespace(segment_sum=module.segment_sum_triton)
 
 
 def parse_case(text: str) -> tuple[str, str, int]:
@@ -277,18 +323,20 @@ def run_case(
     dst = torch.empty_like(src)
     moved = (rows + segments) * inner * elem + indptr.numel() * indptr.element_size()
     fns = {("copy", "-"): lambda: dst.copy_(src)}
-    for name in names:
-        if "fwd" in kinds:
-            fns[("fwd", name)] = lambda op=ops[name]: op.segment_sum(src, indptr)
-        if "bwd" in kinds:
-            fns[("bwd", name)] = lambda op=ops[name]: op.segment_gather(grad, indptr, rows)
+    args = {"fwd": (src, indptr), "bwd": (grad, indptr, rows)}
+    timed = {kind: [n for n in names if hasattr(ops[n], OP_OF_KIND[kind])] for kind in kinds}
+    for kind, having in timed.items():  # a Triton variant has no gather: timed on fwd alone
+        for name in having:
+            op = getattr(ops[name], OP_OF_KIND[kind])
+            fns[(kind, name)] = lambda op=op, a=args[kind]: op(*a)
     times = {key: [] for key in fns}
     for _ in range(rounds):  # interleaved, so drift hits every variant alike
         for key, fn in fns.items():
             times[key].append(timer.median(fn))
     median = {key: statistics.median(t) for key, t in times.items()}
     copy_rate = 2 * rows * inner * elem / median[("copy", "-")]
-    first = {kind: fns[(kind, names[0])]().double() for kind in kinds}
+    # Each kind against the first variant that has it.
+    first = {kind: fns[(kind, having[0])]().double() for kind, having in timed.items() if having}
     case = {
         "dtype": dtype_name,
         "law": law,
@@ -303,12 +351,14 @@ def run_case(
     for name in names:
         results = {}
         for kind in kinds:
+            if name not in timed[kind]:
+                continue
             seconds = median[(kind, name)]
             diff = fns[(kind, name)]().double() - first[kind]
             results[kind] = {
                 "ms": round(seconds * 1e3, 4),
                 "copy_fraction": round(moved / seconds / copy_rate, 4),
-                "speedup": round(median[(kind, names[0])] / seconds, 4),
+                "speedup": round(median[(kind, timed[kind][0])] / seconds, 4),
                 "max_abs_diff": float(diff.abs().max().item()) if diff.numel() else 0.0,
             }
             print(
@@ -360,12 +410,12 @@ def profile(
         raise UsageError(f"--variant {name!r}: not built here; the variants are {', '.join(ops)}")
     dtype_name, law, inner = case
     indptr, src, grad = case_inputs(dtype_name, law, inner, device, rows, cut)
-    op = ops[name]
+    call = getattr(ops[name], OP_OF_KIND[kind], None)
+    if call is None:
+        raise UsageError(f"--op {kind}: variant {name} is a Triton forward, it has no {kind}")
+    args = (src, indptr) if kind == "fwd" else (grad, indptr, rows)
     for _ in range(calls):
-        if kind == "fwd":
-            op.segment_sum(src, indptr)
-        else:
-            op.segment_gather(grad, indptr, rows)
+        call(*args)
     if device.type == "cuda":
         torch.cuda.synchronize()
     label = law_label(law, cut)

@@ -275,3 +275,46 @@ def test_ab_cut_keeps_the_rows_and_leaves_no_segment_longer(bench, monkeypatch, 
     assert ab.main([*base, "--case", "float32:giant:1", "--cut", "0"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("ab.py: --cut 0: expected at least 1") and err.count("\n") == 1
+
+
+def test_ab_times_a_triton_module_variant_forward_only_beside_a_cuda_one(
+    bench, monkeypatch, tmp_path, capsys
+):
+    """A variant file ending in .py is a Triton module: copied, not built, and
+    imported under its own namespace beside the installed segment_ops, whose
+    own op stays as it was. It has no gather, so only its forward is timed,
+    against the first variant that has one."""
+    pytest.importorskip("triton")
+    import segment_ops.ops
+
+    ab = fresh_ab(monkeypatch)
+    monkeypatch.setattr(ab, "find_cmake", lambda: pytest.fail("a Triton variant needs no build"))
+    module = SOURCE_DIR / "src" / "segment_ops" / "_triton.py"
+    out = tmp_path / "ab"
+    assert ab.main(["build", "--out", str(out), f"tri_{os.getpid()}={module}"]) == 0
+    (variant,) = ab.load(out).values()
+    assert segment_ops.ops.NAMESPACE == "segment_ops"
+    assert hasattr(getattr(torch.ops, f"segment_ops_ab_tri_{os.getpid()}"), "segment_sum_triton")
+    assert hasattr(variant, "segment_sum") and not hasattr(variant, "segment_gather")
+
+    class Native:
+        segment_sum = staticmethod(lambda src, indptr: src[: indptr.numel() - 1])
+        segment_gather = staticmethod(lambda grad, indptr, rows: grad.new_zeros(rows, 1))
+
+    triton_like = type("TritonLike", (), {"segment_sum": staticmethod(Native.segment_sum)})
+    cpu = torch.device("cpu")
+    timer = bench.Timer(cpu, warmup=0, repeat=2, budget_s=1.0)
+    ops = {"tri": triton_like, "cuda": Native}
+    case = ab.run_case(ops, timer, "float32", "short", 1, cpu, 64, 1)
+    assert list(case["variants"]["tri"]) == ["fwd"]
+    assert list(case["variants"]["cuda"]) == ["fwd", "bwd"]
+    assert case["variants"]["cuda"]["bwd"]["speedup"] == 1.0  # its own reference
+
+    monkeypatch.setattr(ab, "load", lambda directory: ops)
+    profile = ["profile", str(out), "--device", "cpu", "--rows", "64", "--case", "float32:short:1"]
+    assert ab.main([*profile, "--op", "bwd"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("ab.py: --op bwd: variant tri is a Triton forward")
+    assert err.count("\n") == 1
+    assert ab.main(["build", "--out", str(out), f"t={module}:FAST=1"]) == 2
+    assert "a Triton module" in capsys.readouterr().err
