@@ -26,8 +26,8 @@ CUDA variants side by side time one against the other, e.g.
 try=/tmp/try.py`. `run` prints, per case
 and op (fwd: the sum, bwd: the gather; `--ops fwd` times only the sum), each
 variant's bandwidth as a fraction of the copy's and its time relative to the
-first variant's (> 1: faster), and the largest difference of its results from
-the first variant's. Built against a CPU torch, the libraries hold only the CPU
+first variant's that has that op (> 1: faster), and the largest difference of
+its results from that variant's. Built against a CPU torch, the libraries hold only the CPU
 kernels, which the header does not touch: enough to try the tool with
 `run --device cpu`, not to compare kernels. `profile` calls one variant's op
 (the first built, unless --variant names another) --calls times on one case

@@ -1387,6 +1387,16 @@ _LANE_MID_SHAPES = [
 ]
 _LANE_MID_FROM = 16
 _LANE_MID_ROWS = 128
+# Scan tiles instead of lanes, for rows of one column of 2-byte types: a tile
+# of 1024 to 4096 rows read whole (16-byte loads), its running sums taken in
+# fp32 (tl.cumsum), a segment's sum the difference of the running sums at its
+# last row and at the row before its first (tl.gather), 64 to 256 segments a
+# step, plus what the one segment open across a tile's start had summed
+# before it. On 1 warp the gather selects among registers (128 registers,
+# 11k SASS lines); 2 and 4 warps gather through shared memory (64-80
+# registers). H200 (ab.py), bf16, 1 column, % of copy, the scan shapes alone
+# against the lanes as tuned: power law 45.7 -> 34.3, short segments 66.7 ->
+# 33.2; offered beside the lane shapes, the tuner took none. Not kept.
 
 
 # The lane shapes walk chunks inside one segment with _walk_inside too,
