@@ -23,11 +23,11 @@ src/segment_ops/_triton.py, its forward (`backend="triton"`) under its own
 torch.ops namespace, nothing to build (it compiles on the GPU); Triton and
 CUDA variants side by side time one against the other, e.g.
 `cuda=csrc/cuda/segment_kernels.cuh tri=src/segment_ops/_triton.py
-try=/tmp/try.py`. `run` prints, per case
-and op (fwd: the sum, bwd: the gather; `--ops fwd` times only the sum), each
-variant's bandwidth as a fraction of the copy's and its time relative to the
-first variant's that has that op (> 1: faster), and the largest difference of
-its results from that variant's. Built against a CPU torch, the libraries hold only the CPU
+try=/tmp/try.py`. `run` prints, per case and op (fwd: the sum, bwd: the
+gather; `--ops fwd` times only the sum), each variant's bandwidth as a
+fraction of the copy's and its time relative to the first variant's that has
+that op (> 1: faster), and the largest difference of its results from that
+variant's. Built against a CPU torch, the libraries hold only the CPU
 kernels, which the header does not touch: enough to try the tool with
 `run --device cpu`, not to compare kernels. `profile` calls one variant's op
 (the first built, unless --variant names another) --calls times on one case
@@ -304,6 +304,11 @@ def case_inputs(
     return indptr, src, grad
 
 
+def op_args(kind: str, src, grad, indptr) -> tuple:
+    """The arguments of a kind's op: the sum of src, the gather of grad."""
+    return (src, indptr) if kind == "fwd" else (grad, indptr, src.shape[0])
+
+
 def run_case(
     ops: dict,
     timer: bench.Timer,
@@ -323,12 +328,12 @@ def run_case(
     dst = torch.empty_like(src)
     moved = (rows + segments) * inner * elem + indptr.numel() * indptr.element_size()
     fns = {("copy", "-"): lambda: dst.copy_(src)}
-    args = {"fwd": (src, indptr), "bwd": (grad, indptr, rows)}
     timed = {kind: [n for n in names if hasattr(ops[n], OP_OF_KIND[kind])] for kind in kinds}
     for kind, having in timed.items():  # a Triton variant has no gather: timed on fwd alone
+        args = op_args(kind, src, grad, indptr)
         for name in having:
             op = getattr(ops[name], OP_OF_KIND[kind])
-            fns[(kind, name)] = lambda op=op, a=args[kind]: op(*a)
+            fns[(kind, name)] = lambda op=op, a=args: op(*a)
     times = {key: [] for key in fns}
     for _ in range(rounds):  # interleaved, so drift hits every variant alike
         for key, fn in fns.items():
@@ -413,7 +418,7 @@ def profile(
     call = getattr(ops[name], OP_OF_KIND[kind], None)
     if call is None:
         raise UsageError(f"--op {kind}: variant {name} is a Triton forward, it has no {kind}")
-    args = (src, indptr) if kind == "fwd" else (grad, indptr, rows)
+    args = op_args(kind, src, grad, indptr)
     for _ in range(calls):
         call(*args)
     if device.type == "cuda":
