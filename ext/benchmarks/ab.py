@@ -75,6 +75,11 @@ class UsageError(Exception):
 IDENTIFIER = r"[A-Za-z_][A-Za-z0-9_]*"
 
 
+def is_triton(path: Path) -> bool:
+    """Whether a variant's file is a Triton module rather than a CUDA header."""
+    return path.suffix == ".py"
+
+
 def parse_variant(text: str) -> tuple[str, Path, list[str]]:
     """NAME=HEADER[:MACRO[=VALUE]...] -> (NAME, HEADER, ["MACRO=VALUE", ...])."""
     name, sep, rest = text.partition("=")
@@ -83,7 +88,7 @@ def parse_variant(text: str) -> tuple[str, Path, list[str]]:
             f"variant {text!r}: expected NAME=HEADER[:MACRO[=VALUE]...], NAME a C identifier"
         )
     header, *defines = rest.split(":")
-    if header.endswith(".py") and defines:
+    if is_triton(Path(header)) and defines:
         raise UsageError(f"variant {name}: a Triton module ({header}) takes no macros")
     for define in defines:
         if not re.fullmatch(rf"{IDENTIFIER}(=[A-Za-z0-9_.+-]*)?", define):
@@ -141,11 +146,17 @@ def macro_flags(defines: list[str]) -> list[str]:
 
 
 def build(out: Path, variants: list[tuple[str, Path, list[str]]]) -> None:
-    cmake, extra = None, None  # looked for at the first CUDA variant: Triton ones need neither
+    # Triton variants need neither CMake nor a CUDA toolkit here.
+    cuda = any(not is_triton(header) for _, header, _ in variants)
+    cmake, extra = (find_cmake(), cuda_args()) if cuda else (None, None)
     manifest = {}
     for name, header, defines in variants:
         namespace = f"segment_ops_ab_{name}"
-        if header.suffix == ".py":
+        if is_triton(header):
+            try:  # a typo shows here, not after the copy reached the GPU machine
+                compile(header.read_text(), str(header), "exec")
+            except SyntaxError as err:
+                raise UsageError(f"variant {name}: {header}:{err.lineno}: {err.msg}") from None
             module = out / name / "_triton.py"
             module.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(header, module)
@@ -156,8 +167,6 @@ def build(out: Path, variants: list[tuple[str, Path, list[str]]]) -> None:
             }
             print(f"copied {name}: {module}", flush=True)
             continue
-        cmake = cmake or find_cmake()
-        extra = cuda_args() if extra is None else extra
         src = out / name / "src"
         shutil.rmtree(src, ignore_errors=True)
         shutil.copytree(SOURCE_DIR / "csrc", src / "csrc")
@@ -231,17 +240,29 @@ def load_triton(path: Path, namespace: str) -> SimpleNamespace:
 
     import segment_ops.ops
 
-    spec = importlib.util.spec_from_file_location(f"segment_ops._ab_{namespace}", path)
+    spec = importlib.util.spec_from_file_location(f"segment_ops.{namespace}", path)
     module = importlib.util.module_from_spec(spec)
     installed = segment_ops.ops.NAMESPACE
     segment_ops.ops.NAMESPACE = namespace  # read by the module's `from .ops import NAMESPACE`
     try:
         spec.loader.exec_module(module)
+        segment_sum = module.segment_sum_triton
     except Exception as err:  # a variant that does not import: say which, in one line
         raise UsageError(f"Triton variant {path}: {type(err).__name__}: {err}") from None
     finally:
         segment_ops.ops.NAMESPACE = installed
-    return SimpleNamespace(segment_sum=module.segment_sum_triton)
+    return SimpleNamespace(segment_sum=segment_sum, triton=True)
+
+
+def check_variants(ops: dict, kinds: tuple[str, ...], device: torch.device) -> None:
+    """One-line refusals of what Triton variants cannot do: run off the GPU,
+    or time a gather."""
+    tritons = [name for name, op in ops.items() if getattr(op, "triton", False)]
+    if tritons and device.type != "cuda":
+        raise UsageError(f"--device {device}: Triton variants ({', '.join(tritons)}) need CUDA")
+    for kind in kinds:
+        if not any(hasattr(op, OP_OF_KIND[kind]) for op in ops.values()):
+            raise UsageError(f"--ops {kind}: no variant has it (a Triton variant times fwd alone)")
 
 
 def parse_case(text: str) -> tuple[str, str, int]:
@@ -388,6 +409,7 @@ def run(
     cut: int | None = None,
 ) -> list[dict]:
     ops = load(directory)
+    check_variants(ops, kinds, device)
     timer = bench.Timer(device, 2, 10, budget)
     results = []
     for dtype_name, law, inner in cases:
@@ -413,11 +435,12 @@ def profile(
     name = variant if variant is not None else next(iter(ops))
     if name not in ops:
         raise UsageError(f"--variant {name!r}: not built here; the variants are {', '.join(ops)}")
-    dtype_name, law, inner = case
-    indptr, src, grad = case_inputs(dtype_name, law, inner, device, rows, cut)
     call = getattr(ops[name], OP_OF_KIND[kind], None)
     if call is None:
         raise UsageError(f"--op {kind}: variant {name} is a Triton forward, it has no {kind}")
+    check_variants({name: ops[name]}, (), device)
+    dtype_name, law, inner = case
+    indptr, src, grad = case_inputs(dtype_name, law, inner, device, rows, cut)
     args = op_args(kind, src, grad, indptr)
     for _ in range(calls):
         call(*args)

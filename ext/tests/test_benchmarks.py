@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -310,11 +311,36 @@ def test_ab_times_a_triton_module_variant_forward_only_beside_a_cuda_one(
     assert list(case["variants"]["cuda"]) == ["fwd", "bwd"]
     assert case["variants"]["cuda"]["bwd"]["speedup"] == 1.0  # its own reference
 
-    monkeypatch.setattr(ab, "load", lambda directory: ops)
-    profile = ["profile", str(out), "--device", "cpu", "--rows", "64", "--case", "float32:short:1"]
-    assert ab.main([*profile, "--op", "bwd"]) == 2
+
+def test_ab_refuses_what_a_triton_variant_cannot_do_in_one_line(
+    bench, monkeypatch, tmp_path, capsys
+):
+    ab = fresh_ab(monkeypatch)
+    module = SOURCE_DIR / "src" / "segment_ops" / "_triton.py"
+    broken = tmp_path / "broken.py"
+    broken.write_text("import torch\n\ndef segment_sum_triton(:\n")
+    nameless = tmp_path / "nameless.py"
+    nameless.write_text("SEGMENTS = 1\n")
+    triton_sum = SimpleNamespace(segment_sum=lambda src, indptr: src, triton=True)
+    native = SimpleNamespace(segment_sum=lambda s, i: s, segment_gather=lambda g, i, r: g)
+    monkeypatch.setattr(ab, "load", lambda directory: {"tri": triton_sum, "cuda": native})
+    run = ["run", str(tmp_path), "--rows", "64", "--cases", "float32:short:1"]
+    profile = ["profile", str(tmp_path), "--rows", "64", "--case", "float32:short:1"]
+    for argv, message in [
+        (["build", "--out", str(tmp_path / "b"), f"t={module}:FAST=1"], "variant t: a Triton"),
+        (["build", "--out", str(tmp_path / "b"), f"t={broken}"], f"variant t: {broken}:3:"),
+        ([*run, "--device", "cpu"], "--device cpu: Triton variants (tri) need CUDA"),
+        ([*profile, "--device", "cpu", "--variant", "tri"], "--device cpu: Triton variants"),
+        ([*profile, "--device", "cpu", "--variant", "tri", "--op", "bwd"], "--op bwd: variant tri"),
+    ]:
+        assert ab.main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.startswith(f"ab.py: {message}") and err.count("\n") == 1, err
+    monkeypatch.setattr(ab, "load", lambda directory: {"tri": triton_sum})
+    assert ab.main([*run, "--device", "cuda", "--ops", "bwd"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("ab.py: --op bwd: variant tri is a Triton forward")
-    assert err.count("\n") == 1
-    assert ab.main(["build", "--out", str(out), f"t={module}:FAST=1"]) == 2
-    assert "a Triton module" in capsys.readouterr().err
+    assert err.startswith("ab.py: --ops bwd: no variant has it") and err.count("\n") == 1
+
+    pytest.importorskip("triton")
+    with pytest.raises(ab.UsageError, match="nameless.py: AttributeError"):
+        ab.load_triton(nameless, f"segment_ops_ab_nameless_{os.getpid()}")

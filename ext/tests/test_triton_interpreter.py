@@ -30,8 +30,6 @@ CASES = [
     ("wide", {"CHUNK_ROWS": 256}, "float32", 8, "short", 2000),
     ("blocks", {"BLOCK_ROWS": 8}, "float32", 300, "mixed", 600),
 ]
-# fp32 adds in another order than the reference; bf16 rounds its result
-TOLERANCE = {"float32": 1e-5, "bfloat16": 2**-7}
 
 
 @pytest.fixture(scope="module")
@@ -39,9 +37,15 @@ def results():
     """Every case in one process: TRITON_INTERPRET must be set before triton
     is first imported (see triton_interpreted.py)."""
     script = Path(__file__).with_name("triton_interpreted.py")
-    run = subprocess.run(
-        [sys.executable, str(script), json.dumps(CASES)], capture_output=True, text=True
-    )
+    try:
+        run = subprocess.run(
+            [sys.executable, str(script), json.dumps(CASES)],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("the interpreted cases took over 600 s", pytrace=False)
     assert run.returncode == 0, run.stderr[-3000:]
     return json.loads(run.stdout.splitlines()[-1])
 
@@ -53,8 +57,8 @@ def case_id(index: int) -> str:
 
 @pytest.mark.parametrize("index", range(len(CASES)), ids=case_id)
 def test_interpreted_kernels_sum_right(results, index):
-    family, fields, dtype, *_ = CASES[index]
+    family, fields, *_ = CASES[index]
     result = results[index]
     assert "error" not in result, result.get("error")
     assert result["unwritten"] == 0, f"{family} {fields}: {result['unwritten']} sums unwritten"
-    assert result["worst"] <= TOLERANCE[dtype], f"{family} {fields}: {result}"
+    assert result["worst"] <= 1, f"{family} {fields}: {result}"  # error / what dtype allows

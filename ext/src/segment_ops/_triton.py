@@ -1387,6 +1387,7 @@ _LANE_MID_SHAPES = [
 ]
 _LANE_MID_FROM = 16
 _LANE_MID_ROWS = 128
+
 # Scan tiles instead of lanes, for rows of one column of 2-byte types: a tile
 # of 1024 to 4096 rows read whole (16-byte loads), its running sums taken in
 # fp32 (tl.cumsum), a segment's sum the difference of the running sums at its
