@@ -32,9 +32,13 @@ kernels, which the header does not touch: enough to try the tool with
 `run --device cpu`, not to compare kernels. `profile` calls one variant's op
 (the first built, unless --variant names another) --calls times on one case
 of the same size, untimed, for a profiler to record; its first calls warm up,
-so skip their kernels. `--cut N` (both) cuts every segment longer than N rows
-into pieces of N: the same rows without the law's long tail, e.g. to tell what
-a power law's few giant segments cost from what its crowd of short ones does.
+so skip their kernels. `resources` lists each CUDA variant's kernels with
+their registers, shared memory and local (spill) bytes per architecture, read
+from the built libraries by cuobjdump (no GPU needed; `--changed` keeps the
+kernels where variants differ). `--cut N` (run, profile) cuts every segment
+longer than N rows into pieces of N: the same rows without the law's long
+tail, e.g. to tell what a power law's few giant segments cost from what its
+crowd of short ones does.
 """
 
 from __future__ import annotations
@@ -265,6 +269,104 @@ def check_variants(ops: dict, kinds: tuple[str, ...], device: torch.device) -> N
             raise UsageError(f"--ops {kind}: no variant has it (a Triton variant times fwd alone)")
 
 
+def find_cuobjdump() -> str:
+    """cuobjdump: $CUOBJDUMP, the CUDA toolkit's, PATH's, or the one triton ships."""
+    from torch.utils import cpp_extension
+
+    candidates = [os.environ.get("CUOBJDUMP"), shutil.which("cuobjdump")]
+    if cpp_extension.CUDA_HOME:
+        candidates.insert(1, Path(cpp_extension.CUDA_HOME, "bin", "cuobjdump"))
+    try:
+        import triton
+
+        candidates.append(
+            Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+        )
+    except ImportError:
+        pass
+    for candidate in candidates:
+        if candidate and Path(candidate).is_file():
+            return str(candidate)
+    raise UsageError("cuobjdump not found: set CUOBJDUMP, or pip install nvidia-cuda-cuobjdump")
+
+
+RESOURCE = re.compile(r"\b(REG|SHARED|LOCAL|STACK):(\d+)")
+
+
+def kernel_resources(report: str) -> dict[tuple[str, str], dict[str, int]]:
+    """`cuobjdump -res-usage` output -> {(arch, kernel): {"REG": n, "SHARED": bytes,
+    "LOCAL": bytes, "STACK": bytes}}."""
+    found, arch, kernel = {}, "?", None
+    for line in report.splitlines():
+        line = line.strip()
+        if line.startswith("arch = "):
+            arch = line.removeprefix("arch = ")
+        elif line.startswith("Function "):
+            kernel = line.removeprefix("Function ").rstrip(":")
+        elif kernel is not None and line.startswith("REG:"):
+            found[(arch, kernel)] = {k: int(v) for k, v in RESOURCE.findall(line)}
+            kernel = None
+    return found
+
+
+def short_names(kernels: list[str]) -> dict[str, str]:
+    """Mangled kernel names -> their template names, as c++filt reads them
+    (without the namespace and parameters); mangled where c++filt is missing."""
+    filt = shutil.which("c++filt")
+    if not filt or not kernels:
+        return {k: k for k in kernels}
+    lines = subprocess.run([filt], input="\n".join(kernels), capture_output=True, text=True)
+    names = {}
+    for kernel, line in zip(kernels, lines.stdout.splitlines(), strict=False):
+        line = line.removeprefix("void ").replace("segment_ops::cuda::detail::", "")
+        depth, end = 0, len(line)
+        for i, ch in enumerate(line):  # the parameter list: the first '(' outside <>
+            depth += (ch == "<") - (ch == ">")
+            if ch == "(" and depth == 0:
+                end = i
+                break
+        names[kernel] = line[:end]
+    return names
+
+
+def resources(directory: Path, arch: str | None, changed: bool) -> None:
+    """Prints each CUDA variant's kernels side by side: registers, shared and
+    local bytes; `*` where the variants differ."""
+    path = directory / MANIFEST
+    if not path.is_file():
+        raise UsageError(f"{path}: not found; run `ab.py build --out {directory}` first")
+    libs = {n: e["lib"] for n, e in json.loads(path.read_text()).items() if "lib" in e}
+    if not libs:
+        raise UsageError(f"{directory}: no CUDA variant (Triton ones compile on the GPU)")
+    tool = find_cuobjdump()
+    tables = {}
+    for name, lib in libs.items():
+        dump = subprocess.run(
+            [tool, "-res-usage", str(directory / lib)], capture_output=True, text=True
+        )
+        if dump.returncode:
+            raise UsageError(f"variant {name}: cuobjdump failed: {dump.stderr.strip()[:200]}")
+        tables[name] = kernel_resources(dump.stdout)
+    keys = sorted({k for table in tables.values() for k in table if arch in (None, k[0])})
+    if not keys:
+        raise UsageError(f"--arch {arch}: no kernel for it in {', '.join(libs)}")
+    names = short_names(sorted({kernel for _, kernel in keys}))
+
+    def cell(res):
+        return "-" if res is None else f"{res['REG']}r {res['SHARED']}s {res['LOCAL']}l"
+
+    print(
+        "arch    " + "  ".join(f"{n:>20}" for n in libs) + "  kernel (r: registers, s: shared "
+        "bytes, l: local bytes a thread)"
+    )
+    for key in keys:
+        cells = [cell(tables[n].get(key)) for n in libs]
+        differs = len(set(cells)) > 1
+        if differs or not changed:
+            row = "  ".join(f"{c:>20}" for c in cells)
+            print(f"{key[0]:7} {row}  {names[key[1]]}{'  *' if differs else ''}")
+
+
 def parse_case(text: str) -> tuple[str, str, int]:
     parts = text.split(":")
     if (
@@ -485,9 +587,15 @@ def main(argv=None) -> int:
     p.add_argument(
         "--cut", type=int, metavar="N", help="cut segments longer than N rows into pieces of N"
     )
+    res = commands.add_parser("resources", help="registers, shared and local bytes per kernel")
+    res.add_argument("dir", type=Path, help="the folder `build --out` wrote")
+    res.add_argument("--arch", help="one architecture, e.g. sm_90 (default: all built)")
+    res.add_argument("--changed", action="store_true", help="only kernels where variants differ")
     args = parser.parse_args(argv)
     try:
-        if args.command == "build":
+        if args.command == "resources":
+            resources(args.dir, args.arch, args.changed)
+        elif args.command == "build":
             variants = [parse_variant(v) for v in args.variants]
             if len({name for name, _, _ in variants}) != len(variants):
                 raise UsageError("variant names must differ")

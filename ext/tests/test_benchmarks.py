@@ -3,7 +3,9 @@ does with a run that kept host time in it or outlasted the budget; what the page
 says of it; and ab.py's command line."""
 
 import importlib
+import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -344,3 +346,60 @@ def test_ab_refuses_what_a_triton_variant_cannot_do_in_one_line(
     pytest.importorskip("triton")
     with pytest.raises(ab.UsageError, match="nameless.py: AttributeError"):
         ab.load_triton(nameless, f"segment_ops_ab_nameless_{os.getpid()}")
+
+
+RES_USAGE = """
+Fatbin elf code:
+================
+arch = sm_90
+code version = [1,8]
+
+Resource usage:
+ Common:
+  GLOBAL:28 CONSTANT[4]:224
+ Function _ZN11segment_ops4cuda6detail15tile_sum_kernelIfLi1ELb0EEEvPKT_:
+  REG:79 STACK:0 SHARED:30600 LOCAL:0 CONSTANT[0]:592 TEXTURE:0 SURFACE:0 SAMPLER:0
+ Function _ZN11segment_ops4cuda6detail15lane_sum_kernelIfLi4EEEvPKT_:
+  REG:{lane_regs} STACK:0 SHARED:1880 LOCAL:{lane_local} CONSTANT[0]:592 TEXTURE:0
+"""
+
+
+def test_ab_resources_lists_kernels_side_by_side_and_marks_those_that_changed(
+    monkeypatch, tmp_path, capsys
+):
+    ab = fresh_ab(monkeypatch)
+    dump = RES_USAGE.replace("{lane_regs}", "63").replace("{lane_local}", "0")
+    assert ab.kernel_resources(dump) == {
+        ("sm_90", "_ZN11segment_ops4cuda6detail15tile_sum_kernelIfLi1ELb0EEEvPKT_"): {
+            "REG": 79, "STACK": 0, "SHARED": 30600, "LOCAL": 0
+        },
+        ("sm_90", "_ZN11segment_ops4cuda6detail15lane_sum_kernelIfLi4EEEvPKT_"): {
+            "REG": 63, "STACK": 0, "SHARED": 1880, "LOCAL": 0
+        },
+    }
+    tile = "_ZN11segment_ops4cuda6detail15tile_sum_kernelIfLi1ELb0EEEvPKT_"
+    expected = "tile_sum_kernel<float, 1, false>" if shutil.which("c++filt") else tile
+    assert ab.short_names([tile]) == {tile: expected}
+    manifest = {
+        "base": {"namespace": "a", "lib": "base/lib.so"},
+        "try": {"namespace": "b", "lib": "try/lib.so"},
+        "tri": {"namespace": "c", "triton": "tri/_triton.py"},  # no library: left out
+    }
+    (tmp_path / "variants.json").write_text(json.dumps(manifest))
+    monkeypatch.setattr(ab, "find_cuobjdump", lambda: "cuobjdump")
+    spilled = RES_USAGE.replace("{lane_regs}", "64").replace("{lane_local}", "24")
+
+    def cuobjdump(argv, **kwargs):
+        text = spilled if argv[-1].endswith("try/lib.so") else dump
+        return subprocess.CompletedProcess(argv, 0, stdout=text, stderr="")
+
+    monkeypatch.setattr(ab.subprocess, "run", cuobjdump)
+    monkeypatch.setattr(ab, "short_names", lambda kernels: {k: k[27:42] for k in kernels})
+    assert ab.main(["resources", str(tmp_path), "--changed"]) == 0
+    header, *rows = capsys.readouterr().out.splitlines()
+    assert header.split()[:3] == ["arch", "base", "try"]
+    assert len(rows) == 1 and rows[0].endswith("*")
+    assert "63r 1880s 0l" in rows[0] and "64r 1880s 24l" in rows[0]
+    assert ab.main(["resources", str(tmp_path), "--arch", "sm_80"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("ab.py: --arch sm_80: no kernel") and err.count("\n") == 1
