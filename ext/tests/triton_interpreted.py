@@ -22,7 +22,7 @@ from segment_ops import _triton  # noqa: E402
 
 # Triton 3.6's interpreter gives one-element arrays where range() needs a
 # scalar, which numpy 2 no longer converts with int() (3.7 squeezes them
-# itself): this can go with triton < 3.7.
+# itself): this can go once no cell tests with triton 3.6.
 _patch_tensor = interpreter._patch_lang_tensor
 
 
