@@ -106,15 +106,18 @@ def parse_variant(text: str) -> tuple[str, Path, list[str]]:
     return name, path, defines
 
 
+def first_file(*candidates) -> str | None:
+    """The first candidate path (None and empty ones skipped) that is a file."""
+    return next((str(c) for c in candidates if c and Path(c).is_file()), None)
+
+
 def find_cmake() -> str:
-    for candidate in (
-        os.environ.get("CMAKE"),
-        Path(sys.executable).parent / "cmake",
-        shutil.which("cmake"),
-    ):
-        if candidate and Path(candidate).is_file():
-            return str(candidate)
-    raise UsageError("cmake not found: pip install cmake, or set CMAKE")
+    found = first_file(
+        os.environ.get("CMAKE"), Path(sys.executable).parent / "cmake", shutil.which("cmake")
+    )
+    if found is None:
+        raise UsageError("cmake not found: pip install cmake, or set CMAKE")
+    return found
 
 
 def cuda_args() -> list[str]:
@@ -219,12 +222,17 @@ def build(out: Path, variants: list[tuple[str, Path, list[str]]]) -> None:
     (out / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
 
 
-def load(directory: Path) -> dict[str, object]:
+def read_manifest(directory: Path) -> dict[str, dict]:
+    """The variants `build --out directory` wrote, by name."""
     path = directory / MANIFEST
     if not path.is_file():
         raise UsageError(f"{path}: not found; run `ab.py build --out {directory}` first")
+    return json.loads(path.read_text())
+
+
+def load(directory: Path) -> dict[str, object]:
     ops = {}
-    for name, entry in json.loads(path.read_text()).items():
+    for name, entry in read_manifest(directory).items():
         if "triton" in entry:
             ops[name] = load_triton(directory / entry["triton"], entry["namespace"])
             continue
@@ -273,21 +281,22 @@ def find_cuobjdump() -> str:
     """cuobjdump: $CUOBJDUMP, the CUDA toolkit's, PATH's, or the one triton ships."""
     from torch.utils import cpp_extension
 
-    candidates = [os.environ.get("CUOBJDUMP"), shutil.which("cuobjdump")]
-    if cpp_extension.CUDA_HOME:
-        candidates.insert(1, Path(cpp_extension.CUDA_HOME, "bin", "cuobjdump"))
+    home = cpp_extension.CUDA_HOME
     try:
         import triton
 
-        candidates.append(
-            Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-        )
+        shipped = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     except ImportError:
-        pass
-    for candidate in candidates:
-        if candidate and Path(candidate).is_file():
-            return str(candidate)
-    raise UsageError("cuobjdump not found: set CUOBJDUMP, or pip install nvidia-cuda-cuobjdump")
+        shipped = None
+    found = first_file(
+        os.environ.get("CUOBJDUMP"),
+        home and Path(home, "bin", "cuobjdump"),
+        shutil.which("cuobjdump"),
+        shipped,
+    )
+    if found is None:
+        raise UsageError("cuobjdump not found: set CUOBJDUMP, or pip install nvidia-cuda-cuobjdump")
+    return found
 
 
 RESOURCE = re.compile(r"\b(REG|SHARED|LOCAL|STACK):(\d+)")
@@ -332,10 +341,7 @@ def short_names(kernels: list[str]) -> dict[str, str]:
 def resources(directory: Path, arch: str | None, changed: bool) -> None:
     """Prints each CUDA variant's kernels side by side: registers, shared and
     local bytes; `*` where the variants differ."""
-    path = directory / MANIFEST
-    if not path.is_file():
-        raise UsageError(f"{path}: not found; run `ab.py build --out {directory}` first")
-    libs = {n: e["lib"] for n, e in json.loads(path.read_text()).items() if "lib" in e}
+    libs = {n: e["lib"] for n, e in read_manifest(directory).items() if "lib" in e}
     if not libs:
         raise UsageError(f"{directory}: no CUDA variant (Triton ones compile on the GPU)")
     tool = find_cuobjdump()
