@@ -1394,16 +1394,25 @@ struct TileSumShared {
   uint32_t starts[G::kTileRows / 32];  // bit r: a segment starts at row r
   alignas(16) int window[kWindow];
   // The storeless walk's per-row sums, over the stage once every run is read
-  // from it: a run's kRunRows * W floats, then 2 of padding, so that 8-byte
-  // stores from 16 threads at once meet no bank twice.
-  static constexpr int kSumsStride = G::kRunRows * W + 2;
-  static constexpr int kSums = kStorelessWalk<W> ? kThreads * kSumsStride : 2;
-  struct alignas(2 * sizeof(Acc)) AccPair {
-    Acc x, y;
+  // from it: a run's kRunRows * W floats, then a group of padding, so that
+  // the threads of one store's phase (8 for 16-byte stores, 16 for 8-byte
+  // ones) meet no bank twice. Groups of 4 floats, one 16-byte store each,
+  // where pairs had taken twice the store instructions, for 2 KB more of the
+  // union (bf16, 1 column: 48,520 bytes of static shared memory, of 49,152;
+  // registers unchanged, sm_90). H200 (ab.py, forward % of copy): bf16, 1
+  // column, power law 64.3 -> 65.3; short and long segments, and fp32 (power
+  // law, long), within 0.4; sums bit for bit the same. Lean kernels (fp32, 1
+  // column, short segments, 4 blocks per SM) keep pairs: not timed with
+  // groups of 4.
+  static constexpr int kSumsGroup = !kLean && sizeof(Acc) == 4 ? 4 : 2;
+  static constexpr int kSumsStride = G::kRunRows * W + kSumsGroup;
+  static constexpr int kSums = kStorelessWalk<W> ? kThreads * kSumsStride : kSumsGroup;
+  struct alignas(kSumsGroup * sizeof(Acc)) AccGroup {
+    Acc v[kSumsGroup];
   };
   union {
     uint4 stage[kStageSize<G::kStageUnits>];  // a unit of padding per 8 (stage_unit)
-    AccPair sums[kSums / 2];
+    AccGroup sums[kSums / kSumsGroup];
   };
 };
 
@@ -1644,9 +1653,10 @@ __device__ __forceinline__ void tile_sum_block(
         // nothing: the segments that a later mark of the run closes are
         // stored after the scan, by a thread per segment, coalesced; the
         // head's sum is read back here.
-        using AccPair = typename Shared::AccPair;
-        static_assert(kRun * W % 2 == 0, "sums go out in pairs");
-        AccPair* mine = sm.sums + tid * (Shared::kSumsStride / 2);
+        using AccGroup = typename Shared::AccGroup;
+        constexpr int kGroup = Shared::kSumsGroup;
+        static_assert(kRun * W % kGroup == 0, "sums go out in whole groups");
+        AccGroup* mine = sm.sums + tid * (Shared::kSumsStride / kGroup);
         Acc sums[kRun * W];
 #pragma unroll
         for (int q = 0; q < kRun; ++q) {
@@ -1658,10 +1668,15 @@ __device__ __forceinline__ void tile_sum_block(
           }
         }
 #pragma unroll
-        for (int u = 0; u < kRun * W / 2; ++u) mine[u] = AccPair{sums[2 * u], sums[2 * u + 1]};
+        for (int u = 0; u < kRun * W / kGroup; ++u) {
+          AccGroup group;
+#pragma unroll
+          for (int i = 0; i < kGroup; ++i) group.v[i] = sums[kGroup * u + i];
+          mine[u] = group;
+        }
         if (first_mark > 1u) {  // rows before the first mark: the head's
           const int p = __ffs(static_cast<int>(first_mark)) - 1;
-          const Acc* row = &mine[0].x + (p - 1) * W;
+          const Acc* row = mine[0].v + (p - 1) * W;
 #pragma unroll
           for (int k = 0; k < W; ++k) head_sum[k] = row[k];
         }
@@ -1759,7 +1774,7 @@ __device__ __forceinline__ void tile_sum_block(
       // start past the tile (a later round's entry, or one no round wrote)
       // read shared memory hundreds of KB past the sums.
       constexpr int kStride = Shared::kSumsStride;
-      const Acc* sums = &sm.sums[0].x;
+      const Acc* sums = sm.sums[0].v;
       auto closed_in_run = [](int s0, int s1) {
         return static_cast<unsigned>(s0) < static_cast<unsigned>(G::kTileRows) && s1 > s0 &&
                ((s0 ^ s1) & -kRun) == 0;

@@ -872,6 +872,7 @@ def _segment_sum_lanes_kernel(
     MID_FROM: tl.constexpr,  # lanes sum segments of up to this many rows (0: no mid path)
     MID_ROWS: tl.constexpr,  # longest mid segment, rows (a power of two)
     ROWS32: tl.constexpr,  # fewer than 2^31 rows: lane bounds in 32 bits
+    SEGS32: tl.constexpr,  # fewer than 2^31 segments
 ):
     BLOCK_ROWS: tl.constexpr = ROW_ELEMENTS // BLOCK_COLS
     # A lane keeps its segment's two local bounds as one int32 for the rest
@@ -971,22 +972,32 @@ def _segment_sum_lanes_kernel(
     slot_lanes = tl.arange(0, BLOCK_SEGS)
     base = tl.maximum(lo - 1, 0)
     # A block is its first segment `block` (an int64 scalar) and int32 lane
-    # offsets: the per-lane index and address arithmetic is 32-bit. The block
-    # loop's counter and segments left in int32 too (int32 `segments`, the
-    # trip count taken in int64: -2 to -3 % of a lane chunk's instructions
-    # offline) timed mixed, H200, Triton over CUDA forward speed, power law:
-    # fp32 4 columns 0.821 -> 0.870, bf16 32 columns 0.811 -> 0.841, bf16 1
-    # column 0.680 -> 0.689, but bf16 4 columns 0.820 -> 0.795 and bf16 short
-    # segments, 1 column 0.909 -> 0.874. Not kept.
+    # offsets: the per-lane index and address arithmetic is 32-bit. On rows
+    # wider than 4 columns (the wide lanes) the block loop's counter and
+    # segments left are int32 too, where fewer than 2^31 segments make that
+    # exact (SEGS32). H200 (ab.py, Triton forward, % of copy), power law: bf16
+    # 32 columns 63.7 -> 66.0, 64 columns 68.6 -> 71.0, 256 columns 71.2 ->
+    # 71.6, fp32 32 columns 75.6 -> 76.9; bf16 short segments, 32 columns 67.5
+    # -> 68.5. Rows of 4 columns lost with it (fp32 short segments 74.7 ->
+    # 69.4, power law 69.2 -> 67.6; bf16 power law 55.8 -> 54.3, short 77.4 ->
+    # 74.7), and so had those of 1 (bf16 short segments, Triton over CUDA
+    # forward speed 0.909 -> 0.874): they keep int64.
+    BLOCK_LOOP32: tl.constexpr = SEGS32 and BLOCK_COLS > 4
     block = base
-    valid = slot_lanes < tl.minimum(hi - block, BLOCK_SEGS).to(tl.int32)
+    segs_left = hi - base  # segments from the block's first on
+    if BLOCK_LOOP32:
+        segs_left = segs_left.to(tl.int32)
+    valid = slot_lanes < tl.minimum(segs_left, BLOCK_SEGS).to(tl.int32)
     start = _indptr_local(indptr_ptr + block, slot_lanes, c0, valid, CHUNK_ROWS, ROWS32)
     end = _indptr_local(indptr_ptr + block + 1, slot_lanes, c0, valid, CHUNK_ROWS, ROWS32)
-    for _block in range(0, tl.cdiv(hi - base, BLOCK_SEGS)):
+    for _block in range(0, tl.cdiv(segs_left, BLOCK_SEGS)):
         next_block = block + BLOCK_SEGS
-        next_valid = slot_lanes < tl.minimum(tl.maximum(hi - next_block, 0), BLOCK_SEGS).to(
-            tl.int32
-        )
+        if BLOCK_LOOP32:
+            segs_left -= BLOCK_SEGS
+            next_left = segs_left
+        else:
+            next_left = hi - next_block
+        next_valid = slot_lanes < tl.minimum(tl.maximum(next_left, 0), BLOCK_SEGS).to(tl.int32)
         next_start = _indptr_local(
             indptr_ptr + next_block, slot_lanes, c0, next_valid, CHUNK_ROWS, ROWS32
         )
@@ -1583,14 +1594,16 @@ def _traced(*tensors: Tensor) -> bool:
     )
 
 
-def _rows32(rows) -> bool:
-    """Whether the lane kernel may take its segments' bounds relative to a
-    chunk in 32 bits: fewer than 2^31 rows (shapes only; False for symbolic
-    ones). The 64-bit clamps of the next block's bounds cost about 30
-    instructions per block (offline, sm_90, bf16, 1 column, block overhead
-    outside its loops: 141 -> 110, with the mid path 158 -> 126; timed only
-    together with the lane kernel's other changes, see _LANE_MID_SHAPES)."""
-    return isinstance(rows, int) and rows < 2**31 - 1
+def _fits32(count) -> bool:
+    """Whether a count of rows or segments is below 2^31 (shapes only; False
+    for symbolic ones): with fewer rows, the lane kernel takes its segments'
+    bounds relative to a chunk in 32 bits (ROWS32); with fewer segments, the
+    wide lanes count their blocks in 32 bits (SEGS32). The 64-bit clamps of
+    the next block's bounds cost about 30 instructions per block (offline,
+    sm_90, bf16, 1 column, block overhead outside its loops: 141 -> 110, with
+    the mid path 158 -> 126; timed only together with the lane kernel's other
+    changes, see _LANE_MID_SHAPES)."""
+    return isinstance(count, int) and count < 2**31 - 1
 
 
 def _launch(x: Tensor, indptr: Tensor, out: Tensor) -> None:
@@ -1629,7 +1642,8 @@ def _launch(x: Tensor, indptr: Tensor, out: Tensor) -> None:
             *lane_args,
             INNER=int(inner),  # a constexpr: specializes traced shapes on it
             LANE_ROWS=_LANE_ROWS_ONE_COLUMN if inner == 1 else _LANE_ROWS,
-            ROWS32=_rows32(rows),
+            ROWS32=_fits32(rows),
+            SEGS32=_fits32(segments),
             LANE_STEP=lane_step,
             WALK_ROWS=_WALK_ROWS,
             **constants,
@@ -1639,7 +1653,8 @@ def _launch(x: Tensor, indptr: Tensor, out: Tensor) -> None:
         launcher(_WIDE_LANE_KERNELS[warps])[grid](
             *lane_args,
             INNER=int(inner),
-            ROWS32=_rows32(rows),
+            ROWS32=_fits32(rows),
+            SEGS32=_fits32(segments),
             BLOCK_SEGS=block_segs,
             LANE_ROWS=_WIDE_LANE_ROWS,
             ROW_ELEMENTS=row_elements,
