@@ -894,6 +894,14 @@ def _segment_sum_lanes_kernel(
     # segment fills 2.9 waves of chunks), lost: H200, Triton over CUDA forward
     # speed, two runs, power law, 1 column, fp32 0.783 -> 0.746 and 0.793 ->
     # 0.755, bf16 0.690 -> 0.687 and 0.689 -> 0.687; 4 columns -0.014/-0.016.
+    # Nor do chunks of equal cost pay, as the CUDA lane sum's do (its grid is
+    # one wave; here many waves of chunks balance themselves): each program
+    # finding where rows plus K rows per segment start reach its share
+    # (rounded to SLOT_ROWS), then its segments. H200 (ab.py, Triton forward,
+    # % of copy), as now -> K = 2 / 8 / 24: power law, 1 column, bf16 45.6 ->
+    # 44.2 / 41.5 / 37.4, fp32 61.0 -> 56.9 / 54.6 / 50.5; 4 columns, bf16
+    # 56.4 -> 54.5 / 51.3 / 45.1; short segments, bf16 1 column 65.9 -> 61.0
+    # / 54.8 / 54.5, fp32 4 columns 75.3 -> 69.2 / 69.1 / 67.6.
     c0 = tl.program_id(0).to(tl.int64) * CHUNK_ROWS
     c1 = tl.minimum(c0 + CHUNK_ROWS, rows)
     cols = tl.arange(0, BLOCK_COLS)
