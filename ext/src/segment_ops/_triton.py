@@ -1310,6 +1310,11 @@ _WALK_ROWS = 64  # mean segment length (rows) from which a chunk walks
 # 1 column, bf16 70.1 -> 73.2, 46.2 -> 48.1; fp32 81.2 -> 83.5, 63.4 -> 61.6;
 # 4 columns, bf16 78.5 -> 81.1, 60.2 -> 58.7; fp32 67.7 -> 77.6, 70.8 -> 71.3.
 # Blocks of 128 segments and walk tiles of 512 elements lost on both.
+# On an H200, rows of one column, blocks of 128 and 256 segments with the
+# rows in flight per thread kept (4 and 2 rows per lane and iteration; 79,
+# 72 with the mid path, and 128 registers, sm_90), offered beside the shapes
+# here: the tuner took none on either law, bf16 or fp32 (ab.py: times within
+# 0.3 % of these shapes alone).
 # The shapes of 2048 elements on 4 and 8 warps (giant segments only) won on
 # an H200, as tuned before -> the new shape, % of copy bandwidth: bf16, 1
 # column 75.8 -> 77.9 (chunks of 131072 rows, 8 warps), 4 columns 81.0 ->
@@ -1406,6 +1411,16 @@ _LANE_MID_SHAPES = [
 ]
 _LANE_MID_FROM = 16
 _LANE_MID_ROWS = 128
+
+# What bounds the lane kernel on rows of one column (Nsight Compute, H200,
+# bf16, 512 MiB, the tuned mid shape: chunks of 8192 rows, 62 registers).
+# One-warp programs stop at 32 an SM (the block limit; 64 registers allow as
+# many), half the warps an SM can hold. Short segments: L1 throughput 83 % of
+# peak, 75 % of issue slots used, 47 % occupancy; each load uses 3.8 of the 32
+# bytes of its sectors (two-byte rows, a lane apiece). The power law is bound
+# by neither: L1 48 %, DRAM 36 %, issue 65 %, occupancy 40 %, and a warp
+# waits on L1 for 4.2 of the 10.2 cycles between its instructions (likely
+# the lanes of its many 1- and 2-row segments: few rows in flight a warp).
 
 # Scan tiles instead of lanes, for rows of one column of 2-byte types: a tile
 # of 1024 to 4096 rows read whole (16-byte loads), its running sums taken in
