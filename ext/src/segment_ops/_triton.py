@@ -1302,7 +1302,11 @@ _WIDE_FAST_BYTES = 2048
 # columns lose with them (power law, bf16, 64 rows: 59.3 -> 54.6).
 _LANE_ROWS = 32
 _LANE_ROWS_ONE_COLUMN = 48
-_WALK_ROWS = 64  # mean segment length (rows) from which a chunk walks
+# Mean segment length (rows) from which a chunk walks. From 32 lost on the
+# power law, from 128 tied (H200, ab.py, Triton forward, % of copy, 1 column:
+# bf16 46.5 -> 43.7 and 46.6, fp32 62.0 -> 60.9 and 62.4; short segments
+# unchanged).
+_WALK_ROWS = 64
 # Chunks of 8192 rows (rows of one column) and blocks of 32 segments (rows of
 # 4 columns) win on one law or both and lose at most 2 points on the other,
 # which may share their shape class. On an H100, % of copy bandwidth, 64
@@ -1508,7 +1512,12 @@ def _prune_lane_configs(configs, named_args, **kwargs) -> list[triton.Config]:
 # segments try (bf16, 4 columns: 90.4 -> 88.2), which keep four rows; rows of
 # one column lose with it (power law, bf16 46.0 -> 45.3). ROCm ignores the cap,
 # and torch.compile drops it (Inductor rebuilds the configs of user kernels
-# without maxnreg), so traced calls keep four rows too.
+# without maxnreg), so traced calls keep four rows too. Measured again on an
+# H200 for rows of one column (ab.py, % of copy), eight rows against 16 and
+# 4 (64 and 62 registers, no spills): power law, bf16 46.5 -> 46.4 and 45.7,
+# fp32 62.0 -> 61.9 and 59.7; short segments, on the shapes the power law
+# picked (same tuning key), bf16 66.1 -> 67.7 and 66.9, fp32 79.8 -> 79.0
+# and 76.6.
 _LANE_CAP_REGISTERS = 64
 
 
