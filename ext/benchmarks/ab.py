@@ -23,22 +23,23 @@ src/segment_ops/_triton.py, its forward (`backend="triton"`) under its own
 torch.ops namespace, nothing to build (it compiles on the GPU); Triton and
 CUDA variants side by side time one against the other, e.g.
 `cuda=csrc/cuda/segment_kernels.cuh tri=src/segment_ops/_triton.py
-try=/tmp/try.py`. `run` prints, per case and op (fwd: the sum, bwd: the
-gather; `--ops fwd` times only the sum), each variant's bandwidth as a
-fraction of the copy's and its time relative to the first variant's that has
+try=/tmp/try.py`; each case tunes a Triton variant's tile shapes on its own
+segments, as the benchmark does. `run` prints, per case and op (fwd: the sum,
+bwd: the gather; `--ops fwd` times only the sum), each variant's bandwidth as
+a fraction of the copy's and its time relative to the first variant's that has
 that op (> 1: faster), and the largest difference of its results from that
-variant's. Built against a CPU torch, the libraries hold only the CPU
-kernels, which the header does not touch: enough to try the tool with
-`run --device cpu`, not to compare kernels. `profile` calls one variant's op
-(the first built, unless --variant names another) --calls times on one case
-of the same size, untimed, for a profiler to record; its first calls warm up,
-so skip their kernels. `resources` lists each CUDA variant's kernels with
-their registers, shared memory and local (spill) bytes per architecture, read
-from the built libraries by cuobjdump (no GPU needed; `--changed` keeps the
-kernels where variants differ). `--cut N` (run, profile) cuts every segment
-longer than N rows into pieces of N: the same rows without the law's long
-tail, e.g. to tell what a power law's few giant segments cost from what its
-crowd of short ones does.
+variant's. Built against a CPU torch, the libraries hold only the CPU kernels,
+which the header does not touch: enough to try the tool with `run --device
+cpu`, not to compare kernels. `profile` calls one variant's op (the first
+built, unless --variant names another) --calls times on one case of the same
+size, untimed, for a profiler to record; its first calls warm up, so skip
+their kernels. `resources` lists each CUDA variant's kernels with their
+registers, shared memory and local (spill) bytes per architecture, read from
+the built libraries by cuobjdump (no GPU needed; `--changed` keeps the kernels
+where variants differ). `--cut N` (run, profile) cuts every segment longer
+than N rows into pieces of N: the same rows without the law's long tail, e.g.
+to tell what a power law's few giant segments cost from what its crowd of
+short ones does.
 """
 
 from __future__ import annotations
@@ -263,7 +264,9 @@ def load_triton(path: Path, namespace: str) -> SimpleNamespace:
         raise UsageError(f"Triton variant {path}: {type(err).__name__}: {err}") from None
     finally:
         segment_ops.ops.NAMESPACE = installed
-    return SimpleNamespace(segment_sum=segment_sum, triton=True)
+    # Without forget_tuning (an older module) a variant keeps its first case's shapes.
+    forget = getattr(module, "forget_tuning", lambda: None)
+    return SimpleNamespace(segment_sum=segment_sum, triton=True, forget_tuning=forget)
 
 
 def check_variants(ops: dict, kinds: tuple[str, ...], device: torch.device) -> None:
@@ -463,6 +466,11 @@ def run_case(
         for name in having:
             op = getattr(ops[name], OP_OF_KIND[kind])
             fns[(kind, name)] = lambda op=op, a=args: op(*a)
+    # Triton tunes once per shape class, which short and power-law segments of
+    # one mean share: each case tunes on its own segments, as bench.py's do.
+    for name in names:
+        if getattr(ops[name], "triton", False):
+            ops[name].forget_tuning()
     times = {key: [] for key in fns}
     for _ in range(rounds):  # interleaved, so drift hits every variant alike
         for key, fn in fns.items():

@@ -286,7 +286,7 @@ def test_ab_times_a_triton_module_variant_forward_only_beside_a_cuda_one(
     """A variant file ending in .py is a Triton module: copied, not built, and
     imported under its own namespace beside the installed segment_ops, whose
     own op stays as it was. It has no gather, so only its forward is timed,
-    against the first variant that has one."""
+    against the first variant that has one, and each case tunes it afresh."""
     pytest.importorskip("triton")
     import segment_ops.ops
 
@@ -304,11 +304,31 @@ def test_ab_times_a_triton_module_variant_forward_only_beside_a_cuda_one(
         segment_sum = staticmethod(lambda src, indptr: src[: indptr.numel() - 1])
         segment_gather = staticmethod(lambda grad, indptr, rows: grad.new_zeros(rows, 1))
 
-    triton_like = type("TritonLike", (), {"segment_sum": staticmethod(Native.segment_sum)})
+    sums_before_tuning_forgotten = []
+
+    class TritonLike:
+        triton = True
+        calls = 0
+
+        @staticmethod
+        def segment_sum(src, indptr):
+            TritonLike.calls += 1
+            return Native.segment_sum(src, indptr)
+
+        @staticmethod
+        def forget_tuning():
+            sums_before_tuning_forgotten.append(TritonLike.calls)
+
     cpu = torch.device("cpu")
     timer = bench.Timer(cpu, warmup=0, repeat=2, budget_s=1.0)
-    ops = {"tri": triton_like, "cuda": Native}
+    ops = {"tri": TritonLike, "cuda": Native}
     case = ab.run_case(ops, timer, "float32", "short", 1, cpu, 64, 1)
+    case = ab.run_case(ops, timer, "float32", "power", 1, cpu, 64, 1)
+    # Each case tunes on its own segments: tuning forgotten before its first call.
+    assert sums_before_tuning_forgotten[0] == 0
+    assert len(sums_before_tuning_forgotten) == 2
+    assert sums_before_tuning_forgotten[1] > sums_before_tuning_forgotten[0]
+    assert variant.forget_tuning.__name__ == "forget_tuning"  # the module's own
     assert list(case["variants"]["tri"]) == ["fwd"]
     assert list(case["variants"]["cuda"]) == ["fwd", "bwd"]
     assert case["variants"]["cuda"]["bwd"]["speedup"] == 1.0  # its own reference
