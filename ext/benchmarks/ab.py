@@ -469,8 +469,8 @@ def run_case(
     # Triton tunes once per shape class, which short and power-law segments of
     # one mean share: each case tunes on its own segments, as bench.py's do.
     for name in names:
-        if getattr(ops[name], "triton", False):
-            ops[name].forget_tuning()
+        if forget := getattr(ops[name], "forget_tuning", None):
+            forget()
     times = {key: [] for key in fns}
     for _ in range(rounds):  # interleaved, so drift hits every variant alike
         for key, fn in fns.items():

@@ -325,8 +325,8 @@ def test_ab_times_a_triton_module_variant_forward_only_beside_a_cuda_one(
     case = ab.run_case(ops, timer, "float32", "short", 1, cpu, 64, 1)
     case = ab.run_case(ops, timer, "float32", "power", 1, cpu, 64, 1)
     # Each case tunes on its own segments: tuning forgotten before its first call.
-    assert sums_before_tuning_forgotten[0] == 0
     assert len(sums_before_tuning_forgotten) == 2
+    assert sums_before_tuning_forgotten[0] == 0
     assert sums_before_tuning_forgotten[1] > sums_before_tuning_forgotten[0]
     assert variant.forget_tuning.__name__ == "forget_tuning"  # the module's own
     assert list(case["variants"]["tri"]) == ["fwd"]

@@ -895,13 +895,15 @@ def _segment_sum_lanes_kernel(
     # speed, two runs, power law, 1 column, fp32 0.783 -> 0.746 and 0.793 ->
     # 0.755, bf16 0.690 -> 0.687 and 0.689 -> 0.687; 4 columns -0.014/-0.016.
     # Nor do chunks of equal cost pay, as the CUDA lane sum's do (its grid is
-    # one wave; here many waves of chunks balance themselves): each program
-    # finding where rows plus K rows per segment start reach its share
-    # (rounded to SLOT_ROWS), then its segments. H200 (ab.py, Triton forward,
-    # % of copy), as now -> K = 2 / 8 / 24: power law, 1 column, bf16 45.6 ->
-    # 44.2 / 41.5 / 37.4, fp32 61.0 -> 56.9 / 54.6 / 50.5; 4 columns, bf16
-    # 56.4 -> 54.5 / 51.3 / 45.1; short segments, bf16 1 column 65.9 -> 61.0
-    # / 54.8 / 54.5, fp32 4 columns 75.3 -> 69.2 / 69.1 / 67.6.
+    # one wave; here many waves of chunks balance themselves). Each program
+    # searched indptr for the row where the rows before it plus K times the
+    # segments starting before it reach its share of the cost (rounded to
+    # SLOT_ROWS), then for its segments. H200 (ab.py, Triton forward, % of
+    # copy), as now -> K = 2 / 8 / 24: power law, 1 column, bf16 45.6 -> 44.2 /
+    # 41.5 / 37.4, fp32 61.0 -> 56.9 / 54.6 / 50.5; 4 columns, bf16 56.4 ->
+    # 54.5 / 51.3 / 45.1; short segments, each on the shapes its variant tuned
+    # for the power law (same tuning key), bf16 1 column 65.9 -> 61.0 / 54.8 /
+    # 54.5, fp32 4 columns 75.3 -> 69.2 / 69.1 / 67.6.
     c0 = tl.program_id(0).to(tl.int64) * CHUNK_ROWS
     c1 = tl.minimum(c0 + CHUNK_ROWS, rows)
     cols = tl.arange(0, BLOCK_COLS)
@@ -1302,11 +1304,7 @@ _WIDE_FAST_BYTES = 2048
 # columns lose with them (power law, bf16, 64 rows: 59.3 -> 54.6).
 _LANE_ROWS = 32
 _LANE_ROWS_ONE_COLUMN = 48
-# Mean segment length (rows) from which a chunk walks. From 32 lost on the
-# power law, from 128 tied (H200, ab.py, Triton forward, % of copy, 1 column:
-# bf16 46.5 -> 43.7 and 46.6, fp32 62.0 -> 60.9 and 62.4; short segments
-# unchanged).
-_WALK_ROWS = 64
+_WALK_ROWS = 64  # mean segment length (rows) from which a chunk walks
 # Chunks of 8192 rows (rows of one column) and blocks of 32 segments (rows of
 # 4 columns) win on one law or both and lose at most 2 points on the other,
 # which may share their shape class. On an H100, % of copy bandwidth, 64
@@ -1314,11 +1312,13 @@ _WALK_ROWS = 64
 # 1 column, bf16 70.1 -> 73.2, 46.2 -> 48.1; fp32 81.2 -> 83.5, 63.4 -> 61.6;
 # 4 columns, bf16 78.5 -> 81.1, 60.2 -> 58.7; fp32 67.7 -> 77.6, 70.8 -> 71.3.
 # Blocks of 128 segments and walk tiles of 512 elements lost on both.
-# On an H200, rows of one column, blocks of 128 and 256 segments with the
-# rows in flight per thread kept (4 and 2 rows per lane and iteration; 79,
-# 72 with the mid path, and 128 registers, sm_90), offered beside the shapes
-# here: the tuner took none on either law, bf16 or fp32 (ab.py: times within
-# 0.3 % of these shapes alone).
+# Measured again on an H200, rows of one column: blocks of 128 segments
+# (4 rows per lane and iteration, so that a thread has as many rows in
+# flight; sm_90: 79 registers, 72 with the mid path) and of 256 with the mid
+# path (2 rows; 128 registers on bf16, 113 on fp32), offered beside the
+# shapes here. Tuned on the power law (bf16, fp32) and bf16 long segments,
+# the tuner took none of them (ab.py: times within 0.3 % of these shapes
+# alone).
 # The shapes of 2048 elements on 4 and 8 warps (giant segments only) won on
 # an H200, as tuned before -> the new shape, % of copy bandwidth: bf16, 1
 # column 75.8 -> 77.9 (chunks of 131072 rows, 8 warps), 4 columns 81.0 ->
@@ -1417,7 +1417,8 @@ _LANE_MID_FROM = 16
 _LANE_MID_ROWS = 128
 
 # What bounds the lane kernel on rows of one column (Nsight Compute, H200,
-# bf16, 512 MiB, the tuned mid shape: chunks of 8192 rows, 62 registers).
+# bf16, 512 MiB, both laws on the shape tuned for the power law: chunks of
+# 8192 rows, lanes of up to 16, 62 registers).
 # One-warp programs stop at 32 an SM (the block limit; 64 registers allow as
 # many), half the warps an SM can hold. Short segments: L1 throughput 83 % of
 # peak, 75 % of issue slots used, 47 % occupancy; each load uses 3.8 of the 32
@@ -1512,12 +1513,7 @@ def _prune_lane_configs(configs, named_args, **kwargs) -> list[triton.Config]:
 # segments try (bf16, 4 columns: 90.4 -> 88.2), which keep four rows; rows of
 # one column lose with it (power law, bf16 46.0 -> 45.3). ROCm ignores the cap,
 # and torch.compile drops it (Inductor rebuilds the configs of user kernels
-# without maxnreg), so traced calls keep four rows too. Measured again on an
-# H200 for rows of one column (ab.py, % of copy), eight rows against 16 and
-# 4 (64 and 62 registers, no spills): power law, bf16 46.5 -> 46.4 and 45.7,
-# fp32 62.0 -> 61.9 and 59.7; short segments, on the shapes the power law
-# picked (same tuning key), bf16 66.1 -> 67.7 and 66.9, fp32 79.8 -> 79.0
-# and 76.6.
+# without maxnreg), so traced calls keep four rows too.
 _LANE_CAP_REGISTERS = 64
 
 
