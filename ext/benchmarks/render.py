@@ -29,6 +29,12 @@ COLUMNS = (
     ),
 )
 MISSING = "n/a"
+# What the kernels aim at, each case measured against it (the page's
+# "Against the targets"): forward and backward at 85 % of a copy's bandwidth
+# or more, faster than torch.segment_reduce, and a Triton forward of at least
+# 0.8x the CUDA forward's bandwidth.
+COPY_TARGET = 0.85
+TRITON_TARGET = 0.8
 
 
 def percent(value) -> str:
@@ -110,6 +116,73 @@ def slow_ops(settings: dict) -> str:
     )
 
 
+def case_label(case: dict) -> str:
+    return f"{case['dtype']} {case['law']} ×{case['inner']}"
+
+
+def triton_ratio(case: dict):
+    """The Triton forward's bandwidth over the CUDA forward's, if both ran."""
+    fractions = case["copy_fraction"]
+    native, triton = fractions.get("native_forward"), fractions.get("triton_forward")
+    return triton / native if native and triton is not None else None
+
+
+TARGETS = (
+    # (target, value of a case, whether it meets it, how the value reads)
+    (
+        f"forward ≥ {COPY_TARGET:.0%} of copy",
+        lambda c: c["copy_fraction"].get("native_forward"),
+        lambda v: v >= COPY_TARGET,
+        percent,
+    ),
+    (
+        f"backward ≥ {COPY_TARGET:.0%} of copy",
+        lambda c: c["copy_fraction"].get("native_backward"),
+        lambda v: v >= COPY_TARGET,
+        percent,
+    ),
+    (
+        "forward faster than segment_reduce",
+        lambda c: c["vs_segment_reduce"].get("native_forward"),
+        lambda v: v > 1,
+        times,
+    ),
+    (
+        "backward faster than segment_reduce",
+        lambda c: c["vs_segment_reduce"].get("native_backward"),
+        lambda v: v > 1,
+        times,
+    ),
+    (
+        f"Triton forward ≥ {TRITON_TARGET}× the forward's bandwidth",
+        triton_ratio,
+        lambda v: v >= TRITON_TARGET,
+        lambda v: f"{v:.2f}×",
+    ),
+)
+
+
+def render_targets(cases: list[dict]) -> list[str]:
+    """Per target: how many cases meet it, and the others, worst first."""
+    lines = [
+        "",
+        "## Against the targets",
+        "",
+        "| target | cases that meet it | the others, worst first |",
+        "|---|--:|---|",
+    ]
+    for target, value_of, meets, shown in TARGETS:
+        measured = [(value_of(c), c) for c in cases if value_of(c) is not None]
+        short = sorted((v, i) for i, (v, c) in enumerate(measured) if not meets(v))
+        others = ", ".join(f"{case_label(measured[i][1])} {shown(v)}" for v, i in short)
+        unmeasured = len(cases) - len(measured)
+        count = f"{len(measured) - len(short)} of {len(measured)}"
+        if unmeasured:
+            count += f" ({unmeasured} not measured)"
+        lines.append(f"| {target} | {count} | {others or 'none'} |")
+    return lines
+
+
 def render(data: dict, source_name: str) -> str:
     header, cases = data["header"], data["cases"]
     settings = header.get("settings", {})
@@ -180,6 +253,8 @@ def render(data: dict, source_name: str) -> str:
         render_command(command, source_name),
         "```",
     ]
+    if cases:
+        lines += render_targets(cases)
 
     for dtype in unique(c["dtype"] for c in cases):
         rows = [c for c in cases if c["dtype"] == dtype]

@@ -113,6 +113,40 @@ def test_page_says_how_it_timed_an_op_slower_than_the_budget_only_if_it_did(monk
     )
 
 
+def test_page_counts_the_cases_short_of_each_target_worst_first(monkeypatch):
+    if not (BENCHMARKS / "render.py").exists():
+        pytest.skip(f"benchmarks not found at {BENCHMARKS} (set SEGMENT_OPS_SRC)")
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    monkeypatch.delitem(sys.modules, "render", raising=False)
+    render = importlib.import_module("render")
+
+    def case(law, fwd, bwd, triton, vs_fwd, vs_bwd):
+        fractions = {"native_forward": fwd, "native_backward": bwd, "triton_forward": triton}
+        vs = {"native_forward": vs_fwd, "native_backward": vs_bwd}
+        return {"dtype": "bfloat16", "law": law, "inner": 1, "rows": 8, "rows_requested": 8,
+                "copy_fraction": fractions, "vs_segment_reduce": vs}
+
+    cases = [
+        case("short", 0.90, 0.84, 0.90, 1.5, 0.9),  # backward short of 85 % and slower
+        case("long", 0.80, 0.95, 0.60, 2.0, 3.0),  # forward and Triton short
+        case("power", 0.70, 0.95, None, 50.0, 9.0),  # forward shorter still; no Triton run
+        case("giant", 0.85, 0.85, 0.68, 9.0, 9.0),  # exactly at 85 % and 0.8x meet them
+    ]
+    page = render.render({"header": {}, "cases": cases}, "x.json")
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in page.splitlines()
+            if line.startswith("| ") and " of " in line.split(" | ")[1]}
+    assert rows["forward ≥ 85% of copy"].endswith(
+        "| 2 of 4 | bfloat16 power ×1 70.0%, bfloat16 long ×1 80.0% |")
+    assert rows["backward ≥ 85% of copy"].endswith("| 3 of 4 | bfloat16 short ×1 84.0% |")
+    assert rows["forward faster than segment_reduce"].endswith("| 4 of 4 | none |")
+    assert rows["backward faster than segment_reduce"].endswith(
+        "| 3 of 4 | bfloat16 short ×1 0.90× |")
+    assert rows["Triton forward ≥ 0.8× the forward's bandwidth"].endswith(
+        "| 2 of 3 (1 not measured) | bfloat16 long ×1 0.75× |")
+    # A page with no cases (not measured yet) has no such section.
+    assert "Against the targets" not in render.render({"header": {}, "cases": []}, "x.json")
+
+
 def fresh_ab(monkeypatch):
     """benchmarks/ab.py, imported anew: it binds `bench` (or its absence) at import."""
     if not (BENCHMARKS / "ab.py").exists():
