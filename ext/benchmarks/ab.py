@@ -36,7 +36,10 @@ size, untimed, for a profiler to record; its first calls warm up, so skip
 their kernels. `resources` lists each CUDA variant's kernels with their
 registers, shared memory and local (spill) bytes per architecture, read from
 the built libraries by cuobjdump (no GPU needed; `--changed` keeps the kernels
-where variants differ). `--cut N` (run, profile) cuts every segment longer
+where variants differ); for Triton variants, it compiles here (for --arch,
+sm_90 unless named) each launch the variant would make on `--cases`, one row
+per autotuner config kept after pruning, so a change that breaks the
+compiler or adds registers shows before the GPU. `--cut N` (run, profile) cuts every segment longer
 than N rows into pieces of N: the same rows without the law's long tail, e.g.
 to tell what a power law's few giant segments cost from what its crowd of
 short ones does.
@@ -266,7 +269,9 @@ def load_triton(path: Path, namespace: str) -> SimpleNamespace:
         segment_ops.ops.NAMESPACE = installed
     # Without forget_tuning (an older module) a variant keeps its first case's shapes.
     forget = getattr(module, "forget_tuning", lambda: None)
-    return SimpleNamespace(segment_sum=segment_sum, triton=True, forget_tuning=forget)
+    return SimpleNamespace(
+        segment_sum=segment_sum, triton=True, forget_tuning=forget, module=module
+    )
 
 
 def check_variants(ops: dict, kinds: tuple[str, ...], device: torch.device) -> None:
@@ -341,12 +346,49 @@ def short_names(kernels: list[str]) -> dict[str, str]:
     return names
 
 
-def resources(directory: Path, arch: str | None, changed: bool) -> None:
+def resources(
+    directory: Path, arch: str | None, changed: bool, cases: list[tuple[str, str, int]]
+) -> None:
     """Prints each CUDA variant's kernels side by side: registers, shared and
-    local bytes; `*` where the variants differ."""
-    libs = {n: e["lib"] for n, e in read_manifest(directory).items() if "lib" in e}
-    if not libs:
-        raise UsageError(f"{directory}: no CUDA variant (Triton ones compile on the GPU)")
+    local bytes; `*` where the variants differ. Then the same for the Triton
+    variants' launches on `cases`, compiled here for `arch` (sm_90 unless
+    named)."""
+    manifest = read_manifest(directory)
+    libs = {n: e["lib"] for n, e in manifest.items() if "lib" in e}
+    tritons = {n: e for n, e in manifest.items() if "triton" in e}
+    if libs:
+        cuda_resources(directory, libs, arch, changed)
+    if tritons:
+        tables = {
+            name: triton_resources(directory / e["triton"], e["namespace"], cases, arch or "sm_90")
+            for name, e in tritons.items()
+        }
+        print_side_by_side(tables, changed, "case")
+
+
+def cell(res) -> str:
+    if res is None:
+        return "-"
+    return f"{res['REG']}r {res['SHARED']}s {res['LOCAL']}l {res.get('STACK', 0)}k"
+
+
+def print_side_by_side(tables: dict[str, dict], changed: bool, first: str) -> None:
+    """One row per key (first field, name), one column per variant; `*` where
+    the variants differ."""
+    keys = sorted({k for table in tables.values() for k in table})
+    print(
+        f"{first:24}" + "  ".join(f"{n:>22}" for n in tables) + "  (r: registers, s: shared "
+        "bytes, l: local bytes, k: stack bytes a thread)"
+    )
+    for key in keys:
+        cells = [cell(tables[n].get(key)) for n in tables]
+        differs = len(set(cells)) > 1
+        if differs or not changed:
+            row = "  ".join(f"{c:>22}" for c in cells)
+            print(f"{key[0]:24}{row}  {key[1]}{'  *' if differs else ''}")
+
+
+def cuda_resources(directory: Path, libs: dict[str, str], arch: str | None, changed: bool):
     tool = find_cuobjdump()
     tables = {}
     for name, lib in libs.items():
@@ -356,24 +398,153 @@ def resources(directory: Path, arch: str | None, changed: bool) -> None:
         if dump.returncode:
             raise UsageError(f"variant {name}: cuobjdump failed: {dump.stderr.strip()[:200]}")
         tables[name] = kernel_resources(dump.stdout)
-    keys = sorted({k for table in tables.values() for k in table if arch in (None, k[0])})
+    keys = {k for table in tables.values() for k in table if arch in (None, k[0])}
     if not keys:
         raise UsageError(f"--arch {arch}: no kernel for it in {', '.join(libs)}")
     names = short_names(sorted({kernel for _, kernel in keys}))
-
-    def cell(res):
-        return "-" if res is None else f"{res['REG']}r {res['SHARED']}s {res['LOCAL']}l"
-
-    print(
-        "arch    " + "  ".join(f"{n:>20}" for n in libs) + "  kernel (r: registers, s: shared "
-        "bytes, l: local bytes a thread)"
+    print_side_by_side(
+        {
+            n: {(a, names[k]): res for (a, k), res in table.items() if (a, k) in keys}
+            for n, table in tables.items()
+        },
+        changed,
+        "arch",
     )
-    for key in keys:
-        cells = [cell(tables[n].get(key)) for n in libs]
-        differs = len(set(cells)) > 1
-        if differs or not changed:
-            row = "  ".join(f"{c:>20}" for c in cells)
-            print(f"{key[0]:7} {row}  {names[key[1]]}{'  *' if differs else ''}")
+
+
+# Mean segment length of each law, for the shape class a Triton variant's
+# launch sees in `resources` (bench.py's laws: uniform 1-16, 512-1536, a
+# power law of mean about 13 rows, one segment).
+LAW_MEAN_ROWS = {"short": 8, "long": 1024, "power": 13}
+TRITON_TYPES = {
+    torch.float16: "fp16",
+    torch.bfloat16: "bf16",
+    torch.float32: "fp32",
+    torch.float64: "fp64",
+    torch.int32: "i32",
+    torch.int64: "i64",
+}
+
+
+def triton_launches(module, dtype_name: str, law: str, inner: int, rows: int) -> list:
+    """What the module's `_launch` would compile for one case: (kernel,
+    arguments, keyword arguments, label) per config its autotuners keep
+    after pruning, and per direct launch; the label names the kernel and the
+    config's own values. Nothing runs: the tensors are on the meta device and
+    the launches are recorded instead."""
+    from triton.runtime.autotuner import Autotuner
+    from triton.runtime.jit import JITFunction
+
+    launches = []
+
+    def tuned(self, *args, grid=None, warmup=False, **kwargs):
+        self.nargs = dict(zip(self.arg_names, args, strict=False))
+        for config in self.prune_configs(kwargs):
+            own = {**config.kwargs, "num_warps": config.num_warps, "maxnreg": config.maxnreg}
+            launches.append((self.fn, args, {**kwargs, **config.all_kwargs()}, label(self, own)))
+
+    def direct(self, *args, grid=None, warmup=False, **kwargs):
+        launches.append((self, args, kwargs, label(self, kwargs)))
+
+    def label(kernel, values: dict) -> str:
+        name = getattr(kernel, "fn", kernel).__name__
+        return " ".join([name] + [f"{k}={v}" for k, v in values.items() if v is not None])
+
+    segments = 1 if law == "giant" else max(rows // LAW_MEAN_ROWS[law], 1)
+    dtype = getattr(torch, dtype_name)
+    x = torch.empty((rows, inner), dtype=dtype, device="meta")
+    indptr = torch.empty(segments + 1, dtype=torch.int64, device="meta")
+    out = torch.empty((segments, inner), dtype=dtype, device="meta")
+    saved = Autotuner.run, JITFunction.run
+    Autotuner.run, JITFunction.run = tuned, direct
+    try:
+        module._launch(x, indptr, out)
+    finally:
+        Autotuner.run, JITFunction.run = saved
+    return launches
+
+
+def compile_offline(kernel, args: tuple, kwargs: dict, arch: str) -> bytes:
+    """The cubin of one launch for `arch` (sm_XY), as triton's ahead-of-time
+    compiler builds it: pointers and multiples of 16 marked 16-byte aligned,
+    as a launch on real tensors would find them."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    option_names = ("num_warps", "num_stages", "num_ctas", "maxnreg")
+    options = {k: kwargs[k] for k in option_names if kwargs.get(k) is not None}
+    values = dict(zip(kernel.arg_names, args, strict=False)) | {
+        k: v for k, v in kwargs.items() if k not in option_names
+    }
+    signature, constexprs, aligned = {}, {}, {}
+    unspecialized = set(getattr(kernel, "do_not_specialize", ()))
+    for i, param in enumerate(kernel.params):
+        value = values[param.name]
+        if param.is_constexpr:
+            signature[param.name], constexprs[param.name] = "constexpr", value
+        elif isinstance(value, torch.Tensor):
+            signature[param.name] = "*" + TRITON_TYPES[value.dtype]
+            aligned[(i,)] = [["tt.divisibility", 16]]
+        else:
+            signature[param.name] = "i64" if abs(value) >= 2**31 else "i32"
+            if value % 16 == 0 and i not in unspecialized and param.name not in unspecialized:
+                aligned[(i,)] = [["tt.divisibility", 16]]
+    target = GPUTarget("cuda", int(arch.removeprefix("sm_")), 32)
+    backend = triton.compiler.make_backend(target)
+    source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=aligned)
+    compiled = triton.compile(
+        source, target=target, options=backend.parse_options(options).__dict__
+    )
+    return compiled.asm["cubin"]
+
+
+def triton_resources(
+    path: Path, namespace: str, cases: list[tuple[str, str, int]], arch: str
+) -> dict[tuple[str, str], dict[str, int]]:
+    """{(case, launch label): cuobjdump's resources} for a Triton variant."""
+    module = load_triton(path, namespace).module
+    tool = find_cuobjdump()
+    table = {}
+    with tempfile.TemporaryDirectory() as scratch:
+        cubin = Path(scratch, "kernel.cubin")
+        for dtype_name, law, inner in cases:
+            case = f"{dtype_name}:{law}:{inner}"
+            for kernel, args, kwargs, label in triton_launches(
+                module, dtype_name, law, inner, 1 << 20
+            ):
+                try:
+                    cubin.write_bytes(compile_offline(kernel, args, kwargs, arch))
+                except Exception as err:  # a variant that does not compile: which, in one line
+                    first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+                    raise UsageError(
+                        f"{path}: {case}: {label}: {type(err).__name__}: {first}"[:400]
+                    ) from None
+                dump = subprocess.run(
+                    [tool, "-res-usage", str(cubin)], capture_output=True, text=True
+                )
+                found = kernel_resources(dump.stdout)
+                table[(case, label)] = next(iter(found.values()), None)
+    return table
+
+
+def parse_triton_case(text: str) -> tuple[str, str, int]:
+    """A `resources` case: as parse_case's, without the benchmark's imports."""
+    laws = (*LAW_MEAN_ROWS, "giant")
+    dtypes = ("float16", "bfloat16", "float32", "float64")
+    parts = text.split(":")
+    if (
+        len(parts) != 3
+        or parts[0] not in dtypes
+        or parts[1] not in laws
+        or not parts[2].isdigit()
+        or int(parts[2]) < 1
+    ):
+        raise UsageError(
+            f"case {text!r}: expected DTYPE:LAW:INNER, DTYPE of {dtypes}, LAW of {laws}, "
+            "INNER a positive integer"
+        )
+    return parts[0], parts[1], int(parts[2])
 
 
 def parse_case(text: str) -> tuple[str, str, int]:
@@ -605,10 +776,16 @@ def main(argv=None) -> int:
     res.add_argument("dir", type=Path, help="the folder `build --out` wrote")
     res.add_argument("--arch", help="one architecture, e.g. sm_90 (default: all built)")
     res.add_argument("--changed", action="store_true", help="only kernels where variants differ")
+    res.add_argument(
+        "--cases",
+        default="bfloat16:power:1,float32:power:1",
+        help="Triton variants: comma-separated DTYPE:LAW:INNER whose launches to compile",
+    )
     args = parser.parse_args(argv)
     try:
         if args.command == "resources":
-            resources(args.dir, args.arch, args.changed)
+            cases = [parse_triton_case(c) for c in args.cases.split(",") if c]
+            resources(args.dir, args.arch, args.changed, cases)
         elif args.command == "build":
             variants = [parse_variant(v) for v in args.variants]
             if len({name for name, _, _ in variants}) != len(variants):

@@ -5,6 +5,7 @@ says of it; and ab.py's command line."""
 import importlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -437,7 +438,6 @@ def test_ab_resources_lists_kernels_side_by_side_and_marks_those_that_changed(
     manifest = {
         "base": {"namespace": "a", "lib": "base/lib.so"},
         "try": {"namespace": "b", "lib": "try/lib.so"},
-        "tri": {"namespace": "c", "triton": "tri/_triton.py"},  # no library: left out
     }
     (tmp_path / "variants.json").write_text(json.dumps(manifest))
     monkeypatch.setattr(ab, "find_cuobjdump", lambda: "cuobjdump")
@@ -453,7 +453,85 @@ def test_ab_resources_lists_kernels_side_by_side_and_marks_those_that_changed(
     header, *rows = capsys.readouterr().out.splitlines()
     assert header.split()[:3] == ["arch", "base", "try"]
     assert len(rows) == 1 and rows[0].endswith("*")
-    assert "63r 1880s 0l" in rows[0] and "64r 1880s 24l" in rows[0]
+    assert "63r 1880s 0l 0k" in rows[0] and "64r 1880s 24l 0k" in rows[0]
     assert ab.main(["resources", str(tmp_path), "--arch", "sm_80"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("ab.py: --arch sm_80: no kernel") and err.count("\n") == 1
+
+
+TOY_TRITON = """
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _scale(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    value = tl.load(x_ptr + i, mask=i < n)
+    tl.store(y_ptr + i, SCALED, mask=i < n)
+
+
+def _small(configs, named_args, **kwargs):
+    return [c for c in configs if c.kwargs["BLOCK"] <= named_args["n"]]
+
+
+_tuned = triton.autotune(
+    configs=[
+        triton.Config({"BLOCK": b}, num_warps=w) for b, w in ((128, 1), (1024, 4), (1 << 30, 8))
+    ],
+    key=["n"],
+    prune_configs_by={"early_config_prune": _small},
+)(_scale)
+
+
+def _launch(x, indptr, out):
+    _tuned[(1,)](x, out, x.numel())
+    _scale[(1,)](x, out, x.numel(), BLOCK=256, num_warps=2)
+
+
+def segment_sum_triton(src, indptr):
+    raise NotImplementedError
+
+
+def forget_tuning():
+    _tuned.cache.clear()
+"""
+
+
+def test_ab_resources_compiles_a_triton_variants_launches_here_side_by_side(
+    monkeypatch, tmp_path, capsys
+):
+    """A Triton variant's kernels are compiled on this machine for the launches
+    its _launch would make on a case, each autotuner config kept after pruning
+    one row, so two variants compare without a GPU."""
+    pytest.importorskip("triton")
+    ab = fresh_ab(monkeypatch)
+    same, wide = tmp_path / "same.py", tmp_path / "wide.py"
+    same.write_text(TOY_TRITON.replace("SCALED", "value * 2"))
+    # fp64 math: more registers for the same launches
+    wide.write_text(TOY_TRITON.replace("SCALED", "tl.sqrt(value.to(tl.float64)) * 3"))
+    out = tmp_path / "ab"
+    pid = os.getpid()
+    assert ab.main(["build", "--out", str(out), f"same_{pid}={same}", f"wide_{pid}={wide}"]) == 0
+    capsys.readouterr()
+    assert ab.main(["resources", str(out), "--cases", "float32:short:1"]) == 0
+    header, *rows = capsys.readouterr().out.splitlines()
+    assert header.split()[:3] == ["case", f"same_{pid}", f"wide_{pid}"]
+    labels = [re.search(r"k  (\S.*?)(  \*)?$", row).group(1) for row in rows]
+    # the config too big for the case was pruned, as the autotuner would
+    assert sorted(labels) == [
+        "_scale BLOCK=1024 num_warps=4",
+        "_scale BLOCK=128 num_warps=1",
+        "_scale BLOCK=256 num_warps=2",
+    ]
+    assert all(row.startswith("float32:short:1") and row.endswith("*") for row in rows), rows
+    # a variant that does not compile: one line naming it and the launch
+    broken = tmp_path / "broken.py"
+    broken.write_text(TOY_TRITON.replace("SCALED", "undefined_name"))
+    assert ab.main(["build", "--out", str(out), f"broken_{pid}={broken}"]) == 0
+    capsys.readouterr()
+    assert ab.main(["resources", str(out), "--cases", "float32:short:1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"ab.py: {out / 'broken_'}") and err.count("\n") == 1, err
+    assert "_scale BLOCK=" in err
