@@ -1513,7 +1513,11 @@ def _prune_lane_configs(configs, named_args, **kwargs) -> list[triton.Config]:
 # segments try (bf16, 4 columns: 90.4 -> 88.2), which keep four rows; rows of
 # one column lose with it (power law, bf16 46.0 -> 45.3). ROCm ignores the cap,
 # and torch.compile drops it (Inductor rebuilds the configs of user kernels
-# without maxnreg), so traced calls keep four rows too.
+# without maxnreg), so traced calls keep four rows too. The kernel has grown
+# since: compiled as a launch finds it (`ab.py resources`, sm_90, pointers
+# 16-byte aligned), the capped 64-segment shapes spill, bf16 32 to 48 bytes a
+# thread (ptxas: 44 bytes of spill stores at chunks of 8192 rows), fp32 24 at
+# chunks of 1024 rows; the 32-segment shapes do not.
 _LANE_CAP_REGISTERS = 64
 
 
