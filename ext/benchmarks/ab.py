@@ -48,6 +48,7 @@ short ones does.
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import re
@@ -254,7 +255,10 @@ def load_triton(path: Path, namespace: str) -> SimpleNamespace:
     `namespace`, not segment_ops' own: its forward beside the installed one."""
     import importlib.util
 
-    import segment_ops.ops
+    try:
+        import segment_ops.ops
+    except ImportError as err:
+        raise UsageError(f"Triton variants need segment_ops installed: {err}") from None
 
     spec = importlib.util.spec_from_file_location(f"segment_ops.{namespace}", path)
     module = importlib.util.module_from_spec(spec)
@@ -360,7 +364,9 @@ def resources(
         cuda_resources(directory, libs, arch, changed)
     if tritons:
         tables = {
-            name: triton_resources(directory / e["triton"], e["namespace"], cases, arch or "sm_90")
+            name: triton_resources(
+                directory / e["triton"], e["namespace"], cases, parse_capability(arch)
+            )
             for name, e in tritons.items()
         }
         print_side_by_side(tables, changed, "case")
@@ -413,9 +419,8 @@ def cuda_resources(directory: Path, libs: dict[str, str], arch: str | None, chan
 
 
 # Mean segment length of each law, for the shape class a Triton variant's
-# launch sees in `resources` (bench.py's laws: uniform 1-16, 512-1536, a
-# power law of mean about 13 rows, one segment).
-LAW_MEAN_ROWS = {"short": 8, "long": 1024, "power": 13}
+# launch sees in `resources` (bench.py's means; `giant` is one segment).
+LAW_MEAN_ROWS = {"short": 8, "long": 1024, "power": 11}
 TRITON_TYPES = {
     torch.float16: "fp16",
     torch.bfloat16: "bf16",
@@ -439,8 +444,16 @@ def triton_launches(module, dtype_name: str, law: str, inner: int, rows: int) ->
 
     def tuned(self, *args, grid=None, warmup=False, **kwargs):
         self.nargs = dict(zip(self.arg_names, args, strict=False))
-        for config in self.prune_configs(kwargs):
+        # as Autotuner.run: a single config is never pruned
+        configs = self.prune_configs(kwargs) if len(self.configs) > 1 else self.configs
+        varied = [
+            option
+            for option in ("num_stages", "num_ctas")
+            if len({getattr(c, option) for c in self.configs}) > 1
+        ]
+        for config in configs:
             own = {**config.kwargs, "num_warps": config.num_warps, "maxnreg": config.maxnreg}
+            own |= {option: getattr(config, option) for option in varied}
             launches.append((self.fn, args, {**kwargs, **config.all_kwargs()}, label(self, own)))
 
     def direct(self, *args, grid=None, warmup=False, **kwargs):
@@ -464,14 +477,19 @@ def triton_launches(module, dtype_name: str, law: str, inner: int, rows: int) ->
     return launches
 
 
-def compile_offline(kernel, args: tuple, kwargs: dict, arch: str) -> bytes:
-    """The cubin of one launch for `arch` (sm_XY), as triton's ahead-of-time
-    compiler builds it: pointers and multiples of 16 marked 16-byte aligned,
-    as a launch on real tensors would find them."""
+def compile_offline(kernel, args: tuple, kwargs: dict, capability: int) -> bytes:
+    """The cubin of one launch for a compute capability (90: sm_90), as
+    triton's ahead-of-time compiler builds it, specialized as a launch on
+    real tensors would be: pointers 16-byte aligned, an integer of 1 a
+    constant and one that is a multiple of 16 marked so, unless the kernel
+    says not to specialize it."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
+    from triton.runtime.jit import JITFunction
 
+    while not isinstance(kernel, JITFunction):  # heuristics and other wrappers
+        kernel = kernel.fn
     option_names = ("num_warps", "num_stages", "num_ctas", "maxnreg")
     options = {k: kwargs[k] for k in option_names if kwargs.get(k) is not None}
     values = dict(zip(kernel.arg_names, args, strict=False)) | {
@@ -480,17 +498,29 @@ def compile_offline(kernel, args: tuple, kwargs: dict, arch: str) -> bytes:
     signature, constexprs, aligned = {}, {}, {}
     unspecialized = set(getattr(kernel, "do_not_specialize", ()))
     for i, param in enumerate(kernel.params):
-        value = values[param.name]
-        if param.is_constexpr:
+        if param.name in values:
+            value = values[param.name]
+        elif param.default is not inspect.Parameter.empty:
+            value = param.default
+        else:
+            raise UsageError(f"{kernel.__name__}: no value for {param.name}")
+        specialize = i not in unspecialized and param.name not in unspecialized
+        if param.is_constexpr or value is None:
             signature[param.name], constexprs[param.name] = "constexpr", value
         elif isinstance(value, torch.Tensor):
             signature[param.name] = "*" + TRITON_TYPES[value.dtype]
             aligned[(i,)] = [["tt.divisibility", 16]]
+        elif isinstance(value, bool):
+            signature[param.name] = "i1"
+        elif isinstance(value, float):
+            signature[param.name] = "fp32"
+        elif value == 1 and specialize:
+            signature[param.name], constexprs[param.name] = "constexpr", 1
         else:
-            signature[param.name] = "i64" if abs(value) >= 2**31 else "i32"
-            if value % 16 == 0 and i not in unspecialized and param.name not in unspecialized:
+            signature[param.name] = "i64" if not -(2**31) <= value < 2**31 else "i32"
+            if value % 16 == 0 and specialize:
                 aligned[(i,)] = [["tt.divisibility", 16]]
-    target = GPUTarget("cuda", int(arch.removeprefix("sm_")), 32)
+    target = GPUTarget("cuda", capability, 32)
     backend = triton.compiler.make_backend(target)
     source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=aligned)
     compiled = triton.compile(
@@ -499,10 +529,17 @@ def compile_offline(kernel, args: tuple, kwargs: dict, arch: str) -> bytes:
     return compiled.asm["cubin"]
 
 
+def one_line(err: Exception) -> str:
+    text = str(err).strip()
+    return f"{type(err).__name__}: {text.splitlines()[0] if text else ''}"
+
+
 def triton_resources(
-    path: Path, namespace: str, cases: list[tuple[str, str, int]], arch: str
+    path: Path, namespace: str, cases: list[tuple[str, str, int]], capability: int
 ) -> dict[tuple[str, str], dict[str, int]]:
-    """{(case, launch label): cuobjdump's resources} for a Triton variant."""
+    """{(case, launch label): cuobjdump's resources} for a Triton variant,
+    each case at the benchmark's size (so its integer arguments specialize
+    as the benchmark's do)."""
     module = load_triton(path, namespace).module
     tool = find_cuobjdump()
     table = {}
@@ -510,22 +547,32 @@ def triton_resources(
         cubin = Path(scratch, "kernel.cubin")
         for dtype_name, law, inner in cases:
             case = f"{dtype_name}:{law}:{inner}"
-            for kernel, args, kwargs, label in triton_launches(
-                module, dtype_name, law, inner, 1 << 20
-            ):
+            rows = case_rows(dtype_name, inner, 512, None)
+            try:
+                launches = triton_launches(module, dtype_name, law, inner, rows)
+            except Exception as err:  # its _launch fails before any kernel: say so in one line
+                raise UsageError(f"{path}: {case}: _launch: {one_line(err)}"[:400]) from None
+            for kernel, args, kwargs, label in launches:
                 try:
-                    cubin.write_bytes(compile_offline(kernel, args, kwargs, arch))
+                    cubin.write_bytes(compile_offline(kernel, args, kwargs, capability))
                 except Exception as err:  # a variant that does not compile: which, in one line
-                    first = str(err).strip().splitlines()[0] if str(err).strip() else ""
-                    raise UsageError(
-                        f"{path}: {case}: {label}: {type(err).__name__}: {first}"[:400]
-                    ) from None
+                    raise UsageError(f"{path}: {case}: {label}: {one_line(err)}"[:400]) from None
                 dump = subprocess.run(
                     [tool, "-res-usage", str(cubin)], capture_output=True, text=True
                 )
+                if dump.returncode:
+                    raise UsageError(f"cuobjdump failed on {label}: {dump.stderr.strip()[:200]}")
                 found = kernel_resources(dump.stdout)
                 table[(case, label)] = next(iter(found.values()), None)
     return table
+
+
+def parse_capability(arch: str | None) -> int:
+    """--arch for Triton variants: sm_90, sm_90a or 90 -> 90 (sm_90 if none)."""
+    match = re.fullmatch(r"(?:sm_)?(\d+)a?", arch or "sm_90")
+    if not match:
+        raise UsageError(f"--arch {arch}: expected sm_XY, e.g. sm_90")
+    return int(match.group(1))
 
 
 def parse_triton_case(text: str) -> tuple[str, str, int]:
@@ -772,9 +819,15 @@ def main(argv=None) -> int:
     p.add_argument(
         "--cut", type=int, metavar="N", help="cut segments longer than N rows into pieces of N"
     )
-    res = commands.add_parser("resources", help="registers, shared and local bytes per kernel")
+    res = commands.add_parser(
+        "resources", help="registers, shared, local and stack bytes per kernel"
+    )
     res.add_argument("dir", type=Path, help="the folder `build --out` wrote")
-    res.add_argument("--arch", help="one architecture, e.g. sm_90 (default: all built)")
+    res.add_argument(
+        "--arch",
+        help="one architecture, e.g. sm_90 (default: all built for CUDA variants, "
+        "sm_90 for Triton ones)",
+    )
     res.add_argument("--changed", action="store_true", help="only kernels where variants differ")
     res.add_argument(
         "--cases",

@@ -535,3 +535,49 @@ def test_ab_resources_compiles_a_triton_variants_launches_here_side_by_side(
     err = capsys.readouterr().err
     assert err.startswith(f"ab.py: {out / 'broken_'}") and err.count("\n") == 1, err
     assert "_scale BLOCK=" in err
+    # a _launch that fails before any kernel: one line too
+    failing = TOY_TRITON.replace("SCALED", "value")
+    failing = failing.replace("    _tuned[(1,)]", "    gone()\n    _tuned[(1,)]")
+    (out / f"broken_{pid}" / "_triton.py").write_text(failing)
+    assert ab.main(["resources", str(out), "--cases", "float32:short:1"]) == 2
+    err = capsys.readouterr().err
+    assert ": _launch: NameError" in err and err.count("\n") == 1, err
+    assert ab.main(["resources", str(out), "--arch", "ampere"]) == 2
+    assert capsys.readouterr().err.startswith("ab.py: --arch ampere: expected sm_XY")
+
+
+def test_ab_compiles_a_triton_launch_specialized_as_a_real_launch_would_be(monkeypatch):
+    """Pointers aligned; an integer of 1 a constant, a multiple of 16 marked
+    so, unless the kernel says not to specialize it; floats and bools typed."""
+    triton = pytest.importorskip("triton")
+    import triton.language as tl
+
+    ab = fresh_ab(monkeypatch)
+
+    @triton.jit(do_not_specialize=["skipped"])
+    def kernel(x_ptr, one, sixteen, odd, skipped, scale, flag, BLOCK: tl.constexpr):
+        pass
+
+    seen = {}
+
+    def compile(source, target, options):
+        seen.update(source=source, capability=target.arch, options=options)
+        return SimpleNamespace(asm={"cubin": b""})
+
+    monkeypatch.setattr(triton, "compile", compile)
+    x = torch.empty(4, device="meta")
+    ab.compile_offline(kernel, (x, 1, 32, 17, 48, 0.5, True), {"BLOCK": 64, "num_warps": 2}, 90)
+    source = seen["source"]
+    assert source.signature == {
+        "x_ptr": "*fp32",
+        "one": "constexpr",
+        "sixteen": "i32",
+        "odd": "i32",
+        "skipped": "i32",
+        "scale": "fp32",
+        "flag": "i1",
+        "BLOCK": "constexpr",
+    }
+    assert {k[0]: v for k, v in source.constants.items()} == {1: 1, 7: 64}
+    assert sorted(k[0] for k in source.attrs) == [0, 2]  # x_ptr and sixteen
+    assert seen["capability"] == 90 and seen["options"]["num_warps"] == 2
