@@ -605,6 +605,29 @@ def test_triton_every_walk_only_shape_sums_right(monkeypatch, inner, dtype):
         assert_matches(segment_ops.segment_sum(src, indptr, backend="triton"), src, indptr)
 
 
+# Rows of one column for the mid path: lanes of up to MID_FROM rows, mid
+# segments of up to MID_ROWS, longer and empty ones among them, at a mean
+# segment length (35 rows) under which chunks take the lanes.
+MID_MIX = ([1] * 10 + [2, 3, 5, 8, 13, 17, 20, 25, 33, 40, 70, 100, 128, 129, 300, 0]) * 400
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_triton_every_mid_shape_sums_right(monkeypatch, dtype):
+    # As with the walk-only shapes: each mid shape is made the only one in
+    # turn, since the tuner picks one per class.
+    triton_module = pytest.importorskip("segment_ops._triton", exc_type=ImportError)
+    kernel = triton_module._LANE_KERNELS[False]
+    indptr = make_indptr(MID_MIX, "cuda")
+    src = random_src(int(indptr[-1]), (1,), dtype, "cuda")
+    mid = [c for c in kernel.configs if c.kwargs["MID_FROM"]]
+    assert mid
+    for config in mid:
+        monkeypatch.setattr(kernel, "configs", [config])
+        monkeypatch.setattr(kernel, "cache", {})
+        assert_matches(segment_ops.segment_sum(src, indptr, backend="triton"), src, indptr)
+
+
 class LaunchRecorder:
     """Stands in for a Triton kernel: `kernel[grid](...)` records (name, kwargs)
     into `launches` instead of launching."""
