@@ -34,15 +34,15 @@ cpu`, not to compare kernels. `profile` calls one variant's op (the first
 built, unless --variant names another) --calls times on one case of the same
 size, untimed, for a profiler to record; its first calls warm up, so skip
 their kernels. `resources` lists each CUDA variant's kernels with their
-registers, shared memory and local (spill) bytes per architecture, read from
-the built libraries by cuobjdump (no GPU needed; `--changed` keeps the kernels
-where variants differ); for Triton variants, it compiles here (for --arch,
-sm_90 unless named) each launch the variant would make on `--cases`, one row
-per autotuner config kept after pruning, so a change that breaks the
-compiler or adds registers shows before the GPU. `--cut N` (run, profile) cuts every segment longer
-than N rows into pieces of N: the same rows without the law's long tail, e.g.
-to tell what a power law's few giant segments cost from what its crowd of
-short ones does.
+registers, shared memory, local and stack (spill) bytes per architecture, read
+from the built libraries by cuobjdump (no GPU needed; `--changed` keeps the
+kernels where variants differ); for Triton variants, it compiles here (for
+--arch, sm_90 unless named) each launch the variant would make on `--cases`,
+one row per autotuner config kept after pruning, so a change that breaks the
+compiler or adds registers shows before the GPU. `--cut N` (run, profile) cuts
+every segment longer than N rows into pieces of N: the same rows without the
+law's long tail, e.g. to tell what a power law's few giant segments cost from
+what its crowd of short ones does.
 """
 
 from __future__ import annotations
@@ -575,10 +575,16 @@ def parse_capability(arch: str | None) -> int:
     return int(match.group(1))
 
 
-def parse_triton_case(text: str) -> tuple[str, str, int]:
-    """A `resources` case: as parse_case's, without the benchmark's imports."""
-    laws = (*LAW_MEAN_ROWS, "giant")
-    dtypes = ("float16", "bfloat16", "float32", "float64")
+# What `resources` compiles for: it needs neither the benchmark nor numpy.
+RESOURCE_DTYPES = ("float16", "bfloat16", "float32", "float64")
+RESOURCE_LAWS = (*LAW_MEAN_ROWS, "giant")
+
+
+def parse_case(text: str, dtypes=None, laws=None) -> tuple[str, str, int]:
+    """DTYPE:LAW:INNER, DTYPE of `dtypes` and LAW of `laws` (the benchmark's
+    unless given)."""
+    dtypes = dtypes or bench.DTYPES
+    laws = laws or bench.LAWS
     parts = text.split(":")
     if (
         len(parts) != 3
@@ -588,24 +594,8 @@ def parse_triton_case(text: str) -> tuple[str, str, int]:
         or int(parts[2]) < 1
     ):
         raise UsageError(
-            f"case {text!r}: expected DTYPE:LAW:INNER, DTYPE of {dtypes}, LAW of {laws}, "
-            "INNER a positive integer"
-        )
-    return parts[0], parts[1], int(parts[2])
-
-
-def parse_case(text: str) -> tuple[str, str, int]:
-    parts = text.split(":")
-    if (
-        len(parts) != 3
-        or parts[0] not in bench.DTYPES
-        or parts[1] not in bench.LAWS
-        or not parts[2].isdigit()
-        or int(parts[2]) < 1
-    ):
-        raise UsageError(
-            f"case {text!r}: expected DTYPE:LAW:INNER, DTYPE of {bench.DTYPES}, "
-            f"LAW of {bench.LAWS}, INNER a positive integer"
+            f"case {text!r}: expected DTYPE:LAW:INNER, DTYPE of {dtypes}, "
+            f"LAW of {laws}, INNER a positive integer"
         )
     return parts[0], parts[1], int(parts[2])
 
@@ -837,7 +827,9 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.command == "resources":
-            cases = [parse_triton_case(c) for c in args.cases.split(",") if c]
+            cases = [
+                parse_case(c, RESOURCE_DTYPES, RESOURCE_LAWS) for c in args.cases.split(",") if c
+            ]
             resources(args.dir, args.arch, args.changed, cases)
         elif args.command == "build":
             variants = [parse_variant(v) for v in args.variants]

@@ -93,12 +93,17 @@ def test_timer_warms_an_op_slower_than_its_budget_twice_and_times_it_once(bench,
     assert calls == {"slow": 3, "tuned": 3 + 10}
 
 
-def test_page_says_how_it_timed_an_op_slower_than_the_budget_only_if_it_did(monkeypatch):
+def fresh_render(monkeypatch):
+    """benchmarks/render.py, imported anew from the sources under test."""
     if not (BENCHMARKS / "render.py").exists():
         pytest.skip(f"benchmarks not found at {BENCHMARKS} (set SEGMENT_OPS_SRC)")
     monkeypatch.syspath_prepend(str(BENCHMARKS))
     monkeypatch.delitem(sys.modules, "render", raising=False)
-    render = importlib.import_module("render")
+    return importlib.import_module("render")
+
+
+def test_page_says_how_it_timed_an_op_slower_than_the_budget_only_if_it_did(monkeypatch):
+    render = fresh_render(monkeypatch)
 
     def timing(settings):
         page = render.render({"header": {"settings": settings}, "cases": []}, "x.json")
@@ -115,11 +120,7 @@ def test_page_says_how_it_timed_an_op_slower_than_the_budget_only_if_it_did(monk
 
 
 def test_page_counts_the_cases_short_of_each_target_worst_first(monkeypatch):
-    if not (BENCHMARKS / "render.py").exists():
-        pytest.skip(f"benchmarks not found at {BENCHMARKS} (set SEGMENT_OPS_SRC)")
-    monkeypatch.syspath_prepend(str(BENCHMARKS))
-    monkeypatch.delitem(sys.modules, "render", raising=False)
-    render = importlib.import_module("render")
+    render = fresh_render(monkeypatch)
 
     def case(law, fwd, bwd, triton, vs_fwd, vs_bwd):
         fractions = {"native_forward": fwd, "native_backward": bwd, "triton_forward": triton}

@@ -578,6 +578,16 @@ def test_triton_walk_only_shapes_only_for_giant_segments():
         assert below and not any(c.kwargs["WALK_ONLY"] for c in below)
 
 
+def assert_each_shape_sums_right(monkeypatch, kernel, configs, src, indptr):
+    """The tuner runs one shape per class, whichever wins on the GPU at hand:
+    each of `configs` is made the kernel's only one, in turn, so all are checked."""
+    assert configs
+    for config in configs:
+        monkeypatch.setattr(kernel, "configs", [config])
+        monkeypatch.setattr(kernel, "cache", {})
+        assert_matches(segment_ops.segment_sum(src, indptr, backend="triton"), src, indptr)
+
+
 # Giant segments: chunks of 131072 rows that lie inside one segment (summed as
 # a flat run, with a tail of fewer elements than a step: 73043 rows) and ones
 # where a segment ends, or empty segments sit, among others.
@@ -588,8 +598,6 @@ WALK_INSIDE = [3, 2 * 131072 + 4099, 0, 7, 200_003]
 @pytest.mark.parametrize("inner", [1, 3, 4])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_triton_every_walk_only_shape_sums_right(monkeypatch, inner, dtype):
-    # The tuner runs one shape per class, whichever wins on the GPU at hand:
-    # each walk-only shape is made the only one, in turn, so all are checked.
     triton_module = pytest.importorskip("segment_ops._triton", exc_type=ImportError)
     kernel = triton_module._LANE_KERNELS[False]
     indptr = make_indptr(WALK_INSIDE, "cuda")
@@ -598,11 +606,7 @@ def test_triton_every_walk_only_shape_sums_right(monkeypatch, inner, dtype):
         triton_module._LANE_GIANT_CLASS
     )
     walk_only = [c for c in kernel.configs if c.kwargs["WALK_ONLY"]]
-    assert walk_only
-    for config in walk_only:
-        monkeypatch.setattr(kernel, "configs", [config])
-        monkeypatch.setattr(kernel, "cache", {})
-        assert_matches(segment_ops.segment_sum(src, indptr, backend="triton"), src, indptr)
+    assert_each_shape_sums_right(monkeypatch, kernel, walk_only, src, indptr)
 
 
 # Rows of one column for the mid path: lanes of up to MID_FROM rows, mid
@@ -614,18 +618,12 @@ MID_MIX = ([1] * 10 + [2, 3, 5, 8, 13, 17, 20, 25, 33, 40, 70, 100, 128, 129, 30
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_triton_every_mid_shape_sums_right(monkeypatch, dtype):
-    # As with the walk-only shapes: each mid shape is made the only one in
-    # turn, since the tuner picks one per class.
     triton_module = pytest.importorskip("segment_ops._triton", exc_type=ImportError)
     kernel = triton_module._LANE_KERNELS[False]
     indptr = make_indptr(MID_MIX, "cuda")
     src = random_src(int(indptr[-1]), (1,), dtype, "cuda")
     mid = [c for c in kernel.configs if c.kwargs["MID_FROM"]]
-    assert mid
-    for config in mid:
-        monkeypatch.setattr(kernel, "configs", [config])
-        monkeypatch.setattr(kernel, "cache", {})
-        assert_matches(segment_ops.segment_sum(src, indptr, backend="triton"), src, indptr)
+    assert_each_shape_sums_right(monkeypatch, kernel, mid, src, indptr)
 
 
 class LaunchRecorder:
