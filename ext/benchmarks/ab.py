@@ -530,6 +530,10 @@ def compile_offline(kernel, args: tuple, kwargs: dict, capability: int) -> bytes
 
 
 def one_line(err: Exception) -> str:
+    """An error in one line: triton's CompilationError by its reason (its
+    message starts with the failing source), others by their first line."""
+    if reason := getattr(err, "error_message", None):
+        return f"{type(err).__name__}: {' '.join(str(reason).split())}"
     text = str(err).strip()
     return f"{type(err).__name__}: {text.splitlines()[0] if text else ''}"
 
@@ -675,10 +679,16 @@ def run_case(
             op = getattr(ops[name], OP_OF_KIND[kind])
             fns[(kind, name)] = lambda op=op, a=args: op(*a)
     # Triton tunes once per shape class, which short and power-law segments of
-    # one mean share: each case tunes on its own segments, as bench.py's do.
+    # one mean share: each case tunes on its own segments, as bench.py's do,
+    # here before the rounds, so that a variant the compiler rejects on the GPU
+    # is named in one line.
     for name in names:
         if forget := getattr(ops[name], "forget_tuning", None):
             forget()
+            try:
+                ops[name].segment_sum(src, indptr)
+            except Exception as err:
+                raise UsageError(f"variant {name}: {one_line(err)}"[:400]) from None
     times = {key: [] for key in fns}
     for _ in range(rounds):  # interleaved, so drift hits every variant alike
         for key, fn in fns.items():

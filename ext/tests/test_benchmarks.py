@@ -369,6 +369,23 @@ def test_ab_times_a_triton_module_variant_forward_only_beside_a_cuda_one(
     assert list(case["variants"]["cuda"]) == ["fwd", "bwd"]
     assert case["variants"]["cuda"]["bwd"]["speedup"] == 1.0  # its own reference
 
+    class Uncompilable(TritonLike):
+        @staticmethod
+        def segment_sum(src, indptr):
+            raise RuntimeError("at 170:4:\n    for _block in range(...):")
+
+    with pytest.raises(ab.UsageError, match=r"^variant bad: RuntimeError: at 170:4:$"):
+        ab.run_case({"bad": Uncompilable}, timer, "float32", "short", 1, cpu, 64, 1)
+    # triton's own error: its reason, not the source it starts with
+    assert ab.one_line(type("CompilationError", (Exception,), {})("at 170:4:\n  src")) == (
+        "CompilationError: at 170:4:"
+    )
+    reason = "Loop-carried variable last changes type"
+    failed = type("CompilationError", (Exception,), {"error_message": reason})
+    assert ab.one_line(failed("at 170:4:\n  src")) == (
+        "CompilationError: Loop-carried variable last changes type"
+    )
+
 
 def test_ab_refuses_what_a_triton_variant_cannot_do_in_one_line(
     bench, monkeypatch, tmp_path, capsys
