@@ -20,6 +20,7 @@ CASES = [
     ("lanes", {"CHUNK_ROWS": 1024}, "float32", 3, "short", 3000),
     ("lanes", {"MID_FROM": 16, "CHUNK_ROWS": 4096}, "bfloat16", 1, "mixed", 9000),
     ("lanes", {"MID_FROM": 16, "CHUNK_ROWS": 4096}, "float32", 1, "power", 9000),
+    ("lanes", {"MID_FROM": 32, "CHUNK_ROWS": 8192}, "bfloat16", 1, "mixed", 20000),
     ("lanes", {"CHUNK_ROWS": 32768, "ROW_ELEMENTS": 256}, "bfloat16", 1, "long", 70000),
     ("lanes", {"CHUNK_ROWS": 512}, "float32", 4, "giant", 3000),
     ("lanes", {"WALK_ONLY": True}, "float32", 2, "giant", 300000),

@@ -1388,8 +1388,8 @@ _LANE_WALK_SHAPES = [
 _LANE_GIANT_CLASS = 16
 # Shapes with the mid path (MID_FROM, MID_ROWS of the lane kernel), for rows
 # of one column only (pruned elsewhere): lanes sum segments of up to
-# _LANE_MID_FROM rows, the warp one segment at a time those of up to
-# _LANE_MID_ROWS rows inside the chunk, the rest path longer ones. The
+# MID_FROM rows (_LANE_MID_FROMS), the warp one segment at a time those of
+# up to _LANE_MID_ROWS rows inside the chunk, the rest path longer ones. The
 # autotuner keeps the shapes above where the mid path does not pay (short
 # segments: two more instructions per lane, four per lane-loop iteration).
 # Offline model, bench input, instructions per chunk that takes lanes (its
@@ -1409,11 +1409,18 @@ _LANE_GIANT_CLASS = 16
 # Two segments a mid step, both loads in flight (a model of the bench's power
 # law: 18 % fewer memory waits a lanes chunk), timed H200, Triton over CUDA
 # forward, bf16, 1 column, power law 0.706 -> 0.709: not kept.
+# Lanes of up to 24 and 32 rows on the mid shapes, beside 16: the power law
+# takes them (H200, ab.py, Triton forward, % of copy, two runs, the tuner
+# offered 8 to 48): fp32 61.0 -> 62.7 and 61.2 -> 62.9 (32 rows, chunks of
+# 4096), bf16 45.8 -> 46.2 (32 rows) and 45.6 -> 46.3 (24 rows); 8 and 48 rows
+# and mid tiles of 64 were not taken. Short segments, which share the power
+# law's tuning key, were timed on the shapes it picked: fp32 -0.8 and -0.9
+# points, bf16 within 0.1.
 _LANE_MID_SHAPES = [
     (64, 4096, 1, 256),
     (64, 8192, 1, 256),
 ]
-_LANE_MID_FROM = 16
+_LANE_MID_FROMS = (16, 24, 32)
 _LANE_MID_ROWS = 128
 
 # What bounds the lane kernel on rows of one column (Nsight Compute, H200,
@@ -1458,7 +1465,11 @@ _LANE_FAST_TILES = 2
 def _lane_configs(max_registers: int | None = None) -> list[triton.Config]:
     shapes = [((*shape, _LANE_FAST_TILES), False, 0) for shape in _LANE_SHAPES]
     shapes += [(shape, True, 0) for shape in _LANE_WALK_SHAPES]
-    shapes += [((*shape, _LANE_FAST_TILES), False, _LANE_MID_FROM) for shape in _LANE_MID_SHAPES]
+    shapes += [
+        ((*shape, _LANE_FAST_TILES), False, mid_from)
+        for shape in _LANE_MID_SHAPES
+        for mid_from in _LANE_MID_FROMS
+    ]
     return [
         triton.Config(
             {
