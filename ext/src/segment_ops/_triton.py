@@ -1304,7 +1304,11 @@ _WIDE_FAST_BYTES = 2048
 # columns lose with them (power law, bf16, 64 rows: 59.3 -> 54.6).
 _LANE_ROWS = 32
 _LANE_ROWS_ONE_COLUMN = 48
-_WALK_ROWS = 64  # mean segment length (rows) from which a chunk walks
+# Mean segment length (rows) from which a chunk walks. Walking from 32 rows
+# lost on the power law; from 128 it tied (H200, ab.py, Triton forward, % of
+# copy, 1 column, with the mid shapes' lanes of up to 16, 24 or 32 rows: bf16
+# 46.5 -> 43.7 and 46.6, fp32 62.0 -> 60.9 and 62.4).
+_WALK_ROWS = 64
 # Chunks of 8192 rows (rows of one column) and blocks of 32 segments (rows of
 # 4 columns) win on one law or both and lose at most 2 points on the other,
 # which may share their shape class. On an H100, % of copy bandwidth, 64
@@ -1410,12 +1414,14 @@ _LANE_GIANT_CLASS = 16
 # law: 18 % fewer memory waits a lanes chunk), timed H200, Triton over CUDA
 # forward, bf16, 1 column, power law 0.706 -> 0.709: not kept.
 # Lanes of up to 24 and 32 rows on the mid shapes, beside 16: the power law
-# takes them (H200, ab.py, Triton forward, % of copy, two runs, the tuner
-# offered 8 to 48): fp32 61.0 -> 62.7 and 61.2 -> 62.9 (32 rows, chunks of
-# 4096), bf16 45.8 -> 46.2 (32 rows) and 45.6 -> 46.3 (24 rows); 8 and 48 rows
-# and mid tiles of 64 were not taken. Short segments, which share the power
-# law's tuning key, were timed on the shapes it picked: fp32 -0.8 and -0.9
-# points, bf16 within 0.1.
+# takes them. H200 (ab.py, Triton forward, % of copy), two runs offering the
+# tuner other sets (lanes of 8, 16 or 32 rows with mid tiles of 128 or 64;
+# then 16, 24, 32 or 48 rows): fp32 61.0 -> 62.7 and 61.2 -> 62.9 (32 rows,
+# chunks of 4096), bf16 45.8 -> 46.2 (32 rows) and 45.6 -> 46.3 (24 rows); 8
+# and 48 rows and mid tiles of 64 were not taken. The set kept (16, 24, 32)
+# was timed only as the base of later runs (46.5 and 62.0 there). Short
+# segments, which share the power law's tuning key, were timed on the shapes
+# it picked: fp32 -0.8 and -0.9 points, bf16 within 0.1.
 _LANE_MID_SHAPES = [
     (64, 4096, 1, 256),
     (64, 8192, 1, 256),
@@ -1529,6 +1535,14 @@ def _prune_lane_configs(configs, named_args, **kwargs) -> list[triton.Config]:
 # 16-byte aligned), the capped 64-segment shapes spill, bf16 32 to 48 bytes a
 # thread (ptxas: 44 bytes of spill stores at chunks of 8192 rows), fp32 24 at
 # chunks of 1024 rows; the 32-segment shapes do not.
+# Rows of one column measured again on an H200 (ab.py, % of copy, with the
+# mid shapes' lanes of up to 16, 24 or 32 rows), 8 rows against 16 (64
+# registers, no spills) and against 4 (62): power law, bf16 46.5 -> 46.4 and
+# 45.7, fp32 62.0 -> 61.9 and 59.7. Short segments ran on the shapes each
+# variant tuned for the power law, which were not all alike (mid lanes of 16
+# rows against 24 on bf16 at 16 rows a step; 24 against 32 on fp32 at 4), so
+# they do not separate rows per lane from shape: bf16 66.1 -> 67.7 and 66.9,
+# fp32 79.8 -> 79.0 and 76.6.
 _LANE_CAP_REGISTERS = 64
 
 
