@@ -1422,6 +1422,10 @@ _LANE_GIANT_CLASS = 16
 # was timed only as the base of later runs (46.5 and 62.0 there). Short
 # segments, which share the power law's tuning key, were timed on the shapes
 # it picked: fp32 -0.8 and -0.9 points, bf16 within 0.1.
+# The mid shapes also in chunks of 2048 and 16384 rows and in blocks of 32
+# segments (9 more configs; 61-64 registers) tied, tuned per case (H200,
+# ab.py): power law bf16 46.5 -> 46.4, fp32 62.5 -> 62.5; short bf16 71.0 ->
+# 71.1, fp32 82.6 -> 82.6. Not kept.
 _LANE_MID_SHAPES = [
     (64, 4096, 1, 256),
     (64, 8192, 1, 256),
@@ -1439,6 +1443,14 @@ _LANE_MID_ROWS = 128
 # by neither: L1 48 %, DRAM 36 %, issue 65 %, occupancy 40 %, and a warp
 # waits on L1 for 4.2 of the 10.2 cycles between its instructions (likely
 # the lanes of its many 1- and 2-row segments: few rows in flight a warp).
+# A persistent lane kernel, to get past the block limit (32 one-warp programs
+# an SM, each taking chunks from a counter after the workspace, the next one
+# asked for before this one is summed), lost everywhere: H200 (ab.py, Triton
+# forward, % of copy, tuned per case), 1 column, power law bf16 46.5 -> 43.5,
+# fp32 62.5 -> 55.7; short bf16 71.0 -> 66.1, fp32 82.6 -> 73.5; 4 columns,
+# power law bf16 56.6 -> 53.8, fp32 69.0 -> 64.3, short bf16 77.6 -> 70.9.
+# Its chunk loop took registers (bf16, 1 column: 76 on chunks above 16384
+# rows, against 64; fp32 72 against 63-64).
 
 # Scan tiles instead of lanes, for rows of one column of 2-byte types: a tile
 # of 1024 to 4096 rows read whole (16-byte loads), its running sums taken in
@@ -1543,6 +1555,13 @@ def _prune_lane_configs(configs, named_args, **kwargs) -> list[triton.Config]:
 # rows against 24 on bf16 at 16 rows a step; 24 against 32 on fp32 at 4), so
 # they do not separate rows per lane from shape: bf16 66.1 -> 67.7 and 66.9,
 # fp32 79.8 -> 79.0 and 76.6.
+# Both offered (8 or 16 rows, the tuner picking per case; 62-64 registers,
+# no spills) tied in a later run (H200, ab.py, tuned per case): power law bf16
+# 46.5 -> 46.5, fp32 62.5 -> 62.4; short bf16 71.0 -> 71.0, fp32 82.6 ->
+# 83.3. Not kept. Nor were 4 rows a step for the bf16 and fp16 64-segment
+# shapes of 4 columns, which removes their spills (32-48 -> 0 bytes; 8 left
+# at chunks of 32768 rows and more): power law bf16 56.6 -> 56.6, short 77.6
+# -> 77.7 (fp32, untouched, 69.0 -> 69.1).
 _LANE_CAP_REGISTERS = 64
 
 
