@@ -28,7 +28,12 @@ segments, as the benchmark does. `run` prints, per case and op (fwd: the sum,
 bwd: the gather; `--ops fwd` times only the sum), each variant's bandwidth as
 a fraction of the copy's and its time relative to the first variant's that has
 that op (> 1: faster), and the largest difference of its results from that
-variant's. Built against a CPU torch, the libraries hold only the CPU kernels,
+variant's. `run --kernels` also records a few calls of each op with
+torch.profiler: each kernel's GPU time a call, and how long the device sat
+idle between the op's first kernel start and last kernel end (kernels that
+overlap, as those launched early do, count once): what an op loses outside
+its main kernel (a gated kernel that exits, a fix-up, the gaps between
+launches). Built against a CPU torch, the libraries hold only the CPU kernels,
 which the header does not touch: enough to try the tool with `run --device
 cpu`, not to compare kernels. `profile` calls one variant's op (the first
 built, unless --variant names another) --calls times on one case of the same
@@ -653,6 +658,70 @@ def op_args(kind: str, src, grad, indptr) -> tuple:
     return (src, indptr) if kind == "fwd" else (grad, indptr, src.shape[0])
 
 
+def kernel_name(name: str) -> str:
+    """A kernel's name without its namespaces, template arguments and
+    parameters: `void a::b::tile_sum_kernel<float, 1, true>(...)` is
+    `tile_sum_kernel`."""
+    name = name.split("(")[0].split("<")[0].strip()
+    return name.removeprefix("void ").rsplit("::", 1)[-1]
+
+
+def kernel_summary(calls: list[list[tuple[str, float, float]]]) -> dict:
+    """The device activity of an op's calls, each a list of (kernel name,
+    start, end) in microseconds: per kernel name its mean time a call, and a
+    call's mean span (first start to last end) and idle time in it (the span
+    less the union of the intervals: kernels that overlap, as those launched
+    early do, count once)."""
+    totals: dict[str, float] = {}
+    spans, idles = [], []
+    for call in calls:
+        if not call:
+            continue
+        for name, start, end in call:
+            totals[kernel_name(name)] = totals.get(kernel_name(name), 0.0) + end - start
+        busy, (open_start, open_end) = 0.0, min((s, e) for _, s, e in call)
+        for start, end in sorted((s, e) for _, s, e in call):
+            if start > open_end:
+                busy += open_end - open_start
+                open_start, open_end = start, end
+            else:
+                open_end = max(open_end, end)
+        busy += open_end - open_start
+        span = max(e for _, _, e in call) - min(s for _, s, _ in call)
+        spans.append(span)
+        idles.append(span - busy)
+    n = max(len(spans), 1)
+    longest_first = sorted(totals.items(), key=lambda kv: -kv[1])
+    return {
+        "kernels_us": {k: round(v / n, 1) for k, v in longest_first},
+        "span_us": round(sum(spans) / n, 1),
+        "idle_us": round(sum(idles) / n, 1),
+    }
+
+
+def kernel_times(fn, calls: int = 5) -> dict:
+    """kernel_summary of `calls` calls of fn, each recorded alone by
+    torch.profiler (CUDA activity only), after one untimed call."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as record
+
+    fn()
+    torch.cuda.synchronize()
+    recorded = []
+    for _ in range(calls):
+        with record(activities=[ProfilerActivity.CUDA]) as prof:
+            fn()
+            torch.cuda.synchronize()
+        recorded.append(
+            [
+                (ev.name, ev.time_range.start, ev.time_range.end)
+                for ev in prof.events()
+                if ev.device_type == torch.autograd.DeviceType.CUDA
+            ]
+        )
+    return kernel_summary(recorded)
+
+
 def run_case(
     ops: dict,
     timer: bench.Timer,
@@ -664,6 +733,7 @@ def run_case(
     rounds: int,
     kinds: tuple[str, ...] = KINDS,
     cut: int | None = None,
+    kernels: bool = False,
 ) -> dict:
     names = list(ops)
     elem = torch.empty((), dtype=getattr(torch, dtype_name)).element_size()
@@ -727,6 +797,15 @@ def run_case(
                 f"{results[kind]['speedup']:.3f}x  diff {results[kind]['max_abs_diff']:.3g}",
                 flush=True,
             )
+            if kernels:
+                activity = kernel_times(fns[(kind, name)])
+                results[kind].update(activity)
+                listed = ", ".join(f"{us} {k}" for k, us in activity["kernels_us"].items())
+                print(
+                    f"{'':27}kernels (us a call): {listed}; "
+                    f"idle {activity['idle_us']} of {activity['span_us']}",
+                    flush=True,
+                )
         case["variants"][name] = results
     return case
 
@@ -741,6 +820,7 @@ def run(
     budget: float,
     kinds: tuple[str, ...] = KINDS,
     cut: int | None = None,
+    kernels: bool = False,
 ) -> list[dict]:
     ops = load(directory)
     check_variants(ops, kinds, device)
@@ -748,7 +828,9 @@ def run(
     results = []
     for dtype_name, law, inner in cases:
         n = case_rows(dtype_name, inner, src_mib, rows)
-        results.append(run_case(ops, timer, dtype_name, law, inner, device, n, rounds, kinds, cut))
+        results.append(
+            run_case(ops, timer, dtype_name, law, inner, device, n, rounds, kinds, cut, kernels)
+        )
         if device.type == "cuda":
             torch.cuda.empty_cache()
     return results
@@ -806,6 +888,11 @@ def main(argv=None) -> int:
     r.add_argument("--out", type=Path, help="write the results here as JSON")
     r.add_argument(
         "--cut", type=int, metavar="N", help="cut segments longer than N rows into pieces of N"
+    )
+    r.add_argument(
+        "--kernels",
+        action="store_true",
+        help="also each op's kernels: GPU time a call of each, and the time between them",
     )
     p = commands.add_parser("profile", help="call one variant's op on one case, for a profiler")
     p.add_argument("dir", type=Path, help="the folder `build --out` wrote")
@@ -869,6 +956,8 @@ def main(argv=None) -> int:
         else:
             cases = [parse_case(c) for c in args.cases.split(",") if c]
             kinds = parse_ops(args.ops)
+            if args.kernels and torch.device(args.device).type != "cuda":
+                raise UsageError(f"--kernels needs a CUDA device, not {args.device!r}")
             results = run(
                 args.dir,
                 cases,
@@ -879,6 +968,7 @@ def main(argv=None) -> int:
                 args.budget,
                 kinds,
                 args.cut,
+                args.kernels,
             )
             if args.out:
                 args.out.write_text(json.dumps({"cases": results}, indent=1) + "\n")

@@ -599,3 +599,29 @@ def test_ab_compiles_a_triton_launch_specialized_as_a_real_launch_would_be(monke
     assert {k[0]: v for k, v in source.constants.items()} == {1: 1, 7: 64}
     assert sorted(k[0] for k in source.attrs) == [0, 2]  # x_ptr and sixteen
     assert seen["capability"] == 90 and seen["options"]["num_warps"] == 2
+
+
+def test_ab_kernels_counts_overlapping_kernels_once_and_the_gaps_between_them(
+    bench, monkeypatch, capsys, tmp_path
+):
+    ab = fresh_ab(monkeypatch)
+    assert ab.kernel_name("void ns::detail::tile_sum_kernel<float, 1, true>(float const*)") == (
+        "tile_sum_kernel"
+    )
+    assert ab.kernel_name("_finish_kernel") == "_finish_kernel"
+    # Two calls (us): a gated kernel, the main one, and a fix-up launched early
+    # that overlaps the main one's end; the second call also waits 2 us
+    # between its first two kernels.
+    calls = [
+        [("void a::lane<x>(int)", 0, 5), ("void a::tile<y>(int)", 5, 105), ("fix", 100, 110)],
+        [("void a::lane<x>(int)", 0, 5), ("void a::tile<y>(int)", 7, 107), ("fix", 102, 112)],
+    ]
+    summary = ab.kernel_summary(calls)
+    assert summary["kernels_us"] == {"tile": 100.0, "fix": 10.0, "lane": 5.0}
+    assert summary["span_us"] == 111.0
+    assert summary["idle_us"] == 1.0  # 0 in the first call, 2 in the second
+    assert ab.kernel_summary([]) == {"kernels_us": {}, "span_us": 0.0, "idle_us": 0.0}
+
+    assert ab.main(["run", str(tmp_path), "--kernels", "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert err == "ab.py: --kernels needs a CUDA device, not 'cpu'\n"
