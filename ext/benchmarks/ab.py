@@ -678,16 +678,18 @@ def kernel_summary(calls: list[list[tuple[str, float, float]]]) -> dict:
         if not call:
             continue
         for name, start, end in call:
-            totals[kernel_name(name)] = totals.get(kernel_name(name), 0.0) + end - start
-        busy, (open_start, open_end) = 0.0, min((s, e) for _, s, e in call)
-        for start, end in sorted((s, e) for _, s, e in call):
+            short = kernel_name(name)
+            totals[short] = totals.get(short, 0.0) + end - start
+        intervals = sorted((start, end) for _, start, end in call)
+        busy, (open_start, open_end) = 0.0, intervals[0]
+        for start, end in intervals[1:]:
             if start > open_end:
                 busy += open_end - open_start
                 open_start, open_end = start, end
             else:
                 open_end = max(open_end, end)
         busy += open_end - open_start
-        span = max(e for _, _, e in call) - min(s for _, s, _ in call)
+        span = max(end for _, end in intervals) - intervals[0][0]
         spans.append(span)
         idles.append(span - busy)
     n = max(len(spans), 1)
