@@ -291,16 +291,22 @@ __host__ __device__ constexpr int64_t imin(int64_t a, int64_t b) { return a < b 
 __host__ __device__ constexpr int64_t imax(int64_t a, int64_t b) { return a > b ? a : b; }
 __host__ __device__ constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// A sum is two or three kernels on one stream (the gated pair, then the
-// fix-up), and each used to wait for the one before it to end before it
-// launched: on an H200 the benchmark's forward took 270 us for bf16 rows of 1
-// column over the power law where its kernels ran 261 (torch.profiler), 212
-// against 200 on fp32. On sm_90 and later the kernel after launches early
-// (programmatic dependent launch, launch_after): each sum lets its dependents
-// start at its top (allow_dependents), and a dependent waits for the kernels
-// before it to end, their writes visible, before it reads what they wrote
-// (wait_for_prerequisites). A kernel launched the usual way finds nothing to
-// wait for; elsewhere both are no-ops. H200 (ab.py, forward, % of copy
+// A sum is one kernel, or two or three on one stream (a fix-up after it; the
+// gated sums' second kernel before that), and each used to wait for the one
+// before it to end before it launched: on an H200 the benchmark's forward took
+// 270 us for bf16 rows of 1 column over the power law where its kernels ran
+// 261 (torch.profiler), 212 against 200 on fp32. On sm_90 and later the
+// kernel after launches early (programmatic dependent launch, launch_after):
+// a sum that a kernel of ours follows lets it start at its top
+// (allow_dependents), and that kernel waits for the kernels before it to end,
+// their writes visible, before it reads what they wrote
+// (wait_for_prerequisites). Every block of a kernel launched early waits
+// before it returns, on every path: the fix-up reaches what the lane sum
+// wrote, and what follows the op on the stream finds it done, only through
+// those waits. A kernel launched the usual way finds nothing to wait for.
+// Compiled for an older architecture, both are no-ops, and the host must not
+// launch early: a kernel that runs from sm_80 PTX on an sm_90 device has no
+// wait (early_launch). H200 (ab.py, forward, % of copy
 // bandwidth, two runs): fp32, 1 column, power law 81.6 -> 82.4 and 80.9 ->
 // 81.6, short segments 85.9 -> 86.9 and 84.9 -> 86.0; bf16, 1 column, short
 // 80.3 -> 81.2 and 79.5 -> 80.5, long 85.3 -> 86.0; giant segments, 1
@@ -313,9 +319,12 @@ __host__ __device__ constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a
 // -> 79.3 (its blocks searched indptr while the lane sum ran), fp32 85.9 ->
 // 84.5; with its blocks taking the lane sum's sample themselves first, so that
 // only the picked kernel searches, bf16, 1 column, power law 65.7 -> 62.5.)
-__device__ __forceinline__ void allow_dependents() {
+// A sum that no kernel of ours follows does not let the next one start: a
+// kernel of another library launched early could write, before its own wait,
+// into memory that this one still reads (the caching allocator's reuse).
+__device__ __forceinline__ void allow_dependents(bool followed) {
 #if !defined(__HIP_PLATFORM_AMD__) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  if (followed) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
 
@@ -2013,7 +2022,7 @@ __global__ void __launch_bounds__(kThreads, kTileSumBlocksPerSm<T, W, kShort>)
                     T* __restrict__ out, int64_t rows, int64_t segments, int64_t inner,
                     Costs cost, Crossing<typename Num<T>::acc> cross, TailGate gate) {
   __shared__ TileSumShared<T, W, kLeanTileSum<T, W, kShort>> sm;
-  allow_dependents();
+  allow_dependents(cross.head_key != nullptr);  // a fix-up follows
   if (gated_out(gate, indptr, segments, rows, cross)) return;
   const BlockRows range =
       balanced_rows(indptr, segments, rows, blockIdx.x, gridDim.x, cost, kSplitQuantum);
@@ -2568,7 +2577,8 @@ __global__ void __launch_bounds__(kThreads, kLaneBlocksPerSm<T, W>)
   // stripes (see kLaneBlocksPerSm). Not part of Shared, whose layout the other
   // instantiations keep (this array is left out of their kernels).
   __shared__ int64_t ends[2];
-  allow_dependents();
+  // The gated tile sum follows, and a fix-up where there are several blocks.
+  allow_dependents(gate == TailGate::kShortTail || cross.head_key != nullptr);
   if (gated_out(gate, indptr, segments, rows, cross)) return;
   const int tid = threadIdx.x, t = tid / kTeam;
   const int lane = static_cast<int>(threadIdx.x % kTeam);  // unsigned: no sign fix-up
@@ -4158,7 +4168,7 @@ __global__ void __launch_bounds__(kThreads, StreamSumRows<T, kShape>::kBlocksPer
                       T* __restrict__ out, int64_t rows, int64_t segments, int64_t inner,
                       int64_t group_rows, int64_t slabs, Crossing<typename Num<T>::acc> cross) {
   __shared__ StreamSumSharedOf<T, W, kShape, kInner> sm;
-  allow_dependents();
+  allow_dependents(cross.head_key != nullptr);  // a fix-up follows
   for (int64_t slab = blockIdx.y; slab < slabs; slab += gridDim.y) {
     stream_sum_block<T, W, kShape, kInner, kIntRows>(src, indptr, out, rows, segments, inner,
                                                      group_rows, slab, cross, sm);
@@ -4324,7 +4334,7 @@ __global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
   constexpr int kBatchRows = kBatch * kStepRows;  // rows one batch of loads covers
   constexpr int kItems = 2 * kTeams;
   __shared__ Shared sm;
-  allow_dependents();
+  allow_dependents(cross.head_key != nullptr);  // a fix-up follows
   TeamPlace at = team_place<RS>(rows, team_rows);
   SegmentRange range;
   if constexpr (kShort) {  // blocks, then teams, of equal cost
@@ -5202,10 +5212,13 @@ inline cudaError_t crossing(void* workspace, int64_t blocks, int64_t inner, Cros
   return cudaSuccess;
 }
 
-// Whether a kernel may launch before the one before it on the stream ends
-// (allow_dependents): sm_90 and later, with a runtime whose stream capture
-// keeps such launches (12.3).
-inline cudaError_t programmatic_launch(bool* yes) {
+// Whether kKernel may launch before the kernel before it on the stream ends
+// (allow_dependents): on sm_90 and later, with a runtime and a driver whose
+// stream capture keeps such launches (12.3), and only where the code that
+// runs is compiled for sm_90 or later, so that it waits (a build for
+// 8.0+PTX runs sm_80 PTX there, without the wait).
+template <auto kKernel>
+inline cudaError_t early_launch(bool* yes) {
 #if defined(__HIP_PLATFORM_AMD__) || CUDART_VERSION < 12030
   *yes = false;
   return cudaSuccess;
@@ -5213,9 +5226,12 @@ inline cudaError_t programmatic_launch(bool* yes) {
   static std::atomic<int> cache[kMaxDevices];
   int answer = 0;  // 1: no, 2: yes
   const cudaError_t err = per_device(cache, &answer, [](int dev, int* v) {
-    int major = 0;
-    const cudaError_t e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-    *v = major >= 9 ? 2 : 1;
+    int major = 0, driver = 0;
+    cudaFuncAttributes attributes = {};
+    cudaError_t e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    if (e == cudaSuccess) e = cudaDriverGetVersion(&driver);
+    if (e == cudaSuccess) e = cudaFuncGetAttributes(&attributes, kKernel);
+    *v = major >= 9 && driver >= 12030 && attributes.ptxVersion >= 90 ? 2 : 1;
     return e;
   });
   *yes = answer == 2;
@@ -5223,14 +5239,13 @@ inline cudaError_t programmatic_launch(bool* yes) {
 #endif
 }
 
-// kernel<<<grid, kThreads, 0, stream>>>(args...), launched early where the
-// device allows it (programmatic_launch); the kernel waits for the ones
-// before it (wait_for_prerequisites) before it reads what they wrote.
-template <typename... Params, typename... Args>
-cudaError_t launch_after(void (*kernel)(Params...), dim3 grid, cudaStream_t stream,
-                         Args... args) {
+// kKernel<<<grid, kThreads, 0, stream>>>(args...), launched early where it
+// may be (early_launch); it waits for the kernels before it
+// (wait_for_prerequisites) before it reads what they wrote.
+template <auto kKernel, typename... Args>
+cudaError_t launch_after(dim3 grid, cudaStream_t stream, Args... args) {
   bool early = false;
-  cudaError_t err = programmatic_launch(&early);
+  cudaError_t err = early_launch<kKernel>(&early);
   if (err != cudaSuccess) return err;
 #if !defined(__HIP_PLATFORM_AMD__) && CUDART_VERSION >= 12030
   if (early) {
@@ -5244,10 +5259,14 @@ cudaError_t launch_after(void (*kernel)(Params...), dim3 grid, cudaStream_t stre
     attribute.val.programmaticStreamSerializationAllowed = 1;
     config.attrs = &attribute;
     config.numAttrs = 1;
-    return cudaLaunchKernelEx(&config, kernel, args...);
+    err = cudaLaunchKernelEx(&config, kKernel, args...);
+    // The launch's error, and none left behind for a later check to report,
+    // as after the launch below.
+    const cudaError_t last = cudaGetLastError();
+    return err != cudaSuccess ? err : last;
   }
 #endif
-  kernel<<<grid, kThreads, 0, stream>>>(args...);
+  kKernel<<<grid, kThreads, 0, stream>>>(args...);
   return cudaGetLastError();
 }
 
@@ -5273,10 +5292,10 @@ inline cudaError_t launch_fixup(T* out, int64_t rows, int64_t segments, int64_t 
   const dim3 grid(static_cast<unsigned>(imax(blocks, tile_blocks)),
                   static_cast<unsigned>(fixup_y));
   if (c.picked != nullptr)
-    return launch_after(&segment_sum_fixup_kernel<T, true>, grid, stream, out, segments, inner,
-                        blocks, c, tile_blocks);
-  return launch_after(&segment_sum_fixup_kernel<T, false>, grid, stream, out, segments, inner,
-                      blocks, c, int64_t{0});
+    return launch_after<&segment_sum_fixup_kernel<T, true>>(grid, stream, out, segments, inner,
+                                                            blocks, c, tile_blocks);
+  return launch_after<&segment_sum_fixup_kernel<T, false>>(grid, stream, out, segments, inner,
+                                                           blocks, c, int64_t{0});
 }
 
 // Tile kernels: blocks of about equal rows, a multiple of 8 rows each (tiles
@@ -5370,9 +5389,9 @@ cudaError_t launch_gated_sum(const T* src, const int64_t* indptr, T* out, int64_
       TailGate::kShortTail);
   err = cudaGetLastError();
   if (err != cudaSuccess) return err;
-  err = launch_after(&tile_sum_kernel<T, W, true>, dim3(static_cast<unsigned>(tile.blocks)),
-                     stream, src, indptr, out, rows, segments, int64_t{W},
-                     kSplitCosts<T, W, kTileSegmentCost>, c, TailGate::kLongTail);
+  err = launch_after<&tile_sum_kernel<T, W, true>>(
+      dim3(static_cast<unsigned>(tile.blocks)), stream, src, indptr, out, rows, segments,
+      int64_t{W}, kSplitCosts<T, W, kTileSegmentCost>, c, TailGate::kLongTail);
   if (err != cudaSuccess || blocks == 1) return err;
   return launch_fixup<T>(out, rows, segments, W, lane.rows_per_block, lane.blocks, c, stream,
                          tile.blocks);
