@@ -22,9 +22,11 @@ from torch import Tensor
 
 from .ops import NAMESPACE, check_metadata, save_sum_context, segment_gather, sum_backward
 
-# Workspace slots are indexed by (segment start) // _SLOT_ROWS. Every chunk
-# (CHUNK_ROWS below) is a multiple of it, so at most one chunk-crossing
-# segment starts in each slot and any config maps segments to the same slots.
+# Workspace slots are indexed by (segment start) // SLOT_ROWS, SLOT_ROWS being
+# the shortest chunk (CHUNK_ROWS below) the tuner may pick for the call
+# (_slot_rows), at least _SLOT_ROWS. Every chunk is a multiple of it (powers
+# of two), so at most one chunk-crossing segment starts in each slot and any
+# config maps segments to the same slots.
 _SLOT_ROWS = 256
 _MAX_BLOCK_COLS = 256
 _FANOUT = 32  # probes per step of the per-program search over indptr
@@ -1682,39 +1684,75 @@ def _fits32(count) -> bool:
     return isinstance(count, int) and count < 2**31 - 1
 
 
+def _slot_rows(configs, traced: bool) -> int:
+    """Rows per workspace slot: the shortest chunk among `configs`, those the
+    tuner may pick for this call. The workspace is zeroed on every call and
+    the finish kernel reads all of its flags, so it costs time in proportion to
+    rows / SLOT_ROWS: rows of one column (chunks of 4096 rows or more below the
+    giant class) take 16 times fewer slots than at _SLOT_ROWS. Traced calls
+    keep _SLOT_ROWS, which divides every chunk: torch.compile rebuilds the
+    configs of user kernels, and may not prune them as the autotuner does."""
+    if traced or not configs:
+        return _SLOT_ROWS
+    return max(_SLOT_ROWS, min(c.kwargs["CHUNK_ROWS"] for c in configs))
+
+
+def _tuned_configs(kernel, prune, named_args: dict, **kwargs) -> list[triton.Config]:
+    """The configs `kernel`'s autotuner may run on a call: all of them after its
+    early pruning, or its only one, which it runs unpruned."""
+    if len(kernel.configs) == 1:
+        return kernel.configs
+    return prune(kernel.configs, named_args, **kwargs)
+
+
 def _launch(x: Tensor, indptr: Tensor, out: Tensor) -> None:
     """Sum `x` ([rows, inner] contiguous) into `out` ([segments, inner], non-empty)."""
     rows, inner, segments = x.shape[0], x.shape[1], out.shape[0]
     is_fp64 = x.dtype == torch.float64
     flag_words = 1 if is_fp64 else 2  # int64 flags in an fp64 / fp32 buffer
-    slots = rows // _SLOT_ROWS + 1
-    ws = torch.zeros(
-        slots * (flag_words + inner),
-        dtype=torch.float64 if is_fp64 else torch.float32,
-        device=x.device,
-    )
     block_cols = _block_cols(inner)
     # wrap_triton shows the launches to tracers, at about 0.4 ms of host time per
     # call when run eagerly (more than the kernels take on 512 MiB of an H100),
     # so an eager call launches the kernels directly.
     traced = _traced(x, indptr, out)
     launcher = torch.library.wrap_triton if traced else lambda kernel: kernel
+    length_class = _length_class(rows, segments, inner)
+    wide = None
+    if inner <= _LANE_MAX_COLS:
+        lane_step, capped = _lane_step(inner, x.element_size(), length_class, can_cap=not traced)
+        kernel = _LANE_KERNELS[capped]
+        candidates = _tuned_configs(
+            kernel, _prune_lane_configs, {"length_class": length_class}, INNER=inner
+        )
+    elif wide := _wide_lane_shape(rows, segments, inner, block_cols, x.element_size()):
+        kernel = _WIDE_LANE_KERNELS[wide[2]]
+        candidates = kernel.configs
+    else:
+        kernel = _KERNELS[block_cols]
+        candidates = _tuned_configs(
+            kernel, _prune_configs, {"inner": inner, "length_class": length_class}
+        )
+    slot_rows = _slot_rows(candidates, traced)
+    slots = rows // slot_rows + 1
+    ws = torch.zeros(
+        slots * (flag_words + inner),
+        dtype=torch.float64 if is_fp64 else torch.float32,
+        device=x.device,
+    )
 
     def grid(meta):
         return (rows // meta["CHUNK_ROWS"] + 1, triton.cdiv(inner, block_cols))
 
-    length_class = _length_class(rows, segments, inner)
     constants = dict(
         IS_FP64=is_fp64,
         FLAG_WORDS=flag_words,
-        SLOT_ROWS=_SLOT_ROWS,
+        SLOT_ROWS=slot_rows,
         FANOUT=_FANOUT,
         BLOCK_COLS=block_cols,
     )
     lane_args = (x, indptr, out, ws, rows, segments, slots, length_class)
     if inner <= _LANE_MAX_COLS:
-        lane_step, capped = _lane_step(inner, x.element_size(), length_class, can_cap=not traced)
-        launcher(_LANE_KERNELS[capped])[grid](
+        launcher(kernel)[grid](
             *lane_args,
             INNER=int(inner),  # a constexpr: specializes traced shapes on it
             LANE_ROWS=_LANE_ROWS_ONE_COLUMN if inner == 1 else _LANE_ROWS,
@@ -1724,9 +1762,9 @@ def _launch(x: Tensor, indptr: Tensor, out: Tensor) -> None:
             WALK_ROWS=_WALK_ROWS,
             **constants,
         )
-    elif wide := _wide_lane_shape(rows, segments, inner, block_cols, x.element_size()):
-        block_segs, row_elements, warps, fast_tiles = wide
-        launcher(_WIDE_LANE_KERNELS[warps])[grid](
+    elif wide:
+        block_segs, row_elements, _, fast_tiles = wide
+        launcher(kernel)[grid](
             *lane_args,
             INNER=int(inner),
             ROWS32=_fits32(rows),
@@ -1739,7 +1777,7 @@ def _launch(x: Tensor, indptr: Tensor, out: Tensor) -> None:
             **constants,
         )
     else:
-        launcher(_KERNELS[block_cols])[grid](
+        launcher(kernel)[grid](
             x,
             indptr,
             out,
