@@ -1685,22 +1685,25 @@ def _fits32(count) -> bool:
 
 
 def _slot_rows(configs, traced: bool) -> int:
-    """Rows per workspace slot: the shortest chunk among `configs`, those the
-    tuner may pick for this call. The workspace is zeroed on every call and
-    the finish kernel reads all of its flags, so it costs time in proportion to
+    """Rows per workspace slot: the largest that divides every chunk among
+    `configs`, those the tuner may pick for this call (the chunks are powers
+    of two: the shortest). The workspace is zeroed on every call and the
+    finish kernel reads all of its flags, so it costs time in proportion to
     rows / SLOT_ROWS: rows of one column (chunks of 4096 rows or more below the
     giant class) take 16 times fewer slots than at _SLOT_ROWS. Traced calls
-    keep _SLOT_ROWS, which divides every chunk: torch.compile rebuilds the
-    configs of user kernels, and may not prune them as the autotuner does."""
+    keep _SLOT_ROWS, which divides every chunk: torch.compile prunes the
+    configs of user kernels itself, with symbolic sizes seen as 0."""
     if traced or not configs:
         return _SLOT_ROWS
-    return max(_SLOT_ROWS, min(c.kwargs["CHUNK_ROWS"] for c in configs))
+    return math.gcd(*(c.kwargs["CHUNK_ROWS"] for c in configs))
 
 
-def _tuned_configs(kernel, prune, named_args: dict, **kwargs) -> list[triton.Config]:
+def _tuned_configs(kernel, named_args: dict, **kwargs) -> list[triton.Config]:
     """The configs `kernel`'s autotuner may run on a call: all of them after its
-    early pruning, or its only one, which it runs unpruned."""
-    if len(kernel.configs) == 1:
+    own early pruning (the same function, on the same arguments), or its only
+    one, which it runs unpruned."""
+    prune = getattr(kernel, "early_config_prune", None)
+    if len(kernel.configs) == 1 or prune is None:
         return kernel.configs
     return prune(kernel.configs, named_args, **kwargs)
 
@@ -1721,17 +1724,13 @@ def _launch(x: Tensor, indptr: Tensor, out: Tensor) -> None:
     if inner <= _LANE_MAX_COLS:
         lane_step, capped = _lane_step(inner, x.element_size(), length_class, can_cap=not traced)
         kernel = _LANE_KERNELS[capped]
-        candidates = _tuned_configs(
-            kernel, _prune_lane_configs, {"length_class": length_class}, INNER=inner
-        )
+        candidates = _tuned_configs(kernel, {"length_class": length_class}, INNER=inner)
     elif wide := _wide_lane_shape(rows, segments, inner, block_cols, x.element_size()):
         kernel = _WIDE_LANE_KERNELS[wide[2]]
-        candidates = kernel.configs
+        candidates = _tuned_configs(kernel, {"length_class": length_class}, INNER=inner)
     else:
         kernel = _KERNELS[block_cols]
-        candidates = _tuned_configs(
-            kernel, _prune_configs, {"inner": inner, "length_class": length_class}
-        )
+        candidates = _tuned_configs(kernel, {"inner": inner, "length_class": length_class})
     slot_rows = _slot_rows(candidates, traced)
     slots = rows // slot_rows + 1
     ws = torch.zeros(
