@@ -20,6 +20,11 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+try:  # grid dependency control: sm_90's early launch (programmatic dependent launch)
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:  # a triton without it: the kernels launch one after another
+    gdc_launch_dependents = gdc_wait = None
+
 from .ops import NAMESPACE, check_metadata, save_sum_context, segment_gather, sum_backward
 
 # Workspace slots are indexed by (segment start) // SLOT_ROWS, SLOT_ROWS being
@@ -758,7 +763,10 @@ def _segment_sum_kernel(
     BLOCK_ROWS: tl.constexpr,
     CHUNK_ROWS: tl.constexpr,
     EVEN_COLS: tl.constexpr,  # inner is a multiple of BLOCK_COLS
+    PDL: tl.constexpr,  # the finish kernel launches early (_launch)
 ):
+    if PDL:
+        gdc_launch_dependents()
     flag_ptr, part_ptr = _workspace(ws_ptr, slots, FLAG_WORDS)
     nseg = tl.cast(segments, tl.int64)
     c0 = tl.program_id(0).to(tl.int64) * CHUNK_ROWS
@@ -875,7 +883,10 @@ def _segment_sum_lanes_kernel(
     MID_ROWS: tl.constexpr,  # longest mid segment, rows (a power of two)
     ROWS32: tl.constexpr,  # fewer than 2^31 rows: lane bounds in 32 bits
     SEGS32: tl.constexpr,  # fewer than 2^31 segments
+    PDL: tl.constexpr,  # the finish kernel launches early (_launch)
 ):
+    if PDL:
+        gdc_launch_dependents()
     BLOCK_ROWS: tl.constexpr = ROW_ELEMENTS // BLOCK_COLS
     # A lane keeps its segment's two local bounds as one int32 for the rest
     # and mid paths (_pack_bounds), where they fit: chunks of 32768 rows would
@@ -1201,7 +1212,10 @@ def _finish_kernel(
     FLAG_WORDS: tl.constexpr,
     BLOCK_SLOTS: tl.constexpr,
     BLOCK_COLS: tl.constexpr,
+    PDL: tl.constexpr,  # launched early: wait for the sum's workspace
 ):
+    if PDL:
+        gdc_wait()
     # Flagged workspace slots -> out rows of the segments that crossed chunks.
     flag_ptr, part_ptr = _workspace(ws_ptr, slots, FLAG_WORDS)
     slot = tl.program_id(0).to(tl.int64) * BLOCK_SLOTS + tl.arange(0, BLOCK_SLOTS)
@@ -1708,6 +1722,21 @@ def _tuned_configs(kernel, named_args: dict, **kwargs) -> list[triton.Config]:
     return prune(kernel.configs, named_args, **kwargs)
 
 
+def _early_launch(x: Tensor, traced: bool) -> bool:
+    """Whether the finish kernel launches before the sum's kernel ends, to wait
+    for it on the device (programmatic dependent launch: sm_90 and later, CUDA
+    only). The CUDA sums do the same (csrc/cuda/segment_kernels.cuh, before
+    allow_dependents). Traced calls launch as usual: torch.compile rebuilds
+    the launches of user kernels without Triton's launch options."""
+    return (
+        not traced
+        and gdc_wait is not None
+        and x.is_cuda
+        and torch.version.hip is None
+        and torch.cuda.get_device_capability(x.device)[0] >= 9
+    )
+
+
 def _launch(x: Tensor, indptr: Tensor, out: Tensor) -> None:
     """Sum `x` ([rows, inner] contiguous) into `out` ([segments, inner], non-empty)."""
     rows, inner, segments = x.shape[0], x.shape[1], out.shape[0]
@@ -1732,6 +1761,7 @@ def _launch(x: Tensor, indptr: Tensor, out: Tensor) -> None:
         kernel = _KERNELS[block_cols]
         candidates = _tuned_configs(kernel, {"inner": inner, "length_class": length_class})
     slot_rows = _slot_rows(candidates, traced)
+    pdl = _early_launch(x, traced)
     slots = rows // slot_rows + 1
     ws = torch.zeros(
         slots * (flag_words + inner),
@@ -1748,6 +1778,7 @@ def _launch(x: Tensor, indptr: Tensor, out: Tensor) -> None:
         SLOT_ROWS=slot_rows,
         FANOUT=_FANOUT,
         BLOCK_COLS=block_cols,
+        PDL=pdl,
     )
     lane_args = (x, indptr, out, ws, rows, segments, slots, length_class)
     if inner <= _LANE_MAX_COLS:
@@ -1790,6 +1821,7 @@ def _launch(x: Tensor, indptr: Tensor, out: Tensor) -> None:
             **constants,
         )
     finish_cols = min(block_cols, 32)
+    early = dict(launch_pdl=True) if pdl else {}
     launcher(_finish_kernel)[(triton.cdiv(slots, 128),)](
         ws,
         out,
@@ -1799,7 +1831,9 @@ def _launch(x: Tensor, indptr: Tensor, out: Tensor) -> None:
         FLAG_WORDS=flag_words,
         BLOCK_SLOTS=128,
         BLOCK_COLS=finish_cols,
+        PDL=pdl,
         num_warps=4,
+        **early,
     )
 
 
