@@ -1726,8 +1726,10 @@ def _early_launch(x: Tensor, traced: bool) -> bool:
     """Whether the finish kernel launches before the sum's kernel ends, to wait
     for it on the device (programmatic dependent launch: sm_90 and later, CUDA
     only). The CUDA sums do the same (csrc/cuda/segment_kernels.cuh, before
-    allow_dependents). Traced calls launch as usual: torch.compile rebuilds
-    the launches of user kernels without Triton's launch options."""
+    allow_dependents), where a build may run older PTX without the wait;
+    Triton compiles for the device it runs on, so its kernels have it there.
+    Traced calls launch as usual: torch.compile rebuilds the launches of user
+    kernels without Triton's launch options."""
     return (
         not traced
         and gdc_wait is not None
