@@ -1727,14 +1727,21 @@ def _early_launch(x: Tensor, traced: bool) -> bool:
     for it on the device (programmatic dependent launch: sm_90 and later, CUDA
     only). The CUDA sums do the same (csrc/cuda/segment_kernels.cuh, before
     allow_dependents), where a build may run older PTX without the wait;
-    Triton compiles for the device it runs on, so its kernels have it there.
-    Traced calls launch as usual: torch.compile rebuilds the launches of user
-    kernels without Triton's launch options."""
+    Triton compiles for the device it runs on, so its kernels have it there,
+    unless TRITON_OVERRIDE_ARCH names another architecture. Launched as usual:
+    traced calls (torch.compile rebuilds the launches of user kernels without
+    Triton's launch options), the interpreter (it has no gdc), and calls under
+    CUDA graph capture (which keeps such launches only from driver 12.3 on, a
+    version not asked here)."""
+    runtime = triton.knobs.runtime
     return (
         not traced
         and gdc_wait is not None
         and x.is_cuda
         and torch.version.hip is None
+        and not runtime.interpret
+        and not runtime.override_arch
+        and not torch.cuda.is_current_stream_capturing()
         and torch.cuda.get_device_capability(x.device)[0] >= 9
     )
 
