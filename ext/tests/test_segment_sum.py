@@ -628,10 +628,15 @@ def test_triton_every_mid_shape_sums_right(monkeypatch, dtype):
 
 class LaunchRecorder:
     """Stands in for a Triton kernel: `kernel[grid](...)` records (name, kwargs)
-    into `launches` instead of launching."""
+    into `launches` instead of launching. Standing in for an autotuned kernel
+    (`like`), it offers that tuner's configs and pruning, which the launch reads
+    to size the workspace's slots."""
 
-    def __init__(self, name, launches):
+    def __init__(self, name, launches, like=None):
         self.name, self.launches = name, launches
+        if like is not None:
+            self.configs = like.configs
+            self.early_config_prune = getattr(like, "early_config_prune", None)
 
     def __getitem__(self, grid):
         return lambda *args, **kwargs: self.launches.append((self.name, kwargs))
@@ -649,10 +654,10 @@ def test_triton_lane_register_cap_only_where_eight_rows_fit_under_it(monkeypatch
 
     launches = []
 
-    def recorder(name):
-        return LaunchRecorder(name, launches)
+    def recorder(name, like=None):
+        return LaunchRecorder(name, launches, like)
 
-    lane_kernels = {False: recorder("uncapped"), True: recorder("capped")}
+    lane_kernels = {False: recorder("uncapped", uncapped), True: recorder("capped", capped)}
     monkeypatch.setattr(triton_module, "_LANE_KERNELS", lane_kernels)
     monkeypatch.setattr(triton_module, "_finish_kernel", recorder("finish"))
     monkeypatch.setattr(torch.library, "wrap_triton", lambda kernel: kernel)
@@ -682,14 +687,16 @@ def test_triton_wide_lanes_only_for_short_segments_of_narrow_enough_rows(monkeyp
     triton_module = pytest.importorskip("segment_ops._triton", exc_type=ImportError)
     launches = []
 
-    def recorder(name):
-        return LaunchRecorder(name, launches)
+    def recorder(name, like=None):
+        return LaunchRecorder(name, launches, like)
 
-    walks = {cols: recorder("walk") for cols in triton_module._KERNELS}
+    walks = {cols: recorder("walk", kernel) for cols, kernel in triton_module._KERNELS.items()}
     monkeypatch.setattr(triton_module, "_KERNELS", walks)
-    lanes = {False: recorder("lanes"), True: recorder("lanes")}
+    lane_tuners = triton_module._LANE_KERNELS
+    lanes = {capped: recorder("lanes", lane_tuners[capped]) for capped in (False, True)}
     monkeypatch.setattr(triton_module, "_LANE_KERNELS", lanes)
-    wide = {1: recorder("wide"), 2: recorder("wide, 2 warps")}
+    wide_tuners = triton_module._WIDE_LANE_KERNELS
+    wide = {1: recorder("wide", wide_tuners[1]), 2: recorder("wide, 2 warps", wide_tuners[2])}
     monkeypatch.setattr(triton_module, "_WIDE_LANE_KERNELS", wide)
     monkeypatch.setattr(triton_module, "_finish_kernel", recorder("finish"))
     monkeypatch.setattr(triton_module, "_traced", lambda *tensors: False)
