@@ -1523,6 +1523,17 @@ __device__ __forceinline__ int64_t block_head(const Carry& carry, int64_t head) 
 // up to 1024 rows, the block for longer ones: power law, bf16, 1 column 57.9
 // -> 41.7 (8 rows per thread: 30.6), 2 columns 69.4 -> 54.4, fp32, 1 column
 // 80.3 -> 61.1; a warp's threads wait for its longest segment.)
+// (Nor did another design, prototyped on its own for rows of one column, H200,
+// % of copy bandwidth against this kernel in the same run: the tile's starts
+// set as bits in shared memory, one atomicOr a segment; each thread summing
+// its run of rows with a reset at each set bit; one scan of (starts, sum since
+// the last start) joining the runs. Blocks with barriers, power law: bf16
+// 25.8 against 67.0, fp32 41.0 against 83.5; short segments 31.8 and 43.7
+// against 82.6 and 87.4. The tiles through a cp.async ring of 4 or 5 stages:
+// 29.1 and 39.3. A warp per row range, no block barrier, shuffle scans: 23.8
+// and 42.0, fp32 short segments 61.0. Over one giant segment, with no start
+// to set, the blocks reached only 45 to 64 %: the chain of barriers and the
+// block scan of every tile bound it, not the instructions per row.)
 template <typename T, int W, bool kShort>
 __device__ __forceinline__ void tile_sum_block(
     const T* __restrict__ src, const int64_t* __restrict__ indptr, T* __restrict__ out,
