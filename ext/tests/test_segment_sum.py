@@ -1,5 +1,7 @@
 """Kernel tests, run on CPU and (marked gpu) on CUDA/ROCm."""
 
+import math
+
 import pytest
 import torch
 from torch.library import opcheck
@@ -639,7 +641,11 @@ class LaunchRecorder:
             self.early_config_prune = getattr(like, "early_config_prune", None)
 
     def __getitem__(self, grid):
-        return lambda *args, **kwargs: self.launches.append((self.name, kwargs))
+        def launch(*args, **kwargs):
+            self.args = args
+            self.launches.append((self.name, kwargs))
+
+        return launch
 
 
 def test_triton_lane_register_cap_only_where_eight_rows_fit_under_it(monkeypatch):
@@ -690,7 +696,8 @@ def test_triton_wide_lanes_only_for_short_segments_of_narrow_enough_rows(monkeyp
     def recorder(name, like=None):
         return LaunchRecorder(name, launches, like)
 
-    walks = {cols: recorder("walk", kernel) for cols, kernel in triton_module._KERNELS.items()}
+    walk_tuners = triton_module._KERNELS
+    walks = {cols: recorder(f"walk {cols}", tuner) for cols, tuner in walk_tuners.items()}
     monkeypatch.setattr(triton_module, "_KERNELS", walks)
     lane_tuners = triton_module._LANE_KERNELS
     lanes = {capped: recorder("lanes", lane_tuners[capped]) for capped in (False, True)}
@@ -708,6 +715,9 @@ def test_triton_wide_lanes_only_for_short_segments_of_narrow_enough_rows(monkeyp
         indptr = torch.arange(0, rows + 1, mean_rows)
         triton_module._launch(x, indptr, x.new_empty(64, inner))
         name, kwargs = launches[0]
+        if name.startswith("walk"):
+            assert name == f"walk {kwargs['BLOCK_COLS']}"  # the tuner of the launched block
+            return "walk"
         if not name.startswith("wide"):
             return name
         shape = kwargs["BLOCK_SEGS"], kwargs["ROW_ELEMENTS"], kwargs["LANE_ROWS"]
@@ -729,6 +739,74 @@ def test_triton_wide_lanes_only_for_short_segments_of_narrow_enough_rows(monkeyp
     assert picked(torch.float32, 33, 8) == picked(torch.float32, 64, 8) == "walk"
     assert picked(torch.bfloat16, 257, 8) == picked(torch.bfloat16, 300, 8) == "walk"
     assert picked(torch.float64, 8, 8) == "walk"
+
+
+def test_triton_workspace_slots_divide_every_chunk_the_tuner_may_run(monkeypatch):
+    # A chunk-crossing segment's partial goes to the slot of its start, so every
+    # chunk the autotuner may run must be a whole number of slots; the slot is
+    # as long as that allows (the workspace is zeroed and scanned per slot).
+    # The oracle is triton's own pruning (Autotuner.prune_configs, with the
+    # launch's positional and keyword arguments, as Autotuner.run calls it).
+    triton_module = pytest.importorskip("segment_ops._triton", exc_type=ImportError)
+    launches = []
+    recorders = []
+
+    def recorder(name, like):
+        stand_in = LaunchRecorder(name, launches, like)
+        recorders.append((stand_in, like))
+        return stand_in
+
+    for table in ("_KERNELS", "_LANE_KERNELS", "_WIDE_LANE_KERNELS"):
+        tuners = getattr(triton_module, table)
+        stand_ins = {key: recorder(f"{table} {key}", tuner) for key, tuner in tuners.items()}
+        monkeypatch.setattr(triton_module, table, stand_ins)
+    monkeypatch.setattr(triton_module, "_finish_kernel", LaunchRecorder("finish", launches))
+    monkeypatch.setattr(torch.library, "wrap_triton", lambda kernel: kernel)
+
+    def slot_and_chunks(dtype, inner, rows, segments, traced=False):
+        monkeypatch.setattr(triton_module, "_traced", lambda *tensors: traced)
+        launches.clear()
+        x = torch.zeros(rows, inner, dtype=dtype)
+        indptr = torch.linspace(0, rows, segments + 1).round().long()
+        triton_module._launch(x, indptr, x.new_empty(segments, inner))
+        name, kwargs = launches[0]
+        stand_in, tuner = next((r, t) for r, t in recorders if r.name == name)
+        if len(tuner.configs) > 1:
+            # As Autotuner.run: the positional arguments name the first params.
+            tuner.nargs = dict(zip(tuner.arg_names, stand_in.args, strict=False))
+            try:
+                pruned = tuner.prune_configs(kwargs)
+            finally:
+                tuner.nargs = None
+        else:
+            pruned = tuner.configs
+        return kwargs["SLOT_ROWS"], {c.kwargs["CHUNK_ROWS"] for c in pruned}
+
+    shapes = [  # dtype, inner, rows, segments
+        (torch.bfloat16, 1, 1 << 16, (1 << 16) // 11),  # power-law mean
+        (torch.float32, 1, 1 << 16, (1 << 16) // 8),
+        (torch.bfloat16, 1, 1 << 16, 1),  # giant
+        (torch.bfloat16, 4, 1 << 14, 1),
+        (torch.float32, 4, 1 << 14, (1 << 14) // 8),
+        (torch.float32, 32, 1 << 12, (1 << 12) // 8),
+        (torch.bfloat16, 64, 1 << 12, 4),
+        (torch.float32, 256, 1 << 10, 1),
+        (torch.float64, 8, 1 << 12, (1 << 12) // 16),
+    ]
+    seen = {}
+    for dtype, inner, rows, segments in shapes:
+        slot, chunks = slot_and_chunks(dtype, inner, rows, segments)
+        assert slot >= triton_module._SLOT_ROWS and all(c % slot == 0 for c in chunks), (
+            dtype, inner, slot, chunks)
+        assert slot == math.gcd(*chunks), (dtype, inner, slot, chunks)  # no shorter than needed
+        seen[(dtype, inner, segments > 1)] = slot
+        traced_slot, _ = slot_and_chunks(dtype, inner, rows, segments, traced=True)
+        assert traced_slot == triton_module._SLOT_ROWS  # torch.compile prunes on its own
+    # What the slots buy, as measured on the bench's shapes (4ec6b9c): rows of one
+    # column take 4096-row slots, 4 columns of a giant segment 512, 32 columns 256.
+    assert seen[(torch.bfloat16, 1, True)] == seen[(torch.float32, 1, True)] == 4096
+    assert seen[(torch.bfloat16, 4, False)] == 512
+    assert seen[(torch.float32, 32, True)] == 256
 
 
 @pytest.mark.gpu
