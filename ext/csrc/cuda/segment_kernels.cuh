@@ -1110,9 +1110,9 @@ __device__ __forceinline__ void load_stage(uint4 (&staged)[kUnits], const T* bas
   // read from s0's run (store_closed below), on an H200 (ab.py, forward % of
   // copy bandwidth, two runs): power law, 1 column, bf16 62.6 -> 63.1 and
   // 62.5 -> 63.0, fp32 71.9 -> 73.1 and 72.0 -> 72.9; sums bit for bit the
-  // same. Cache hints on these loads tied (H200, ab.py, power law, 1 column,
-  // bf16 then fp32): ld.global.cs (__ldcs) 66.3 -> 66.3, 81.6 -> 81.6;
-  // ld.global.nc.L1::no_allocate.L2::256B 66.5, 81.4.
+  // same. Cache hints on these loads tied (H200, ab.py, a later run, power
+  // law, 1 column, bf16 then fp32): ld.global.cs (__ldcs) 66.3 -> 66.3,
+  // 81.6 -> 81.6; ld.global.nc.L1::no_allocate.L2::256B 66.5, 81.4.
   if (bytes == kUnits * kThreads * 16) {
     const uint4* from = reinterpret_cast<const uint4*>(base) + threadIdx.x;
 #pragma unroll

@@ -191,8 +191,8 @@ def _tile_mask(row_mask, col_mask, EVEN_COLS: tl.constexpr):
         return row_mask[:, None] & col_mask[None, :]
 
 
-# Source rows are read once, yet loading them evict_first (all 14 tl.loads of
-# src) lost everywhere: H200, ab.py, Triton forward, % of copy bandwidth,
+# Source rows are read once, yet loading them evict_first (every kernel's
+# loads of src, 14 tl.loads) lost everywhere: H200, ab.py, Triton forward, % of copy bandwidth,
 # power law: bf16, 1 column 48.2 -> 43.8, fp32 64.0 -> 59.5, bf16, 32 columns
 # 66.6 -> 59.4; short segments: fp32, 4 columns 76.2 -> 58.8, bf16, 64
 # columns 78.3 -> 76.0.
