@@ -192,10 +192,10 @@ def _tile_mask(row_mask, col_mask, EVEN_COLS: tl.constexpr):
 
 
 # Source rows are read once, yet loading them evict_first (every kernel's
-# loads of src, 14 tl.loads) lost everywhere: H200, ab.py, Triton forward, % of copy bandwidth,
-# power law: bf16, 1 column 48.2 -> 43.8, fp32 64.0 -> 59.5, bf16, 32 columns
-# 66.6 -> 59.4; short segments: fp32, 4 columns 76.2 -> 58.8, bf16, 64
-# columns 78.3 -> 76.0.
+# loads of src, 14 tl.loads) lost everywhere: H200, ab.py, Triton forward, %
+# of copy bandwidth, power law: bf16, 1 column 48.2 -> 43.8, fp32 64.0 ->
+# 59.5, bf16, 32 columns 66.6 -> 59.4; short segments: fp32, 4 columns 76.2
+# -> 58.8, bf16, 64 columns 78.3 -> 76.0.
 @triton.jit
 def _lane_row(row_ptr, r, left, col_mask, INNER: tl.constexpr, EVEN_COLS: tl.constexpr):
     """Row r (a constant) from `row_ptr` (row k of each lane's segment); zeros
