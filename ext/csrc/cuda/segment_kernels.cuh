@@ -210,8 +210,19 @@ constexpr int kTeams = kThreads / kTeam;  // team kernels: teams per block
 // reading back only what it copied) lost on an H100 (ab.py, bf16, 32
 // columns): short segments 81.3 -> 78.7 (2 batches), 78.4 (4); power law
 // 70.9 -> 67.3, 66.5. More bytes in flight made it slower, not faster.
-// An H200, though (a copy at 4.2 TB/s, against 3.0 on the H100), wants more
-// rows in flight: at 4 blocks per SM (ab.py, bf16, 32 columns, short segments
+// Nor, on an H200, did a ring in shared memory: the team sum's loop over short
+// segments in rows of 128 bytes, copying each lane's units a batch ahead into
+// a ring of two batches (cp.async, 32 KB a block, 4 blocks per SM): 0.56 times
+// as fast (ab.py, forward % of copy: fp32, 32 columns, power law 83.8 -> 46.8,
+// short segments 86.8 -> 49.2; bf16, 64 columns 78.6 -> 43.6 and 81.6 -> 47.2;
+// sums the same), and as slow with the carveout set to the most shared memory
+// and the grid sized by that kernel's occupancy. Nsight Compute (fp32, 32
+// columns, short segments): 70.0 -> 95.6 million instructions, the waits on
+// loads became waits on shared memory and its queue (cycles an issue: long
+// scoreboard 10.7 -> 3.1, short scoreboard 0.7 -> 7.8, MIO throttle 0.0 ->
+// 4.2), DRAM at 76.7 -> 44.0 % of its peak. Rows in registers did better: an
+// H200 (a copy at 4.2 TB/s, against 3.0 on the H100) wants more rows in
+// flight: at 4 blocks per SM (ab.py, bf16, 32 columns, short segments
 // then power law), 12 rows after the adds 70.9 -> 76.0 and 58.7 -> 61.0
 // (spilling 40 bytes), 16 rows 76.3 and 61.5, and again 70.6 -> 76.0 and 58.4
 // -> 62.0; 12 rows at 3 blocks per SM lost (67.3 and 54.1), at 5 gained less
