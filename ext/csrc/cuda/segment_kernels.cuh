@@ -2017,6 +2017,14 @@ __device__ __forceinline__ bool long_tailed(const int64_t* __restrict__ indptr, 
 // H100 (ab.py, % of copy bandwidth), against a sample in both: fp32, 1 column,
 // short segments 85.9 -> 86.4, power law 79.8 -> 80.1; bf16, 1 column, 77.8
 // -> 78.0 and 57.8 -> 58.0. Without a workspace (a single block) both sample.
+// The tile sum's blocks could find their rows (balanced_rows), or also load
+// their first tile, before they wait: indptr and src are no kernel's of this
+// call to write. That is a trade, not a gain: on short segments, where the
+// lane sum does the work, the tile sum's blocks start as its blocks drain and
+// their search then delays the fix-up. H200 (ab.py, forward % of copy, 1
+// column; rows, then rows and tile, before the wait): power law bf16 65.4 ->
+// 65.6 and 65.5, fp32 81.0 -> 81.4 and 81.8; short segments bf16 80.5 ->
+// 78.6 and 78.4, fp32 85.8 -> 83.3 and 83.0; 4 columns within 0.2.
 template <typename Acc>
 __device__ __forceinline__ bool gated_out(TailGate gate, const int64_t* __restrict__ indptr,
                                           int64_t segments, int64_t rows,
