@@ -220,13 +220,22 @@ constexpr int kTeams = kThreads / kTeam;  // team kernels: teams per block
 // columns, short segments): 70.0 -> 95.6 million instructions, the waits on
 // loads became waits on shared memory and its queue (cycles an issue: long
 // scoreboard 10.7 -> 3.1, short scoreboard 0.7 -> 7.8, MIO throttle 0.0 ->
-// 4.2), DRAM at 76.7 -> 44.0 % of its peak. Rows in registers did better: an
-// H200 (a copy at 4.2 TB/s, against 3.0 on the H100) wants more rows in
-// flight: at 4 blocks per SM (ab.py, bf16, 32 columns, short segments
-// then power law), 12 rows after the adds 70.9 -> 76.0 and 58.7 -> 61.0
-// (spilling 40 bytes), 16 rows 76.3 and 61.5, and again 70.6 -> 76.0 and 58.4
-// -> 62.0; 12 rows at 3 blocks per SM lost (67.3 and 54.1), at 5 gained less
-// on short segments (73.5; power law 61.5). So devices whose memory feeds
+// 4.2), DRAM at 76.7 -> 44.0 % of its peak. Nor did sm_90's bulk copies
+// (cp.async.bulk, one lane issuing a batch's rows, an mbarrier per slot, no
+// per-lane copies): same cases, 2 slots of one 2 KB copy 81.7, 86.5, 72.7 and
+// 79.2 (against 83.9, 86.9, 78.9 and 82.6), of a copy per row into rows 160
+// bytes apart (no bank conflicts) 63.0, 71.7, 58.4 and 64.9; 4 and 6 slots in
+// dynamic shared memory (3 and 2 blocks per SM) 77.5, 85.7, 66.9, 74.0 and
+// 69.7, 80.0, 60.1, 66.9. A deeper batch in registers gained there
+// (kShortTeamBatch). Rows in registers did better here too: an H200 (a copy at
+// 4.2 TB/s, against 3.0 on the H100) wants more rows in flight: at 4 blocks
+// per SM (ab.py, bf16, 32 columns, short segments then power law), 12 rows
+// after the adds 70.9 -> 76.0 and 58.7 -> 61.0 (spilling 40 bytes), 16 rows
+// 76.3 and 61.5, and again 70.6 -> 76.0 and 58.4 -> 62.0; 12 rows at 3 blocks
+// per SM lost (67.3 and 54.1), at 5 gained less on short segments (73.5; power
+// law 61.5); the pairs (32 columns) at 3 blocks per SM with 16, 24 and 32 rows
+// lost too (ab.py, H200, power law 79.5 -> 51.1, 47.0 and 42.1; short segments
+// 84.0 -> 84.4, 83.6 and 75.1). So devices whose memory feeds
 // each SM faster than an H100's by a margin (kDeepBytesPerSm) take 16 rows
 // (kDeep) where a thread loads at most 4 bytes a row of a 2-byte type (single
 // elements and pairs; fp32 single elements: see below): 64 bytes in flight, as
@@ -4208,16 +4217,17 @@ __global__ void __launch_bounds__(kThreads, StreamSumRows<T, kShape>::kBlocksPer
   }
 }
 
-// Long segments, rows of at most kTeam / 2 16-byte units. A team of kTeam threads
-// owns a contiguous row range and reads it as a copy would, 512 contiguous
-// bytes per step, kBatch steps in flight. Lanes split a step by unit: with U
-// units per row, the RS = kTeam / U lanes of slice c take unit c of the
-// step's rows (R rows per unit when a row is narrower than a unit). Each lane
-// sums its rows of the current segment; where a segment ends, each slice adds
-// its lanes' sums by shuffles (slice_total); over short segments by a
-// reduce-scatter, each lane storing kOwn columns (slice_part). The caller picks
-// this kernel for long segments on average, so most steps meet no end at all.
-// Segments that cross a team's ends meet as in stream_sum.
+// Long segments, rows of at most kTeam / 2 16-byte units. A team of kTeam
+// threads owns a contiguous row range and reads it as a copy would, 512
+// contiguous bytes per step, kBatch steps in flight (kShortTeamBatch over
+// short segments). Lanes split a step by unit: with U units per row, the RS =
+// kTeam / U lanes of slice c take unit c of the step's rows (R rows per unit
+// when a row is narrower than a unit). Each lane sums its rows of the current
+// segment; where a segment ends, each slice adds its lanes' sums by shuffles
+// (slice_total); over short segments by a reduce-scatter, each lane storing
+// kOwn columns (slice_part). The caller picks this kernel for long segments on
+// average, so most steps meet no end at all. Segments that cross a team's ends
+// meet as in stream_sum.
 template <typename T, int kCols, int U>
 struct TeamShape {
   static constexpr int kVec = 16 / static_cast<int>(sizeof(T));
@@ -4291,6 +4301,31 @@ constexpr int64_t kTeamSegmentCost = sizeof(T) == 2 ? 6 : 4;
 // rows of 128 bytes); larger ones take the stream sum (short_team_rows).
 constexpr int64_t kShortTeamMaxRows = int64_t{1} << 30;
 
+// The team sum on short segments loads twice kBatch steps a batch, at 3
+// blocks per SM (80 registers, no spills; sm_90 SASS): its loop waited on
+// each batch's first load with nothing else in flight (Nsight Compute, H200,
+// fp32, 32 columns, short segments: 55 % of the stall samples on the first
+// add of a batch, issue slots 44 % busy), and a batch of 8 steps holds 4 KB
+// of a warp's rows in flight where 4 held 2. H200 (ab.py, forward % of copy,
+// one run against 4 steps at 4 blocks): fp32, 32 columns, power law 83.9 ->
+// 86.9, short segments 86.9 -> 88.6; bf16, 64 columns 78.9 -> 83.1 and 82.6
+// -> 83.9; long segments (the other kernel) within 0.1. 6 steps at 3 blocks
+// gained less (86.2, 88.0, 81.2, 82.8); 4 steps at 3 blocks tied on fp32 and
+// lost on bf16 (73.1 and 78.0), so the gain is the batch, not the blocks. The
+// sums differ from 4 blocks' in their last bits: fewer blocks, other ranges.
+// (ROCm keeps kBatch at 4 blocks: not measured there.)
+#if defined(__HIP_PLATFORM_AMD__)
+constexpr int kShortTeamBatch = kBatch;
+constexpr int kShortTeamBlocksPerSm = kStreamBlocksPerSm;
+#else
+constexpr int kShortTeamBatch = 2 * kBatch;
+constexpr int kShortTeamBlocksPerSm = 3;
+#endif
+template <bool kShort>
+constexpr int kTeamSumBatch = kShort ? kShortTeamBatch : kBatch;
+template <bool kShort>
+constexpr int kTeamSumBlocksPerSm = kShort ? kShortTeamBlocksPerSm : kStreamBlocksPerSm;
+
 // The block's rows [r0, r1), whose segment starts are [first, last), cut into
 // kTeams ranges of equal cost (a row costs 1, a segment start `per_start`):
 // team t's range is [bound[t], bound[t + 1]). kThreads probes of indptr go
@@ -4353,7 +4388,7 @@ __device__ __forceinline__ void split_by_cost(const int64_t* __restrict__ indptr
 // of copy, power law bf16 x64 78.0 -> 77.8 and 78.2 -> 78.1, fp32 x32 83.9 ->
 // 83.6; short segments within 0.1. Not kept.
 template <typename T, int kCols, int U, bool kShort>
-__global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
+__global__ void __launch_bounds__(kThreads, kTeamSumBlocksPerSm<kShort>)
     team_sum_kernel(const T* __restrict__ src, const int64_t* __restrict__ indptr,
                     T* __restrict__ out, int64_t rows, int64_t segments, int64_t team_rows,
                     Crossing<typename Num<T>::acc> cross) {
@@ -4363,7 +4398,8 @@ __global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
   using Part = Partial<Acc, kCols>;
   constexpr int R = Shape::R, RS = Shape::RS, kInner = Shape::kInner;
   constexpr int kStepRows = Shape::kStepRows;
-  constexpr int kBatchRows = kBatch * kStepRows;  // rows one batch of loads covers
+  constexpr int kSteps = kTeamSumBatch<kShort>;  // loads per lane in flight
+  constexpr int kBatchRows = kSteps * kStepRows;  // rows one batch of loads covers
   constexpr int kItems = 2 * kTeams;
   __shared__ Shared sm;
   allow_dependents(cross.head_key != nullptr);  // a fix-up follows
@@ -4545,12 +4581,12 @@ __global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
         if (full > 0) {
           constexpr int64_t kStepUnits = kStepRows * kInner * sizeof(T) / 16;
           const uint4* p = reinterpret_cast<const uint4*>(src + (b + q * R) * kInner + c * kCols);
-          for (int64_t i = 0; i < full; ++i, p += kBatch * kStepUnits) {
-            uint4 f[kBatch];
+          for (int64_t i = 0; i < full; ++i, p += kSteps * kStepUnits) {
+            uint4 f[kSteps];
 #pragma unroll
-            for (int k = 0; k < kBatch; ++k) f[k] = p[k * kStepUnits];
+            for (int k = 0; k < kSteps; ++k) f[k] = p[k * kStepUnits];
 #pragma unroll
-            for (int k = 0; k < kBatch; ++k) add_unit(f[k]);
+            for (int k = 0; k < kSteps; ++k) add_unit(f[k]);
           }
           b += full * kBatchRows;
           if (b >= a1) break;
@@ -4578,17 +4614,18 @@ __global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
       const Row b_row = kShort ? static_cast<Row>(b - a0) : static_cast<Row>(b);  // b in [a0, a1)
       const int left = kShort ? min(static_cast<int>(a1 - a0) - static_cast<int>(b_row), kBatchRows)
                               : static_cast<int>(imin(a1 - b, int64_t{kBatchRows}));
-      // The loop waits on these loads (Nsight Compute, H200, short segments,
-      // fp32 x32 and bf16 x64: 10.3 and 5.5 of 17.6 and 12.7 cycles an issue
-      // on long scoreboard, issue slots 44 and 60 % busy). Reloading d[k]
+      // At 4 steps a batch the loop waited on these loads (Nsight Compute,
+      // H200, short segments, fp32 x32 and bf16 x64: 10.3 and 5.5 of 17.6 and
+      // 12.7 cycles an issue on long scoreboard, issue slots 44 and 60 %
+      // busy; kShortTeamBatch took 8 steps). Before that, reloading d[k]
       // with the next batch's unit k as soon as unit k is added, to keep
       // loads in flight through the batch in the same registers, lost: H200
       // (ab.py, forward % of copy) fp32 x32 power law 84.3 -> 83.4, short
       // 87.2 -> 86.8; bf16 x64 (32 bytes spilled) 79.0 -> 71.9 and 82.7 ->
       // 73.2. A ring in shared memory lost more (see StreamRows).
-      uint4 d[kBatch];
+      uint4 d[kSteps];
 #pragma unroll
-      for (int k = 0; k < kBatch; ++k) {  // all loads first
+      for (int k = 0; k < kSteps; ++k) {  // all loads first
         const int r = k * kStepRows + q * R;  // this lane's first row, from b
         const T* p = src + (b + r) * kInner + c * kCols;
         if (r + R <= left)
@@ -4606,7 +4643,7 @@ __global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
       [[maybe_unused]] int end_b = 0;
       if constexpr (U == 1) end_b = from_b(end);
 #pragma unroll
-      for (int k = 0; k < kBatch; ++k) {
+      for (int k = 0; k < kSteps; ++k) {
         if (k * kStepRows >= left) break;
         const int step1_b = (k + 1) * kStepRows < left ? (k + 1) * kStepRows : left;
         if constexpr (U == 1) {  // (wider rows: the test below)
@@ -5530,24 +5567,34 @@ cudaError_t launch_team_sum(const T* src, const int64_t* indptr, T* out, int64_t
                             bool short_segments = false) {
   using Acc = typename Num<T>::acc;
   using Shape = TeamShape<T, kCols, U>;
+  auto kernel = &team_sum_kernel<T, kCols, U, false>;
+  int batch = kTeamSumBatch<false>;
   int64_t capacity = 0;
-  cudaError_t err = resident_blocks<&team_sum_kernel<T, kCols, U, false>>(&capacity);
+  // One wave of the kernel that runs: the two differ in blocks per SM.
+  cudaError_t err = cudaSuccess;
+  if constexpr (U == 8) {  // rows of 128 bytes: the only ones with short segments here
+    // rows <= kShortTeamMaxRows is short_team_rows' test again, kept here
+    // because the kernel's 32-bit rows depend on it whatever the caller.
+    if (short_segments && rows <= kShortTeamMaxRows) {
+      kernel = &team_sum_kernel<T, kCols, U, true>;
+      batch = kTeamSumBatch<true>;
+      err = resident_blocks<&team_sum_kernel<T, kCols, U, true>>(&capacity);
+    } else {
+      err = resident_blocks<&team_sum_kernel<T, kCols, U, false>>(&capacity);
+    }
+  } else if (short_segments) {
+    return cudaErrorInvalidValue;  // not reached: see segment_sum
+  } else {
+    err = resident_blocks<&team_sum_kernel<T, kCols, U, false>>(&capacity);
+  }
   if (err != cudaSuccess) return err;
   const int64_t team_rows =
-      unit_rows(rows, capacity * kTeams, kBatch * Shape::kStepRows, Shape::kStepRows);
+      unit_rows(rows, capacity * kTeams, batch * Shape::kStepRows, Shape::kStepRows);
   const int64_t block_rows = team_rows * kTeams;
   const int64_t blocks = ceil_div(rows, block_rows);
   Crossing<Acc> c;
   err = crossing(workspace, blocks, Shape::kInner, &c);
   if (err != cudaSuccess) return err;
-  auto kernel = &team_sum_kernel<T, kCols, U, false>;
-  if constexpr (U == 8) {  // rows of 128 bytes: the only ones with short segments here
-    // rows <= kShortTeamMaxRows is short_team_rows' test again, kept here
-    // because the kernel's 32-bit rows depend on it whatever the caller.
-    if (short_segments && rows <= kShortTeamMaxRows) kernel = &team_sum_kernel<T, kCols, U, true>;
-  } else if (short_segments) {
-    return cudaErrorInvalidValue;  // not reached: see segment_sum
-  }
   kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(src, indptr, out, rows,
                                                                   segments, team_rows, c);
   err = cudaGetLastError();
