@@ -234,9 +234,9 @@ constexpr int kTeams = kThreads / kTeam;  // team kernels: teams per block
 // 76.3 and 61.5, and again 70.6 -> 76.0 and 58.4 -> 62.0; 12 rows at 3 blocks
 // per SM lost (67.3 and 54.1), at 5 gained less on short segments (73.5; power
 // law 61.5); the pairs (32 columns) at 3 blocks per SM with 16, 24 and 32 rows
-// lost too (ab.py, H200, power law 79.5 -> 51.1, 47.0 and 42.1; short segments
-// 84.0 -> 84.4, 83.6 and 75.1). So devices whose memory feeds
-// each SM faster than an H100's by a margin (kDeepBytesPerSm) take 16 rows
+// lost on the power law (ab.py, H200, power law 79.5 -> 51.1, 47.0 and
+// 42.1; short segments 84.0 -> 84.4, 83.6 and 75.1). So devices whose memory
+// feeds each SM faster than an H100's by a margin (kDeepBytesPerSm) take 16 rows
 // (kDeep) where a thread loads at most 4 bytes a row of a 2-byte type (single
 // elements and pairs; fp32 single elements: see below): 64 bytes in flight, as
 // 8 rows of 8-byte packs hold, and no spill (8-byte packs spilled 64 bytes at
@@ -4302,7 +4302,8 @@ constexpr int64_t kTeamSegmentCost = sizeof(T) == 2 ? 6 : 4;
 constexpr int64_t kShortTeamMaxRows = int64_t{1} << 30;
 
 // The team sum on short segments loads twice kBatch steps a batch, at 3
-// blocks per SM (80 registers, no spills; sm_90 SASS): its loop waited on
+// blocks per SM (80 registers; sm_90 SASS: no spills in fp32, bf16 and fp64,
+// 12 bytes in fp16, which spilled 8 at 4 steps): its loop waited on
 // each batch's first load with nothing else in flight (Nsight Compute, H200,
 // fp32, 32 columns, short segments: 55 % of the stall samples on the first
 // add of a batch, issue slots 44 % busy), and a batch of 8 steps holds 4 KB
