@@ -47,12 +47,18 @@ one row per autotuner config kept after pruning, so a change that breaks the
 compiler or adds registers shows before the GPU. `--cut N` (run, profile) cuts
 every segment longer than N rows into pieces of N: the same rows without the
 law's long tail, e.g. to tell what a power law's few giant segments cost from
-what its crowd of short ones does.
+what its crowd of short ones does. `stalls` reads Nsight Compute's source
+page, exported as CSV from a report collected with `--section SourceCounters
+--section WarpStateStats` (`ncu --import REPORT --page source --csv
+--print-source sass`, gzipped or not), and prints where each kernel's warps
+waited: its stall reasons, then the instructions holding the most samples.
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
+import gzip
 import inspect
 import json
 import os
@@ -868,6 +874,82 @@ def profile(
     print(f"{dtype_name} {label} x{inner} {kind} {name}: {calls} calls, {rows} rows", flush=True)
 
 
+STALL_SAMPLES = "Warp Stall Sampling (All Samples)"
+
+
+def stall_sections(path: Path) -> list[tuple[str, list[str], list[list[str]]]]:
+    """(kernel, header, rows) per kernel of Nsight Compute's source page as CSV."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    try:
+        with opener(path, "rt", newline="") as f:
+            lines = list(csv.reader(f))
+    except (OSError, EOFError, UnicodeDecodeError, csv.Error) as err:
+        raise UsageError(f"{path}: cannot read it as CSV ({err})") from None
+    sections, i = [], 0
+    while i < len(lines):
+        if lines[i][:1] == ["Kernel Name"] and i + 1 < len(lines):
+            kernel, header, i = lines[i][1] if len(lines[i]) > 1 else "?", lines[i + 1], i + 2
+            rows = []
+            while i < len(lines) and lines[i][:1] != ["Kernel Name"]:
+                if len(lines[i]) == len(header):
+                    rows.append(lines[i])
+                i += 1
+            sections.append((kernel, header, rows))
+        else:
+            i += 1
+    if not sections or any(STALL_SAMPLES not in header for _, header, _ in sections):
+        raise UsageError(
+            f"{path}: no {STALL_SAMPLES!r} column; expected the source page of a report "
+            "collected with --section SourceCounters, as "
+            "`ncu --import REPORT --page source --csv --print-source sass`"
+        )
+    return sections
+
+
+def stalls(path: Path, top: int) -> None:
+    """Where each kernel of an Nsight Compute report waited: its stall reasons
+    over the kernel, then the `top` instructions holding the most samples,
+    each with its largest reasons. One instruction holding most of a kernel's
+    samples (the first use of a batch of loads, say) is what to work on."""
+    for kernel, header, rows in stall_sections(path):
+        col = {name: k for k, name in enumerate(header)}
+        reasons = [
+            name for name in header if name.startswith("stall_") and "(Not Issued)" not in name
+        ]
+
+        def count(row, name, col=col):
+            text = row[col[name]].replace(",", "")
+            return int(float(text)) if text.strip() not in ("", "-") else 0
+
+        samples = [count(row, STALL_SAMPLES) for row in rows]
+        total = sum(samples)
+        print(f"{kernel_name(kernel)}: {total} stall samples over {len(rows)} instructions")
+        if total == 0:
+            continue
+        by_reason = sorted(
+            ((sum(count(row, name) for row in rows), name) for name in reasons), reverse=True
+        )
+        print(
+            "  reasons: "
+            + ", ".join(
+                f"{name.removeprefix('stall_')} {100 * n / total:.1f}%"
+                for n, name in by_reason[:6]
+                if n
+            )
+        )
+        source = col.get("Source")
+        for k in sorted(range(len(rows)), key=lambda k: -samples[k])[:top]:
+            if samples[k] == 0:
+                break
+            row = rows[k]
+            largest = sorted(((count(row, name), name) for name in reasons), reverse=True)[:3]
+            text = " ".join(row[source].split()) if source is not None else "?"
+            print(
+                f"  {100 * samples[k] / total:5.1f}% {samples[k]:7d}  #{k:<5d} {text[:56]:56s} "
+                + " ".join(f"{name.removeprefix('stall_')} {n}" for n, name in largest if n)
+            )
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -908,6 +990,15 @@ def main(argv=None) -> int:
     p.add_argument(
         "--cut", type=int, metavar="N", help="cut segments longer than N rows into pieces of N"
     )
+    st = commands.add_parser(
+        "stalls", help="where a kernel's warps waited, per instruction (Nsight Compute CSV)"
+    )
+    st.add_argument(
+        "report",
+        type=Path,
+        help="`ncu --import REPORT --page source --csv --print-source sass` output (.csv, .csv.gz)",
+    )
+    st.add_argument("--top", type=int, default=12, help="instructions to list per kernel")
     res = commands.add_parser(
         "resources", help="registers, shared, local and stack bytes per kernel"
     )
@@ -925,7 +1016,11 @@ def main(argv=None) -> int:
     )
     args = parser.parse_args(argv)
     try:
-        if args.command == "resources":
+        if args.command == "stalls":
+            if args.top < 1:
+                raise UsageError(f"--top {args.top}: expected at least 1")
+            stalls(args.report, args.top)
+        elif args.command == "resources":
             cases = [
                 parse_case(c, RESOURCE_DTYPES, RESOURCE_LAWS) for c in args.cases.split(",") if c
             ]

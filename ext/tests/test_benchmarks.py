@@ -2,6 +2,7 @@
 does with a run that kept host time in it or outlasted the budget; what the page
 says of it; and ab.py's command line."""
 
+import gzip
 import importlib
 import json
 import os
@@ -625,3 +626,76 @@ def test_ab_kernels_counts_overlapping_kernels_once_and_the_gaps_between_them(
     assert ab.main(["run", str(tmp_path), "--kernels", "--device", "cpu"]) == 2
     err = capsys.readouterr().err
     assert err == "ab.py: --kernels needs a CUDA device, not 'cpu'\n"
+
+
+def nsight_source_page(kernels):
+    """Nsight Compute's source page as CSV: per kernel, its name row, the
+    header, then one row per instruction (samples, then reasons)."""
+    lines = []
+    for name, instructions in kernels:
+        lines.append(f'"Kernel Name","{name}",')
+        lines.append(
+            '"Address","Source","Warp Stall Sampling (All Samples)",'
+            '"Warp Stall Sampling (Not-issued Samples)","stall_barrier","stall_long_sb",'
+            '"stall_wait","stall_long_sb (Not Issued)"'
+        )
+        for k, (source, barrier, long_sb, wait) in enumerate(instructions):
+            total = barrier + long_sb + wait
+            lines.append(
+                f'"0x{k:x}","{source}","{total}","{total}","{barrier}","{long_sb}","{wait}","9999"'
+            )
+    return "\n".join(lines) + "\n"
+
+
+def test_ab_stalls_names_the_instructions_a_kernel_waits_on_most_and_why(
+    monkeypatch, tmp_path, capsys
+):
+    monkeypatch.setitem(sys.modules, "bench", None)  # reading a report needs no benchmark
+    ab = fresh_ab(monkeypatch)
+    page = nsight_source_page(
+        [
+            (
+                "void ns::team_sum_kernel<float, 4>(const float *)",
+                [
+                    ("LDG.E.128   R16, desc[UR6][R24.64]", 0, 0, 2),
+                    ("@P0   FADD R57, R57, R16", 0, 60, 4),
+                    ("BAR.SYNC.DEFER_BLOCKING 0x0", 20, 0, 0),
+                    ("EXIT", 0, 0, 0),
+                ],
+            ),
+            ("void tile_sum_kernel(const float *)", [("NOP", 0, 0, 0)]),
+        ]
+    )
+    plain = tmp_path / "page.csv"
+    plain.write_text(page)
+    packed = tmp_path / "page.csv.gz"
+    packed.write_bytes(gzip.compress(page.encode()))
+    for path in (plain, packed):
+        assert ab.main(["stalls", str(path), "--top", "2"]) == 0
+        out = capsys.readouterr().out.splitlines()
+        assert out[0] == "team_sum_kernel: 86 stall samples over 4 instructions"
+        # reasons over the kernel, largest first; the not-issued columns are not reasons
+        assert out[1] == "  reasons: long_sb 69.8%, barrier 23.3%, wait 7.0%"
+        # the two instructions holding the most samples, most first, with their reasons
+        assert "#1" in out[2] and "@P0 FADD R57, R57, R16" in out[2]
+        assert out[2].split()[:2] == ["74.4%", "64"] and out[2].endswith("long_sb 60 wait 4")
+        assert "#2" in out[3] and out[3].endswith("barrier 20")
+        assert out[4] == "tile_sum_kernel: 0 stall samples over 1 instructions"
+        assert len(out) == 5
+
+
+def test_ab_stalls_refuses_a_file_that_is_not_a_source_page_in_one_line(
+    monkeypatch, tmp_path, capsys
+):
+    monkeypatch.setitem(sys.modules, "bench", None)
+    ab = fresh_ab(monkeypatch)
+    details = tmp_path / "details.csv"  # another page of a report: no per-instruction samples
+    details.write_text('"Kernel Name","k",\n"Section Name","Metric Name","Metric Value"\n')
+    for args in (
+        [str(details)],
+        [str(tmp_path / "missing.csv")],
+        [str(details), "--top", "0"],
+    ):
+        assert ab.main(["stalls", *args]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("ab.py: ") and err.count("\n") == 1
