@@ -49,8 +49,8 @@ every segment longer than N rows into pieces of N: the same rows without the
 law's long tail, e.g. to tell what a power law's few giant segments cost from
 what its crowd of short ones does. `stalls` reads Nsight Compute's source
 page, exported as CSV from a report collected with `--section SourceCounters
---section WarpStateStats` (`ncu --import REPORT --page source --csv
---print-source sass`, gzipped or not), and prints where each kernel's warps
+--section WarpStateStats` (`ncu --import REPORT.ncu-rep --page source
+--csv --print-source sass`, gzipped or not), and prints where each kernel's warps
 waited: its stall reasons, then the instructions holding the most samples.
 """
 
@@ -68,6 +68,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import zlib
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -878,31 +879,42 @@ STALL_SAMPLES = "Warp Stall Sampling (All Samples)"
 
 
 def stall_sections(path: Path) -> list[tuple[str, list[str], list[list[str]]]]:
-    """(kernel, header, rows) per kernel of Nsight Compute's source page as CSV."""
+    """(kernel, header, rows) per kernel of Nsight Compute's source page as CSV:
+    each section is its header row (the one naming STALL_SAMPLES), the
+    "Kernel Name" row before it where there is one, and its rows up to the
+    next section."""
     opener = gzip.open if path.suffix == ".gz" else open
     try:
         with opener(path, "rt", newline="") as f:
             lines = list(csv.reader(f))
-    except (OSError, EOFError, UnicodeDecodeError, csv.Error) as err:
+    except (OSError, EOFError, UnicodeDecodeError, csv.Error, zlib.error) as err:
         raise UsageError(f"{path}: cannot read it as CSV ({err})") from None
-    sections, i = [], 0
-    while i < len(lines):
-        if lines[i][:1] == ["Kernel Name"] and i + 1 < len(lines):
-            kernel, header, i = lines[i][1] if len(lines[i]) > 1 else "?", lines[i + 1], i + 2
-            rows = []
-            while i < len(lines) and lines[i][:1] != ["Kernel Name"]:
-                if len(lines[i]) == len(header):
-                    rows.append(lines[i])
-                i += 1
-            sections.append((kernel, header, rows))
-        else:
-            i += 1
-    if not sections or any(STALL_SAMPLES not in header for _, header, _ in sections):
+    starts = [i for i, line in enumerate(lines) if STALL_SAMPLES in line]
+    if not starts:
         raise UsageError(
             f"{path}: no {STALL_SAMPLES!r} column; expected the source page of a report "
             "collected with --section SourceCounters, as "
-            "`ncu --import REPORT --page source --csv --print-source sass`"
+            "`ncu --import REPORT.ncu-rep --page source --csv --print-source sass`"
         )
+    sections = []
+    for n, i in enumerate(starts):
+        header = lines[i][:-1] if lines[i][-1:] == [""] else lines[i]
+        named = i > 0 and lines[i - 1][:1] == ["Kernel Name"] and len(lines[i - 1]) > 1
+        end = starts[n + 1] if n + 1 < len(starts) else len(lines)
+        rows = []
+        for j in range(i + 1, end):
+            row = lines[j]
+            if row[:1] == ["Kernel Name"] or not any(cell.strip() for cell in row):
+                continue
+            if len(row) == len(header) + 1 and row[-1] == "":  # a trailing comma
+                row = row[:-1]
+            if len(row) != len(header):
+                raise UsageError(
+                    f"{path}: row {j + 1} has {len(row)} cells where its header has "
+                    f"{len(header)}"
+                )
+            rows.append(row)
+        sections.append((lines[i - 1][1] if named else "?", header, rows))
     return sections
 
 
@@ -918,8 +930,16 @@ def stalls(path: Path, top: int) -> None:
         ]
 
         def count(row, name, col=col):
-            text = row[col[name]].replace(",", "")
-            return int(float(text)) if text.strip() not in ("", "-") else 0
+            text = row[col[name]].replace(",", "").strip()
+            if text in ("", "-"):
+                return 0
+            try:
+                return int(float(text))
+            except ValueError:
+                where = row[col["Source"]].strip() if "Source" in col else row[0]
+                raise UsageError(
+                    f"{path}: {name} is {text!r} at {where!r}; expected a count"
+                ) from None
 
         samples = [count(row, STALL_SAMPLES) for row in rows]
         total = sum(samples)
@@ -996,7 +1016,8 @@ def main(argv=None) -> int:
     st.add_argument(
         "report",
         type=Path,
-        help="`ncu --import REPORT --page source --csv --print-source sass` output (.csv, .csv.gz)",
+        help="`ncu --import REPORT.ncu-rep --page source --csv --print-source sass` output "
+        "(.csv, .csv.gz)",
     )
     st.add_argument("--top", type=int, default=12, help="instructions to list per kernel")
     res = commands.add_parser(

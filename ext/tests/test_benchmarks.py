@@ -671,17 +671,29 @@ def test_ab_stalls_names_the_instructions_a_kernel_waits_on_most_and_why(
     packed = tmp_path / "page.csv.gz"
     packed.write_bytes(gzip.compress(page.encode()))
     for path in (plain, packed):
-        assert ab.main(["stalls", str(path), "--top", "2"]) == 0
+        assert ab.main(["stalls", str(path), "--top", "4"]) == 0
         out = capsys.readouterr().out.splitlines()
         assert out[0] == "team_sum_kernel: 86 stall samples over 4 instructions"
         # reasons over the kernel, largest first; the not-issued columns are not reasons
         assert out[1] == "  reasons: long_sb 69.8%, barrier 23.3%, wait 7.0%"
-        # the two instructions holding the most samples, most first, with their reasons
+        # the instructions holding samples, most first, with their reasons; EXIT held none
         assert "#1" in out[2] and "@P0 FADD R57, R57, R16" in out[2]
         assert out[2].split()[:2] == ["74.4%", "64"] and out[2].endswith("long_sb 60 wait 4")
         assert "#2" in out[3] and out[3].endswith("barrier 20")
-        assert out[4] == "tile_sum_kernel: 0 stall samples over 1 instructions"
-        assert len(out) == 5
+        assert "#0" in out[4] and out[4].endswith("wait 2")
+        assert out[5] == "tile_sum_kernel: 0 stall samples over 1 instructions"
+        assert len(out) == 6
+    # --top keeps the instructions holding the most
+    assert ab.main(["stalls", str(plain), "--top", "1"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 4 and "#1" in out[2] and out[3].startswith("tile_sum_kernel:")
+    # another ncu's layout: data rows ending in a comma, no kernel name row
+    lines = [line + "," if line.startswith('"0x') else line for line in page.splitlines()]
+    bare = tmp_path / "bare.csv"
+    bare.write_text("\n".join(line for line in lines[:6] if not line.startswith('"Kernel')))
+    assert ab.main(["stalls", str(bare), "--top", "1"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "?: 86 stall samples over 4 instructions" and "#1" in out[2]
 
 
 def test_ab_stalls_refuses_a_file_that_is_not_a_source_page_in_one_line(
@@ -691,11 +703,23 @@ def test_ab_stalls_refuses_a_file_that_is_not_a_source_page_in_one_line(
     ab = fresh_ab(monkeypatch)
     details = tmp_path / "details.csv"  # another page of a report: no per-instruction samples
     details.write_text('"Kernel Name","k",\n"Section Name","Metric Name","Metric Value"\n')
-    for args in (
-        [str(details)],
-        [str(tmp_path / "missing.csv")],
-        [str(details), "--top", "0"],
+    page = nsight_source_page([("k", [("NOP", 1, 2, 3)])])
+    good = tmp_path / "page.csv"
+    good.write_text(page)
+    torn = tmp_path / "torn.csv"  # a row short of its header's cells
+    torn.write_text(page.rsplit(",", 2)[0] + "\n")
+    uncounted = tmp_path / "uncounted.csv"
+    uncounted.write_text(page.replace('"NOP","6"', '"NOP","n/a"'))
+    broken = tmp_path / "broken.csv.gz"  # a gzip header, then no valid deflate stream
+    broken.write_bytes(gzip.compress(page.encode())[:10] + b"\xff" * 40)
+    for args, says in (
+        ([str(details)], "no 'Warp Stall Sampling (All Samples)' column"),
+        ([str(tmp_path / "missing.csv")], "cannot read it"),
+        ([str(good), "--top", "0"], "--top 0: expected at least 1"),
+        ([str(torn)], "row 3 has 6 cells where its header has 8"),
+        ([str(uncounted)], "'n/a' at 'NOP'; expected a count"),
+        ([str(broken)], "cannot read it"),
     ):
         assert ab.main(["stalls", *args]) == 2
         err = capsys.readouterr().err
-        assert err.startswith("ab.py: ") and err.count("\n") == 1
+        assert err.startswith("ab.py: ") and says in err and err.count("\n") == 1
