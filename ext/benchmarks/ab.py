@@ -50,8 +50,9 @@ law's long tail, e.g. to tell what a power law's few giant segments cost from
 what its crowd of short ones does. `stalls` reads Nsight Compute's source
 page, exported as CSV from a report collected with `--section SourceCounters
 --section WarpStateStats` (`ncu --import REPORT.ncu-rep --page source
---csv --print-source sass`, gzipped or not), and prints where each kernel's warps
-waited: its stall reasons, then the instructions holding the most samples.
+--csv --print-source sass`, gzipped or not), and prints where each kernel's
+warps waited: its stall reasons, then the instructions holding the most
+samples.
 """
 
 from __future__ import annotations
@@ -941,13 +942,16 @@ def stalls(path: Path, top: int) -> None:
                     f"{path}: {name} is {text!r} at {where!r}; expected a count"
                 ) from None
 
-        samples = [count(row, STALL_SAMPLES) for row in rows]
+        # Each row's counts, read once: its samples, then one per reason.
+        table = [[count(row, name) for name in (STALL_SAMPLES, *reasons)] for row in rows]
+        samples = [counts[0] for counts in table]
         total = sum(samples)
         print(f"{kernel_name(kernel)}: {total} stall samples over {len(rows)} instructions")
         if total == 0:
             continue
         by_reason = sorted(
-            ((sum(count(row, name) for row in rows), name) for name in reasons), reverse=True
+            ((sum(counts[1 + r] for counts in table), name) for r, name in enumerate(reasons)),
+            reverse=True,
         )
         print(
             "  reasons: "
@@ -962,7 +966,7 @@ def stalls(path: Path, top: int) -> None:
             if samples[k] == 0:
                 break
             row = rows[k]
-            largest = sorted(((count(row, name), name) for name in reasons), reverse=True)[:3]
+            largest = sorted(zip(table[k][1:], reasons, strict=True), reverse=True)[:3]
             text = " ".join(row[source].split()) if source is not None else "?"
             print(
                 f"  {100 * samples[k] / total:5.1f}% {samples[k]:7d}  #{k:<5d} {text[:56]:56s} "
