@@ -5568,25 +5568,27 @@ cudaError_t launch_team_sum(const T* src, const int64_t* indptr, T* out, int64_t
                             bool short_segments = false) {
   using Acc = typename Num<T>::acc;
   using Shape = TeamShape<T, kCols, U>;
-  auto kernel = &team_sum_kernel<T, kCols, U, false>;
-  int batch = kTeamSumBatch<false>;
+  // The kernel that runs, its batch, and one wave of it: the two differ in
+  // blocks per SM.
+  decltype(&team_sum_kernel<T, kCols, U, false>) kernel = nullptr;
+  int batch = 0;
   int64_t capacity = 0;
-  // One wave of the kernel that runs: the two differ in blocks per SM.
+  auto pick = [&](auto short_kernel) {
+    constexpr bool kShort = decltype(short_kernel)::value;
+    kernel = &team_sum_kernel<T, kCols, U, kShort>;
+    batch = kTeamSumBatch<kShort>;
+    return resident_blocks<&team_sum_kernel<T, kCols, U, kShort>>(&capacity);
+  };
   cudaError_t err = cudaSuccess;
   if constexpr (U == 8) {  // rows of 128 bytes: the only ones with short segments here
     // rows <= kShortTeamMaxRows is short_team_rows' test again, kept here
     // because the kernel's 32-bit rows depend on it whatever the caller.
-    if (short_segments && rows <= kShortTeamMaxRows) {
-      kernel = &team_sum_kernel<T, kCols, U, true>;
-      batch = kTeamSumBatch<true>;
-      err = resident_blocks<&team_sum_kernel<T, kCols, U, true>>(&capacity);
-    } else {
-      err = resident_blocks<&team_sum_kernel<T, kCols, U, false>>(&capacity);
-    }
+    err = short_segments && rows <= kShortTeamMaxRows ? pick(std::true_type{})
+                                                      : pick(std::false_type{});
   } else if (short_segments) {
     return cudaErrorInvalidValue;  // not reached: see segment_sum
   } else {
-    err = resident_blocks<&team_sum_kernel<T, kCols, U, false>>(&capacity);
+    err = pick(std::false_type{});
   }
   if (err != cudaSuccess) return err;
   const int64_t team_rows =

@@ -1763,17 +1763,40 @@ def _launch(x: Tensor, indptr: Tensor, out: Tensor) -> None:
     traced = _traced(x, indptr, out)
     launcher = torch.library.wrap_triton if traced else lambda kernel: kernel
     length_class = _length_class(rows, segments, inner)
-    wide = None
+    # The kernel, its shape constants, and whether it takes `inner` as an argument
+    # (the lane kernels take it as the constexpr INNER).
+    lanes = True
     if inner <= _LANE_MAX_COLS:
         lane_step, capped = _lane_step(inner, x.element_size(), length_class, can_cap=not traced)
         kernel = _LANE_KERNELS[capped]
         candidates = _tuned_configs(kernel, {"length_class": length_class}, INNER=inner)
+        shape = dict(
+            INNER=int(inner),  # a constexpr: specializes traced shapes on it
+            LANE_ROWS=_LANE_ROWS_ONE_COLUMN if inner == 1 else _LANE_ROWS,
+            ROWS32=_fits32(rows),
+            SEGS32=_fits32(segments),
+            LANE_STEP=lane_step,
+            WALK_ROWS=_WALK_ROWS,
+        )
     elif wide := _wide_lane_shape(rows, segments, inner, block_cols, x.element_size()):
-        kernel = _WIDE_LANE_KERNELS[wide[2]]
+        block_segs, row_elements, warps, fast_tiles = wide
+        kernel = _WIDE_LANE_KERNELS[warps]
         candidates = _tuned_configs(kernel, {"length_class": length_class}, INNER=inner)
+        shape = dict(
+            INNER=int(inner),
+            ROWS32=_fits32(rows),
+            SEGS32=_fits32(segments),
+            BLOCK_SEGS=block_segs,
+            LANE_ROWS=_WIDE_LANE_ROWS,
+            ROW_ELEMENTS=row_elements,
+            FAST_TILES=fast_tiles,
+            WALK_ROWS=_WALK_ROWS,
+        )
     else:
+        lanes = False
         kernel = _KERNELS[block_cols]
         candidates = _tuned_configs(kernel, {"inner": inner, "length_class": length_class})
+        shape = dict(EVEN_COLS=inner % block_cols == 0)
     slot_rows = _slot_rows(candidates, traced)
     pdl = _early_launch(x, traced)
     slots = rows // slot_rows + 1
@@ -1794,46 +1817,8 @@ def _launch(x: Tensor, indptr: Tensor, out: Tensor) -> None:
         BLOCK_COLS=block_cols,
         PDL=pdl,
     )
-    lane_args = (x, indptr, out, ws, rows, segments, slots, length_class)
-    if inner <= _LANE_MAX_COLS:
-        launcher(kernel)[grid](
-            *lane_args,
-            INNER=int(inner),  # a constexpr: specializes traced shapes on it
-            LANE_ROWS=_LANE_ROWS_ONE_COLUMN if inner == 1 else _LANE_ROWS,
-            ROWS32=_fits32(rows),
-            SEGS32=_fits32(segments),
-            LANE_STEP=lane_step,
-            WALK_ROWS=_WALK_ROWS,
-            **constants,
-        )
-    elif wide:
-        block_segs, row_elements, _, fast_tiles = wide
-        launcher(kernel)[grid](
-            *lane_args,
-            INNER=int(inner),
-            ROWS32=_fits32(rows),
-            SEGS32=_fits32(segments),
-            BLOCK_SEGS=block_segs,
-            LANE_ROWS=_WIDE_LANE_ROWS,
-            ROW_ELEMENTS=row_elements,
-            FAST_TILES=fast_tiles,
-            WALK_ROWS=_WALK_ROWS,
-            **constants,
-        )
-    else:
-        launcher(kernel)[grid](
-            x,
-            indptr,
-            out,
-            ws,
-            rows,
-            segments,
-            inner,
-            slots,
-            length_class,
-            EVEN_COLS=inner % block_cols == 0,
-            **constants,
-        )
+    sizes = (rows, segments, slots) if lanes else (rows, segments, inner, slots)
+    launcher(kernel)[grid](x, indptr, out, ws, *sizes, length_class, **shape, **constants)
     finish_cols = min(block_cols, 32)
     early = dict(launch_pdl=True) if pdl else {}
     launcher(_finish_kernel)[(triton.cdiv(slots, 128),)](
