@@ -294,6 +294,17 @@ constexpr int64_t kPairRowBytes = 64;  // stream sum: rows of 2-byte types it su
 // The sums keep one wave: with two, the stream sum lost 2 to 6 points (more
 // segments cross blocks), and the lane and tile sums won only on the power
 // law.
+// Each wave's blocks search indptr for their first segment (3 rounds of
+// probes and barriers on the bench's inputs): ~6 to 9 % of the tile and fill
+// gathers' stall samples (Nsight Compute, H200, power law). Blocks of equal
+// cost as the sums take them (balanced_rows: a row weighs its bytes, a start
+// 8 or 32 bytes more), one search per block, lost there on an H200 (ab.py,
+// backward % of copy, against 4 waves of equal rows): one wave, weight 8,
+// bf16, 1 column, short segments 82.3 -> 79.3, power law 70.2 -> 67.0; fp32,
+// 1 column 80.5 -> 79.8 and 75.9 -> 74.1; bf16, 4 columns 79.0 -> 78.0 and
+// 77.1 -> 73.3; weight 32 alike but for bf16, 1 column, power law 71.8; two
+// waves lost more. The blocks that follow in later waves are what evens the
+// SMs' ends out, not equal shares.
 constexpr int kTileGatherWaves = 4;
 constexpr int kTeamGatherWaves = 4;
 constexpr int kLabelGatherWaves = 16;
@@ -2137,7 +2148,13 @@ constexpr int kBigSlots = 64;    // segments a block sums at the end, at most
 // * stages of 2 KB (fp32, 4 columns, short segments 82.4, against 83.5 at 4
 //   KB); of 5 KB, staged round by round (one stage each, mostly), 84.0 but
 //   power law 79.4, the whole stripe 83.4 and 79.5: the larger shared
-//   memory leaves the L1 cache less room for the stripes read as before.
+//   memory leaves the L1 cache less room for the stripes read as before;
+// * the stage in two halves, the team copying the next half while it adds
+//   the rows of this one (Nsight Compute, H200, fp32, 4 columns, short
+//   segments: 45 % of the stall samples wait on the whole stage's copy):
+//   H200, short segments then power law, fp32, 4 columns 81.1 -> 78.1 and
+//   83.5 -> 83.2; bf16, 8 columns 74.9 -> 56.1 and 72.9 -> 71.5 (the same
+//   registers in fp32; bf16 took 8 bytes of stack).
 // ROCm keeps the lane loads (no cp.async, and a team is half a wavefront).
 #if defined(__HIP_PLATFORM_AMD__)
 constexpr bool kStagedLaneSum = false;
@@ -2389,7 +2406,10 @@ __device__ __forceinline__ bool staged_lane_sums(const T* __restrict__ src, T* _
 // % of copy bandwidth): fp32, 1 column, power law 69.9 -> 71.4, short segments
 // 87.6 -> 88.2; bf16, 1 column, short segments 78.1 -> 81.9 (its power law
 // takes the tile sum: 58.0 -> 57.7). Lost at 5: 16-byte rows (10 to 14 points;
-// at 6 they spill), 8-byte rows (spill), bf16 rows of 2 columns (short segments
+// at 6 they spill), 8-byte rows (spill; again on an H200, bf16, 4 columns,
+// whose power law waits on its rows' loads, 57 % of the stall samples: at 5,
+// 48 registers and 32 bytes of stack, power law 69.1 -> 68.6, short segments
+// 84.9 -> 80.3; at 6, 62.4 and 62.7), bf16 rows of 2 columns (short segments
 // 1.1 points). Rows of one 2-byte element take 6 (40 registers, no spills):
 // H200 against 5 (ab.py, forward % of copy bandwidth, two runs): bf16, 1
 // column, short segments 78.7 -> 81.2 and 78.7 -> 81.0, power law 65.3 ->
@@ -4314,6 +4334,11 @@ constexpr int64_t kShortTeamMaxRows = int64_t{1} << 30;
 // gained less (86.2, 88.0, 81.2, 82.8); 4 steps at 3 blocks tied on fp32 and
 // lost on bf16 (73.1 and 78.0), so the gain is the batch, not the blocks. The
 // sums differ from 4 blocks' in their last bits: fewer blocks, other ranges.
+// Deeper batches lost (H200, ab.py, forward % of copy against 8 steps at 3
+// blocks: fp32, 32 columns, short segments then power law 86.7 and 85.3;
+// bf16, 64 columns 82.0 and 81.2): 12 steps at 3 blocks spill (112 bytes of
+// stack in fp32, 128 in bf16); at 2 blocks, 12 steps (107 registers) 85.6,
+// 81.7, 67.8, 58.5 and 16 steps (124 registers) 85.0, 82.0, 64.4, 40.5.
 // (ROCm keeps kBatch at 4 blocks: not measured there.)
 #if defined(__HIP_PLATFORM_AMD__)
 constexpr int kShortTeamBatch = kBatch;
@@ -5752,6 +5777,27 @@ cudaError_t launch_narrow_sum(const T* src, const int64_t* indptr, T* out, int64
 // an H200 within a point: fp32, 4 columns, short segments 79.0 -> 79.5,
 // power law 76.2 -> 76.1; its clamp (tile_row) stays, to fit the early value
 // in 32 registers.
+// Where it waits (Nsight Compute, H200, fp32, 4 columns, power law, per
+// instruction): 23 % of the stall samples on a round's first use of its
+// start, 19 % at the barrier after the round (__syncthreads_count), ~9 % on
+// the block's first search (block_lower_bound, 4 waves of blocks); DRAM at
+// 68 % of peak. Tried on an H200 and dropped (ab.py, backward % of copy,
+// short segments then power law, against 80.5 and 78.0 in the same runs):
+// * A tile's first round (start and early value) loaded before the tile
+//   before it is stored, its wait overlapping the stores and their barrier:
+//   at 8 blocks per SM it spilled 16 bytes, 72.6 and 69.7; the start alone,
+//   spilling 8, 76.4 and 73.7; at 6 blocks (39 registers, no spill) 82.1 and
+//   77.3, a gain on short segments paid on the power law.
+// * Tiles without a start (the segment open at the tile's first row and the
+//   next start, both kept in shared memory by the threads that read them,
+//   say the tile holds one value) stored straight from that value, with no
+//   round, barrier or staging: 80.3 and 77.0 (32 registers, no spill). On
+//   the power law about 40 % of its tiles have no start; they were not what
+//   it waits on.
+// * Blocks of equal cost (balanced_rows, a start weighing 8 or 32 bytes more
+//   than its row) in one wave, where 4 waves of equal rows each search their
+//   first segment: 73.9 and 70.6 (weight 8), 74.1 and 70.8 (32); 2 waves
+//   73.8 and 71.0. The same for the tile gather: below kTileGatherWaves.
 constexpr int kFillTileRows = 1024;  // 16 KB of shared memory
 constexpr int kFillRows = 32;        // the longest segment one thread fills alone
 constexpr int kFillBlocksPerSm = 8;  // <= 32 registers; at 4 (64), power law 83.0 -> 77.8 %
