@@ -291,6 +291,13 @@ constexpr int64_t kPairRowBytes = 64;  // stream sum: rows of 2-byte types it su
 //   -> 92.4.
 // * stream gather, 8: long segments, 256 columns (rows it took then), fp32
 //   87.1 -> 94.7, bf16 88.9 -> 96.5.
+// * fill gather, 16 (it took the tile gather's 4 before): H200 (ab.py,
+//   backward % of copy bandwidth, one run for 8, 12 and 16 against 4), fp32,
+//   4 columns, short segments 79.8 -> 82.4, 84.4, 85.8 (86.2 in another run,
+//   against 80.5), power law 77.3 -> 79.3, 78.5, 77.8 (77.8 against 77.6);
+//   bf16, 8 columns 80.0 -> 82.6, 84.6, 86.1 and 77.6 -> 79.3, 78.6, 77.9. The
+//   power law peaks at 8 and short segments still climb at 16, which gains the
+//   most of the two together.
 // The sums keep one wave: with two, the stream sum lost 2 to 6 points (more
 // segments cross blocks), and the lane and tile sums won only on the power
 // law.
@@ -306,6 +313,7 @@ constexpr int64_t kPairRowBytes = 64;  // stream sum: rows of 2-byte types it su
 // waves lost more. The blocks that follow in later waves are what evens the
 // SMs' ends out, not equal shares.
 constexpr int kTileGatherWaves = 4;
+constexpr int kFillGatherWaves = 16;
 constexpr int kTeamGatherWaves = 4;
 constexpr int kLabelGatherWaves = 16;
 constexpr int kNarrowLabelGatherWaves = 8;  // rows of at most kNarrowLabelBytes
@@ -3258,7 +3266,31 @@ __device__ __forceinline__ void tile_gather_block(const T* __restrict__ src,
   // segments), so one 32-bit bound, k * kThreads <= room, tests both; s - 1
   // >= 0 fails only for k = 0 in thread 0 of a block from segment 0. (from
   // lies in [0, segments + 1].)
+  // With them, the start of the last entry they read (`cut`): a tile holding
+  // more starts than were read ahead ends there instead, rounded down to whole
+  // 16-byte units of rows, so that it waits on no further round of indptr
+  // (only past a quarter of a tile: denser tiles, a crowd of empty segments,
+  // take their further rounds). Such a tile waited on its next round with
+  // nothing else in flight: Nsight Compute, H200, bf16, 1 column, power law,
+  // ~14 % of the stall samples on the first use of that round's starts, which
+  // about a third of the tiles read (1000 to 2200 starts, against 1024 read
+  // ahead). The tile after it starts where it ended. H200 (ab.py, backward %
+  // of copy bandwidth, two runs): power law, bf16, 1 column 70.9 -> 72.8 and
+  // 70.4 -> 72.3, 2 columns 75.8 -> 77.5 and 76.1 -> 77.8; fp32, 1 column
+  // 76.1 -> 77.9 and 76.1 -> 77.8, 2 columns 77.5 -> 78.1 and 77.2 -> 78.1;
+  // bf16, 4 columns 77.3 -> 77.7. Short segments, whose tiles hold fewer starts
+  // than are read ahead (so none is cut), lost about a point to the code it
+  // adds: bf16, 1 column 81.5 -> 80.3 and 81.8 -> 80.4, 2 columns 80.6 ->
+  // 79.5; fp32, 1 column 80.2 -> 79.5 and 80.5 -> 79.5; fp32, 2 columns and
+  // bf16, 4 columns within 0.2. Kept for the lower of the two laws at each
+  // width. Cut only where the last start read ahead lies in the tile's first
+  // three quarters (a third more starts than were read ahead), it lost on
+  // both laws (bf16, 1 column, power law 70.9 -> 69.8, short 81.5 -> 80.0).
+  // A malformed indptr gives any cut: the tile still ends within its rows.
+  int64_t cut = kNever;
   auto prefetch = [&](int64_t from) {
+    const int64_t last = from + steps * kThreads - 1;
+    cut = last <= segments ? indptr[last] : kNever;  // (the same address in every thread)
     const int64_t own = from + tid;
     const int room = static_cast<int>(imin(segments - own, INT_MAX));
     const int64_t* starts_at = indptr + own;
@@ -3276,8 +3308,14 @@ __device__ __forceinline__ void tile_gather_block(const T* __restrict__ src,
   // row: read when first moves, a tile ahead of its use.
   P open_value = value(first - 1);
   int turn = 0;  // which copy of crowded and warp_first the tile takes
-  for (int64_t t0 = r0; t0 < r1; t0 += G::kTileRows, turn ^= 1) {
-    const int nrows = static_cast<int>(imin(r1, t0 + G::kTileRows) - t0);
+  for (int64_t t0 = r0, t1; t0 < r1; t0 = t1, turn ^= 1) {
+    t1 = imin(r1, t0 + G::kTileRows);
+    {
+      constexpr int64_t kUnitRows = 16 / G::kRowBytes;  // r0, and so t0, are multiples of 8
+      const int64_t c = cut & ~(kUnitRows - 1);
+      if (c >= t0 + G::kTileRows / 4 && c < t1) t1 = c;
+    }
+    const int nrows = static_cast<int>(t1 - t0);
     // Two block barriers per tile, load_window's and the one after the marks,
     // where there were four (one more per further window round, a third after
     // write_run when crowded or n >= cached; a tile without a start, one): no
@@ -3364,8 +3402,8 @@ __device__ __forceinline__ void tile_gather_block(const T* __restrict__ src,
       load_values(i_more, more);
     }
     cached = cached > wanted ? cached : wanted;
-    if (t0 + G::kTileRows < r1) {  // raw and raw_values are free again
-      steps = n >= steps * kThreads ? kAhead : usual_steps;  // nrows = kTileRows here
+    if (t1 < r1) {  // raw and raw_values are free again
+      steps = n >= steps * kThreads ? kAhead : usual_steps;  // (a tile not cut overflowed)
       // Pulling a tile's second window round into L2 (prefetch.global.L2) before
       // the first round's barrier, where the first round predicted a full one,
       // and on 2-byte rows of one column a tile ahead, gained nothing: H200
@@ -5778,11 +5816,12 @@ cudaError_t launch_narrow_sum(const T* src, const int64_t* indptr, T* out, int64
 // power law 76.2 -> 76.1; its clamp (tile_row) stays, to fit the early value
 // in 32 registers.
 // Where it waits (Nsight Compute, H200, fp32, 4 columns, power law, per
-// instruction): 23 % of the stall samples on a round's first use of its
-// start, 19 % at the barrier after the round (__syncthreads_count), ~9 % on
-// the block's first search (block_lower_bound, 4 waves of blocks); DRAM at
-// 68 % of peak. Tried on an H200 and dropped (ab.py, backward % of copy,
-// short segments then power law, against 80.5 and 78.0 in the same runs):
+// instruction, at 4 waves of blocks, not kFillGatherWaves): 23 % of the
+// stall samples on a round's first use of its start, 19 % at the barrier
+// after the round (__syncthreads_count), ~9 % on the block's first search
+// (block_lower_bound); DRAM at 68 % of peak. Tried on an H200 at 4 waves and
+// dropped (ab.py, backward % of copy, short segments then power law, against
+// 80.5 and 78.0 in the same runs):
 // * A tile's first round (start and early value) loaded before the tile
 //   before it is stored, its wait overlapping the stores and their barrier:
 //   at 8 blocks per SM it spilled 16 bytes, 72.6 and 69.7; the start alone,
@@ -5950,7 +5989,7 @@ cudaError_t launch_fill_gather(const T* src, const int64_t* indptr, T* out, int6
   int64_t capacity = 0;
   const cudaError_t err = resident_blocks<&fill_gather_kernel<uint4>>(&capacity);
   if (err != cudaSuccess) return err;
-  const TileSplit split = tile_split(rows, capacity * kTileGatherWaves, kFillTileRows);
+  const TileSplit split = tile_split(rows, capacity * kFillGatherWaves, kFillTileRows);
   fill_gather_kernel<uint4><<<static_cast<unsigned>(split.blocks), kThreads, 0, stream>>>(
       reinterpret_cast<const uint4*>(src), indptr, reinterpret_cast<uint4*>(out), rows, segments,
       split.rows_per_block);
