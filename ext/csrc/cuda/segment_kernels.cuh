@@ -5820,23 +5820,24 @@ cudaError_t launch_narrow_sum(const T* src, const int64_t* indptr, T* out, int64
 // stall samples on a round's first use of its start, 19 % at the barrier
 // after the round (__syncthreads_count), ~9 % on the block's first search
 // (block_lower_bound); DRAM at 68 % of peak. Tried on an H200 at 4 waves and
-// dropped (ab.py, backward % of copy, short segments then power law, against
-// 80.5 and 78.0 in the same runs):
+// dropped (ab.py, backward % of copy, fp32, 4 columns, short segments then
+// power law, against the kernel as it stood in the same run):
 // * A tile's first round (start and early value) loaded before the tile
 //   before it is stored, its wait overlapping the stores and their barrier:
-//   at 8 blocks per SM it spilled 16 bytes, 72.6 and 69.7; the start alone,
-//   spilling 8, 76.4 and 73.7; at 6 blocks (39 registers, no spill) 82.1 and
-//   77.3, a gain on short segments paid on the power law.
+//   at 8 blocks per SM it spilled 16 bytes, 80.6 -> 72.6 and 78.1 -> 69.7;
+//   the start alone, spilling 8, 76.4 and 73.7; at 6 blocks (39 registers,
+//   no spill) 82.1 and 77.3, a gain on short segments paid on the power law.
 // * Tiles without a start (the segment open at the tile's first row and the
 //   next start, both kept in shared memory by the threads that read them,
 //   say the tile holds one value) stored straight from that value, with no
-//   round, barrier or staging: 80.3 and 77.0 (32 registers, no spill). On
-//   the power law about 40 % of its tiles have no start; they were not what
-//   it waits on.
+//   round, barrier or staging: 80.5 -> 80.3 and 78.0 -> 77.0 (32 registers,
+//   no spill). On the power law about 40 % of its tiles have no start; they
+//   were not what it waits on.
 // * Blocks of equal cost (balanced_rows, a start weighing 8 or 32 bytes more
 //   than its row) in one wave, where 4 waves of equal rows each search their
-//   first segment: 73.9 and 70.6 (weight 8), 74.1 and 70.8 (32); 2 waves
-//   73.8 and 71.0. The same for the tile gather: below kTileGatherWaves.
+//   first segment: 80.0 -> 73.9 and 77.1 -> 70.6 (weight 8), 74.1 and 70.8
+//   (32); 2 waves 73.8 and 71.0. The same for the tile gather: below
+//   kTileGatherWaves.
 constexpr int kFillTileRows = 1024;  // 16 KB of shared memory
 constexpr int kFillRows = 32;        // the longest segment one thread fills alone
 constexpr int kFillBlocksPerSm = 8;  // <= 32 registers; at 4 (64), power law 83.0 -> 77.8 %
