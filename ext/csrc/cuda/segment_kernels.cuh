@@ -303,7 +303,8 @@ constexpr int64_t kPairRowBytes = 64;  // stream sum: rows of 2-byte types it su
 // law.
 // Each wave's blocks search indptr for their first segment (3 rounds of
 // probes and barriers on the bench's inputs): ~6 to 9 % of the tile and fill
-// gathers' stall samples (Nsight Compute, H200, power law). Blocks of equal
+// gathers' stall samples (Nsight Compute, H200, power law, both at 4 waves;
+// the fill gather at 16, 25 %). Blocks of equal
 // cost as the sums take them (balanced_rows: a row weighs its bytes, a start
 // 8 or 32 bytes more), one search per block, lost there on an H200 (ab.py,
 // backward % of copy, against 4 waves of equal rows): one wave, weight 8,
@@ -2962,7 +2963,8 @@ __global__ void __launch_bounds__(kThreads, kLaneBlocksPerSm<T, W>)
 // law 68.4 -> 62.6, short segments 83.2 -> 70.1), and were within 0.3 points
 // everywhere at 3. Rows of 4 bytes (tiles of 4096 rows) read as many as their
 // mean segment length asks (3 steps for 8-row segments), and 4 after a tile
-// whose starts overflowed that: fp32, 1 column, power law 77.6 -> 81.3, short
+// whose starts overflowed that (a tile cut at the last start read ahead, `cut`
+// in tile_gather_block, does not count): fp32, 1 column, power law 77.6 -> 81.3, short
 // segments 84.8 -> 83.8; bf16, 2 columns 76.9 -> 80.3 and 84.5 -> 83.6. (4
 // steps always: short segments lost up to 5.7 points; 2 steps until an
 // overflow, values as deep: bf16, 2 columns lost 3 to 4.5 points.) Rows of 8
@@ -3058,7 +3060,8 @@ struct TileGatherShared {
 };
 
 // Row ranges (kTileGatherWaves times as many) and tiles as in tile_sum, the
-// other way round. Per tile, the window of segment starts marks the rows where
+// other way round (a tile with more starts than were read ahead ends at the
+// last of them: `cut` in tile_gather_block). Per tile, the window of segment starts marks the rows where
 // segments start, and the values of the segments open in the tile come to
 // shared memory, both read coalesced a tile ahead. Thread g labels its run of
 // kRunRows rows from the marks, writes their values to the stage, and each
@@ -3287,6 +3290,9 @@ __device__ __forceinline__ void tile_gather_block(const T* __restrict__ src,
   // three quarters (a third more starts than were read ahead), it lost on
   // both laws (bf16, 1 column, power law 70.9 -> 69.8, short 81.5 -> 80.0).
   // A malformed indptr gives any cut: the tile still ends within its rows.
+  // (The last entry may be indptr[segments], the rows' end, not a start: a
+  // block ending there may then get a tile cut short of r1 and one of fewer
+  // than 16 bytes of rows after it. The same results.)
   int64_t cut = kNever;
   auto prefetch = [&](int64_t from) {
     const int64_t last = from + steps * kThreads - 1;
@@ -3311,7 +3317,7 @@ __device__ __forceinline__ void tile_gather_block(const T* __restrict__ src,
   for (int64_t t0 = r0, t1; t0 < r1; t0 = t1, turn ^= 1) {
     t1 = imin(r1, t0 + G::kTileRows);
     {
-      constexpr int64_t kUnitRows = 16 / G::kRowBytes;  // r0, and so t0, are multiples of 8
+      constexpr int64_t kUnitRows = 16 / G::kRowBytes;  // t0 * kRowBytes: a multiple of 16
       const int64_t c = cut & ~(kUnitRows - 1);
       if (c >= t0 + G::kTileRows / 4 && c < t1) t1 = c;
     }
