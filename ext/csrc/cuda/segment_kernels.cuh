@@ -534,6 +534,15 @@ __device__ __forceinline__ int64_t start_of(const int64_t* __restrict__ indptr, 
 // probed); the same answers in every thread. Each step probes kThreads evenly
 // spaced entries at once, so 3 dependent loads cover 16M entries where a
 // binary search would wait on 24, and the N searches wait on memory together.
+// Wider rounds, 4 or 8 probes a thread (a 1024- or 2048-ary search: 2 rounds
+// up to 1M or 4M entries; each thread also probing the entry before its own,
+// the one thread holding the step from below to not-below writing the next
+// range to shared memory), lost badly in the gathers' block starts (H200,
+// ab.py, backward % of copy, 4 then 8 probes a thread): tile gather, bf16, 1
+// column, short segments 81.5 -> 70.3 and 60.7, power law 73.2 -> 64.2 and
+// 61.0; fill gather (16 waves of blocks), fp32, 4 columns 86.2 -> 51.7 and
+// 41.9, 77.8 -> 48.8 and 40.2. Yet the search is a large share of those
+// kernels' waits (kTileGatherWaves).
 template <int N, typename Below>
 __device__ __forceinline__ void block_partitions(int64_t (&lo)[N], int64_t (&hi)[N],
                                                  Below&& below) {
