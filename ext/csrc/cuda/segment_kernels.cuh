@@ -297,7 +297,9 @@ constexpr int64_t kPairRowBytes = 64;  // stream sum: rows of 2-byte types it su
 //   against 80.5), power law 77.3 -> 79.3, 78.5, 77.8 (77.8 against 77.6);
 //   bf16, 8 columns 80.0 -> 82.6, 84.6, 86.1 and 77.6 -> 79.3, 78.6, 77.9. The
 //   power law peaks at 8 and short segments still climb at 16, which gains the
-//   most of the two together.
+//   most of the two together. (At 16, a block's first tile reading values
+//   ahead only for the mean's starts per tile and a margin, not in every
+//   thread, lost: short segments 86.3 -> 83.5, power law 77.3 -> 76.2.)
 // The sums keep one wave: with two, the stream sum lost 2 to 6 points (more
 // segments cross blocks), and the lane and tile sums won only on the power
 // law.
@@ -313,6 +315,11 @@ constexpr int64_t kPairRowBytes = 64;  // stream sum: rows of 2-byte types it su
 // 77.1 -> 73.3; weight 32 alike but for bf16, 1 column, power law 71.8; two
 // waves lost more. The blocks that follow in later waves are what evens the
 // SMs' ends out, not equal shares.
+// Nor did other counts of waves of equal rows for the tile gather (H200,
+// ab.py, 2 and 8 against 4, backward % of copy): bf16, 1 column, short
+// segments 81.7 -> 81.2 and 79.3, power law 70.6 -> 61.2 and 70.3; fp32, 1
+// column 80.6 -> 81.3 and 78.2, 76.1 -> 72.6 and 76.2; bf16, 4 columns 79.7
+// -> 80.4 and 77.7, 77.1 -> 75.1 and 77.3.
 constexpr int kTileGatherWaves = 4;
 constexpr int kFillGatherWaves = 16;
 constexpr int kTeamGatherWaves = 4;
