@@ -2979,8 +2979,8 @@ __global__ void __launch_bounds__(kThreads, kLaneBlocksPerSm<T, W>)
 // law 68.4 -> 62.6, short segments 83.2 -> 70.1), and were within 0.3 points
 // everywhere at 3. Rows of 4 bytes (tiles of 4096 rows) read as many as their
 // mean segment length asks (3 steps for 8-row segments), and 4 after a tile
-// whose starts overflowed that (a tile cut at the last start read ahead, `cut`
-// in tile_gather_block, does not count): fp32, 1 column, power law 77.6 -> 81.3, short
+// whose starts overflowed that (or was cut at the last start read ahead: `cut`
+// in tile_gather_block): fp32, 1 column, power law 77.6 -> 81.3, short
 // segments 84.8 -> 83.8; bf16, 2 columns 76.9 -> 80.3 and 84.5 -> 83.6. (4
 // steps always: short segments lost up to 5.7 points; 2 steps until an
 // overflow, values as deep: bf16, 2 columns lost 3 to 4.5 points.) Rows of 8
@@ -3306,13 +3306,19 @@ __device__ __forceinline__ void tile_gather_block(const T* __restrict__ src,
   // three quarters (a third more starts than were read ahead), it lost on
   // both laws (bf16, 1 column, power law 70.9 -> 69.8, short 81.5 -> 80.0).
   // A malformed indptr gives any cut: the tile still ends within its rows.
-  // (The last entry may be indptr[segments], the rows' end, not a start: a
-  // block ending there may then get a tile cut short of r1 and one of fewer
-  // than 16 bytes of rows after it. The same results.)
+  // The cut is rounded down to 128 bytes of rows, so that the tiles after it
+  // store whole lines as before (16 bytes left them straddling sectors), a cut
+  // tile counts as one that overflowed what was read ahead (rows of 4 bytes
+  // then read kAhead deep for the next), and indptr[segments], the rows' end,
+  // cuts nothing. H200 (ab.py, backward % of copy, against the cut at 16 bytes
+  // in the same run): power law, bf16, 1 column 72.5 -> 72.9, 2 columns 77.8
+  // -> 79.0, 4 columns 78.1 -> 78.3; fp32, 1 column 77.5 -> 78.8 (the
+  // rounding alone: 72.8, 78.6, 78.2, 78.5); short segments within 0.2.
   int64_t cut = kNever;
+  bool was_cut = false;
   auto prefetch = [&](int64_t from) {
     const int64_t last = from + steps * kThreads - 1;
-    cut = last <= segments ? indptr[last] : kNever;  // (the same address in every thread)
+    cut = last < segments ? indptr[last] : kNever;  // (the same address in every thread)
     const int64_t own = from + tid;
     const int room = static_cast<int>(imin(segments - own, INT_MAX));
     const int64_t* starts_at = indptr + own;
@@ -3333,9 +3339,10 @@ __device__ __forceinline__ void tile_gather_block(const T* __restrict__ src,
   for (int64_t t0 = r0, t1; t0 < r1; t0 = t1, turn ^= 1) {
     t1 = imin(r1, t0 + G::kTileRows);
     {
-      constexpr int64_t kUnitRows = 16 / G::kRowBytes;  // t0 * kRowBytes: a multiple of 16
-      const int64_t c = cut & ~(kUnitRows - 1);
-      if (c >= t0 + G::kTileRows / 4 && c < t1) t1 = c;
+      constexpr int64_t kLineRows = 128 / G::kRowBytes;  // a multiple of 8, as r0
+      const int64_t c = cut & ~(kLineRows - 1);
+      was_cut = c >= t0 + G::kTileRows / 4 && c < t1;
+      if (was_cut) t1 = c;
     }
     const int nrows = static_cast<int>(t1 - t0);
     // Two block barriers per tile, load_window's and the one after the marks,
@@ -3425,7 +3432,7 @@ __device__ __forceinline__ void tile_gather_block(const T* __restrict__ src,
     }
     cached = cached > wanted ? cached : wanted;
     if (t1 < r1) {  // raw and raw_values are free again
-      steps = n >= steps * kThreads ? kAhead : usual_steps;  // (a tile not cut overflowed)
+      steps = n >= steps * kThreads || was_cut ? kAhead : usual_steps;
       // Pulling a tile's second window round into L2 (prefetch.global.L2) before
       // the first round's barrier, where the first round predicted a full one,
       // and on 2-byte rows of one column a tile ahead, gained nothing: H200
