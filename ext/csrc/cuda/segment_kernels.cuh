@@ -326,6 +326,14 @@ constexpr int kTeamGatherWaves = 4;
 constexpr int kLabelGatherWaves = 16;
 constexpr int kNarrowLabelGatherWaves = 8;  // rows of at most kNarrowLabelBytes
 constexpr int64_t kNarrowLabelBytes = 64;
+// The narrow label gather's blocks find their first segment with
+// warp_lower_bound, 64 probes a round, the tile, wide label and team gathers
+// with block_lower_bound. H200, ab.py, backward % of copy, two runs: bf16, 32
+// columns, short segments 85.1 -> 85.7 and 84.1 -> 84.8, power law 86.1 ->
+// 86.7 and 85.3 -> 85.7; but rows of 128 bytes (16 waves), fp32, 32 columns
+// and bf16, 64 columns, short 89.0 -> 88.0 and 88.8 -> 87.8. The tile gather
+// with 64 or 128 probes: -0.8 to +0.6.
+constexpr int kNarrowLabelSearchProbes = 64;
 constexpr int kStreamGatherWaves = 8;
 constexpr int kFixupCols = 16;       // fix-up: columns per block, at least, over long segments
 constexpr int kFixupParts = 32;      // fix-up: threads per column, at most
@@ -549,7 +557,8 @@ __device__ __forceinline__ int64_t start_of(const int64_t* __restrict__ indptr, 
 // column, short segments 81.5 -> 70.3 and 60.7, power law 73.2 -> 64.2 and
 // 61.0; fill gather (16 waves of blocks), fp32, 4 columns 86.2 -> 51.7 and
 // 41.9, 77.8 -> 48.8 and 40.2. Yet the search is a large share of those
-// kernels' waits (kTileGatherWaves).
+// kernels' waits (kTileGatherWaves); fewer probes a round, by one warp
+// (warp_lower_bound), paid in the fill gather (kFillSearchProbes).
 template <int N, typename Below>
 __device__ __forceinline__ void block_partitions(int64_t (&lo)[N], int64_t (&hi)[N],
                                                  Below&& below) {
@@ -2602,6 +2611,40 @@ __device__ __forceinline__ unsigned team_ballot(bool p) {
   static_assert(kTeam == 32, "a team is a warp");
   return __ballot_sync(0xffffffffu, p);
 #endif
+}
+
+// The first s in [0, segments + 1] with start_of(s) >= x, the same answer in
+// every thread, as block_lower_bound, but searched by the first warp alone,
+// kProbes evenly spaced entries a round, with one barrier at the end instead
+// of kThreads probes and a barrier a round: fewer requests to L2 for a round
+// or so more of waiting (kFillSearchProbes says where it pays).
+template <int kProbes>
+__device__ inline int64_t warp_lower_bound(const int64_t* __restrict__ indptr, int64_t segments,
+                                           int64_t rows, int64_t x) {
+  constexpr int kPerLane = kProbes / kTeam;
+  static_assert(kPerLane * kTeam == kProbes, "whole probes a lane");
+  __shared__ int64_t found;
+  if (threadIdx.x < kTeam) {  // a team: the first warp (half a wavefront on ROCm)
+    const int lane = static_cast<int>(threadIdx.x);
+    int64_t lo = 0, hi = segments + 1;
+    while (lo < hi) {
+      const int64_t step = ceil_div(hi - lo, int64_t{kProbes});
+      bool below[kPerLane];
+#pragma unroll
+      for (int j = 0; j < kPerLane; ++j) {
+        const int64_t probe = lo + (lane * kPerLane + j + 1) * step - 1;
+        below[j] = probe < hi && start_of(indptr, probe, rows) < x;
+      }
+      int n = 0;  // `below` holds up to some probe and fails from there
+#pragma unroll
+      for (int j = 0; j < kPerLane; ++j) n += __popc(team_ballot(below[j]));
+      lo += n * step;
+      hi = imin(hi, lo + step - 1);
+    }
+    if (lane == 0) found = lo;
+  }
+  __syncthreads();
+  return found;
 }
 
 // Rows of 8 bytes of a 2-byte type (bf16 or fp16, 4 columns): a lane's loop
@@ -4999,7 +5042,9 @@ __global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
 
   if (tid < 3) sm.counts[tid] = 0;
   clear_marks<kLabelTileRows / 32>(sm.starts);
-  int64_t first = block_lower_bound(indptr, segments, rows, r0);
+  int64_t first = inner * static_cast<int64_t>(sizeof(T)) <= kNarrowLabelBytes
+                      ? warp_lower_bound<kNarrowLabelSearchProbes>(indptr, segments, rows, r0)
+                      : block_lower_bound(indptr, segments, rows, r0);
   // A row's label is where its segment's value lies, worked out once per row,
   // not once per 16-byte unit; with the stores through a pointer that steps
   // with the unit (SASS, sm_90, bf16: 197 -> 108 instructions per 4 units). On
@@ -5867,6 +5912,22 @@ cudaError_t launch_narrow_sum(const T* src, const int64_t* indptr, T* out, int64
 //   first segment: 80.0 -> 73.9 and 77.1 -> 70.6 (weight 8), 74.1 and 70.8
 //   (32); 2 waves 73.8 and 71.0. The same for the tile gather: below
 //   kTileGatherWaves.
+// The fill gather's blocks find their first segment with warp_lower_bound. They
+// hold one tile each (16 waves), so they search 4 times as often as the tile
+// gather's, and every probe is a request to L2. 128 probes a round (4 a lane: 3
+// rounds up to 2M segments) against block_lower_bound's 256 and a barrier a
+// round, H200, ab.py, backward % of copy: fp32, 4 columns, short segments 86.4
+// -> 88.4, power law 77.6 -> 79.9; bf16, 8 columns 86.9 -> 88.8 and 77.5 ->
+// 79.8; a second run 86.0 -> 87.9 and 78.0 -> 80.2. 32 and 64 probes did about
+// as well (87.6 to 88.5, 79.3 to 80.0); 16 and 8 lost (short 85.4 and 82.6,
+// power 77.6 and 74.8: rounds wait on memory one after the other). With it, 12
+// and 24 waves against 16: fp32, 4 columns, short 87.9 -> 86.2 and 78.7, power
+// 80.2 -> 80.6 and 70.8. A kernel before the gather finding every block's first
+// (a warp per block, 32 probes a round; the gather launched early, waiting for
+// it) took the power law to 82.3 but short segments to 85.2: it ran ~10 us, and
+// the gap between the two kernels 5 to 13 us more.
+constexpr int kFillSearchProbes = 128;
+
 constexpr int kFillTileRows = 1024;  // 16 KB of shared memory
 constexpr int kFillRows = 32;        // the longest segment one thread fills alone
 constexpr int kFillBlocksPerSm = 8;  // <= 32 registers; at 4 (64), power law 83.0 -> 77.8 %
@@ -5927,7 +5988,7 @@ __global__ void __launch_bounds__(kThreads, kFillBlocksPerSm)
   const int64_t r0 = static_cast<int64_t>(blockIdx.x) * rows_per_block;
   const int64_t r1 = imin(rows, r0 + rows_per_block);
   if (tid == 0) sm.nlong = 0;
-  int64_t first = block_lower_bound(indptr, segments, rows, r0);  // (a barrier)
+  int64_t first = warp_lower_bound<kFillSearchProbes>(indptr, segments, rows, r0);  // (a barrier)
   // Threads that read their segment's value with its start, in the same wait
   // on memory, not once the start puts the segment in the tile: the first
   // round's, then about 1.25 times the last tile's starts and a margin. The
