@@ -319,7 +319,13 @@ constexpr int64_t kPairRowBytes = 64;  // stream sum: rows of 2-byte types it su
 // ab.py, 2 and 8 against 4, backward % of copy): bf16, 1 column, short
 // segments 81.7 -> 81.2 and 79.3, power law 70.6 -> 61.2 and 70.3; fp32, 1
 // column 80.6 -> 81.3 and 78.2, 76.1 -> 72.6 and 76.2; bf16, 4 columns 79.7
-// -> 80.4 and 77.7, 77.1 -> 75.1 and 77.3.
+// -> 80.4 and 77.7, 77.1 -> 75.1 and 77.3. Nor with the cheaper search of
+// warp_lower_bound (128 probes), at 6, 8 and 16 waves against 4 and
+// block_lower_bound (H200, ab.py): bf16, 1 column, short 81.3 -> 78.1, 77.7
+// and 72.5, power law 73.5 -> 73.8, 73.9 and 69.9; fp32, 1 column 80.2 ->
+// 77.7, 77.2 and 73.5, 79.1 -> 80.2, 78.8 and 74.4; bf16, 4 columns 79.7 ->
+// 78.1, 77.9 and 74.9, 78.5 -> 78.8, 79.2 and 75.6 (8 waves with 64 probes
+// alike).
 constexpr int kTileGatherWaves = 4;
 constexpr int kFillGatherWaves = 16;
 constexpr int kTeamGatherWaves = 4;
@@ -558,7 +564,8 @@ __device__ __forceinline__ int64_t start_of(const int64_t* __restrict__ indptr, 
 // 61.0; fill gather (16 waves of blocks), fp32, 4 columns 86.2 -> 51.7 and
 // 41.9, 77.8 -> 48.8 and 40.2. Yet the search is a large share of those
 // kernels' waits (kTileGatherWaves); fewer probes a round, by one warp
-// (warp_lower_bound), paid in the fill gather (kFillSearchProbes).
+// (warp_lower_bound), paid in the fill and narrow label gathers
+// (kFillSearchProbes, kNarrowLabelSearchProbes).
 template <int N, typename Below>
 __device__ __forceinline__ void block_partitions(int64_t (&lo)[N], int64_t (&hi)[N],
                                                  Below&& below) {
@@ -2617,7 +2624,9 @@ __device__ __forceinline__ unsigned team_ballot(bool p) {
 // every thread, as block_lower_bound, but searched by the first warp alone,
 // kProbes evenly spaced entries a round, with one barrier at the end instead
 // of kThreads probes and a barrier a round: fewer requests to L2 for a round
-// or so more of waiting (kFillSearchProbes says where it pays).
+// or so more of waiting (kFillSearchProbes says where it pays). Call it once
+// per kernel: nothing keeps a second call's write of `found` from racing the
+// first call's readers.
 template <int kProbes>
 __device__ inline int64_t warp_lower_bound(const int64_t* __restrict__ indptr, int64_t segments,
                                            int64_t rows, int64_t x) {
@@ -3349,8 +3358,8 @@ __device__ __forceinline__ void tile_gather_block(const T* __restrict__ src,
   // three quarters (a third more starts than were read ahead), it lost on
   // both laws (bf16, 1 column, power law 70.9 -> 69.8, short 81.5 -> 80.0).
   // A malformed indptr gives any cut: the tile still ends within its rows.
-  // The cut is rounded down to 128 bytes of rows, so that the tiles after it
-  // store whole lines as before (16 bytes left them straddling sectors), a cut
+  // The cut is rounded down to 128 bytes of rows, so that the tile after it
+  // starts on a line (at 16 bytes it could start mid-sector), a cut
   // tile counts as one that overflowed what was read ahead (rows of 4 bytes
   // then read kAhead deep for the next), and indptr[segments], the rows' end,
   // cuts nothing. H200 (ab.py, backward % of copy, against the cut at 16 bytes
@@ -6103,6 +6112,14 @@ cudaError_t launch_narrow_gather(const T* src, const int64_t* indptr, T* out, in
     if (inner != W)
       return launch_narrow_gather<T, 2 * W>(src, indptr, out, rows, segments, inner, stream);
     if (rows / segments < 2 * TeamShape<T, W, 1>::kStepRows) {
+      // Narrower rows through the fill kernel (tiles of 16 KB, each run
+      // written row by row into shared memory, the tile stored in 16-byte
+      // units) lost badly against the tile gather, H200, ab.py, backward % of
+      // copy, short segments then power law: bf16, 1 column 81.8 -> 50.8 and
+      // 73.1 -> 42.1; fp32, 1 column 79.9 -> 65.9 and 78.8 -> 53.2; bf16, 4
+      // columns 79.5 -> 75.4 and 78.3 -> 65.9. It pays per segment (a thread
+      // each, a barrier per kThreads of them), and narrow rows hold more
+      // segments per byte.
       if constexpr (W * sizeof(T) == 16)
         return launch_fill_gather<T>(src, indptr, out, rows, segments, stream);
       else
