@@ -33,7 +33,10 @@ torch.profiler: each kernel's GPU time a call, and how long the device sat
 idle between the op's first kernel start and last kernel end (kernels that
 overlap, as those launched early do, count once): what an op loses outside
 its main kernel (a gated kernel that exits, a fix-up, the gaps between
-launches). Built against a CPU torch, the libraries hold only the CPU kernels,
+launches). It reports that idle time for a call recorded alone, which starts
+on an idle device (a gap there may be the host still launching the next
+kernel), and for a call among many queued back to back, as the timed loop
+runs them. Built against a CPU torch, the libraries hold only the CPU kernels,
 which the header does not touch: enough to try the tool with `run --device
 cpu`, not to compare kernels. `profile` calls one variant's op (the first
 built, unless --variant names another) --calls times on one case of the same
@@ -674,12 +677,15 @@ def kernel_name(name: str) -> str:
     return name.removeprefix("void ").rsplit("::", 1)[-1]
 
 
-def kernel_summary(calls: list[list[tuple[str, float, float]]]) -> dict:
-    """The device activity of an op's calls, each a list of (kernel name,
-    start, end) in microseconds: per kernel name its mean time a call, and a
-    call's mean span (first start to last end) and idle time in it (the span
-    less the union of the intervals: kernels that overlap, as those launched
-    early do, count once)."""
+def kernel_summary(
+    calls: list[list[tuple[str, float, float]]], calls_per_recording: int = 1
+) -> dict:
+    """The device activity of an op's calls, each recording a list of (kernel
+    name, start, end) in microseconds of `calls_per_recording` calls queued
+    back to back: per kernel name its mean time a call, and a call's mean span
+    (first start to last end) and idle time in it (the span less the union of
+    the intervals: kernels that overlap, as those launched early do, count
+    once)."""
     totals: dict[str, float] = {}
     spans, idles = [], []
     for call in calls:
@@ -700,7 +706,7 @@ def kernel_summary(calls: list[list[tuple[str, float, float]]]) -> dict:
         span = max(end for _, end in intervals) - intervals[0][0]
         spans.append(span)
         idles.append(span - busy)
-    n = max(len(spans), 1)
+    n = max(len(spans), 1) * calls_per_recording
     longest_first = sorted(totals.items(), key=lambda kv: -kv[1])
     return {
         "kernels_us": {k: round(v / n, 1) for k, v in longest_first},
@@ -709,27 +715,38 @@ def kernel_summary(calls: list[list[tuple[str, float, float]]]) -> dict:
     }
 
 
-def kernel_times(fn, calls: int = 5) -> dict:
-    """kernel_summary of `calls` calls of fn, each recorded alone by
-    torch.profiler (CUDA activity only), after one untimed call."""
+def recorded_kernels(fn, calls: int) -> list[tuple[str, float, float]]:
+    """(kernel name, start, end) of each kernel of `calls` calls of fn queued
+    back to back, recorded by torch.profiler (CUDA activity only)."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as record
 
+    with record(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    return [
+        (ev.name, ev.time_range.start, ev.time_range.end)
+        for ev in prof.events()
+        if ev.device_type == torch.autograd.DeviceType.CUDA
+    ]
+
+
+def kernel_times(fn, calls: int = 5, queued: int = 20) -> dict:
+    """kernel_summary of `calls` calls of fn, each recorded alone (it starts
+    on an idle device, so a gap between its kernels may be the host still
+    launching the next), with the span and idle time a call of `queued` calls
+    recorded back to back, as the timed loop runs them (`queued_span_us`,
+    `queued_idle_us`; the first call's start still finds the device idle)."""
     fn()
     torch.cuda.synchronize()
-    recorded = []
-    for _ in range(calls):
-        with record(activities=[ProfilerActivity.CUDA]) as prof:
-            fn()
-            torch.cuda.synchronize()
-        recorded.append(
-            [
-                (ev.name, ev.time_range.start, ev.time_range.end)
-                for ev in prof.events()
-                if ev.device_type == torch.autograd.DeviceType.CUDA
-            ]
-        )
-    return kernel_summary(recorded)
+    alone = kernel_summary([recorded_kernels(fn, 1) for _ in range(calls)])
+    back_to_back = kernel_summary([recorded_kernels(fn, queued)], calls_per_recording=queued)
+    return {
+        **alone,
+        "queued_span_us": back_to_back["span_us"],
+        "queued_idle_us": back_to_back["idle_us"],
+    }
 
 
 def run_case(
@@ -813,7 +830,8 @@ def run_case(
                 listed = ", ".join(f"{us} {k}" for k, us in activity["kernels_us"].items())
                 print(
                     f"{'':27}kernels (us a call): {listed}; "
-                    f"idle {activity['idle_us']} of {activity['span_us']}",
+                    f"idle {activity['idle_us']} of {activity['span_us']} alone, "
+                    f"{activity['queued_idle_us']} of {activity['queued_span_us']} queued",
                     flush=True,
                 )
         case["variants"][name] = results

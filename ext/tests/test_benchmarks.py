@@ -622,6 +622,14 @@ def test_ab_kernels_counts_overlapping_kernels_once_and_the_gaps_between_them(
     assert summary["span_us"] == 111.0
     assert summary["idle_us"] == 1.0  # 0 in the first call, 2 in the second
     assert ab.kernel_summary([]) == {"kernels_us": {}, "span_us": 0.0, "idle_us": 0.0}
+    # The same two calls queued back to back in one recording (the second
+    # shifted by 112 us): per call the same kernels, and 2 us idle between
+    # the calls, half a call's worth each.
+    queued = calls[0] + [(name, start + 112, end + 112) for name, start, end in calls[0]]
+    summary = ab.kernel_summary([queued], calls_per_recording=2)
+    assert summary["kernels_us"] == {"tile": 100.0, "fix": 10.0, "lane": 5.0}
+    assert summary["span_us"] == 111.0
+    assert summary["idle_us"] == 1.0
 
     assert ab.main(["run", str(tmp_path), "--kernels", "--device", "cpu"]) == 2
     err = capsys.readouterr().err
