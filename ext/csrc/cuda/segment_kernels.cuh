@@ -2086,20 +2086,19 @@ __device__ __forceinline__ bool long_tailed(const int64_t* __restrict__ indptr, 
 // column; rows, then rows and tile, before the wait): power law bf16 65.4 ->
 // 65.6 and 65.5, fp32 81.0 -> 81.4 and 81.8; short segments bf16 80.5 ->
 // 78.6 and 78.4, fp32 85.8 -> 83.3 and 83.0; 4 columns within 0.2.
-// Where the tile sum runs (the power law), ab.py's kernel timeline (run
-// --kernels: each call recorded alone, after a synchronize) shows the lane
-// sum's blocks gone after 4.5 us of sampling, then 11 to 20 us with no kernel
-// running before the tile sum's first block starts: most likely the host still
-// launching it, as each recorded call finds the GPU idle. In the timed loop,
-// calls queued back to back, the op took 211.6 us on page 10 (fp32, 1 column)
-// against 4.1 + 198 us of the two kernels, so at most ~9 us of gap and fix-up
-// tail is left there. Both kernels at one shared memory carveout
+// Where the tile sum runs (the power law), a call recorded alone (ab.py run
+// --kernels) shows the lane sum's blocks gone after 4.5 us of sampling, then 10
+// to 20 us with no kernel running before the tile sum's first block starts: the
+// host still launching it, as that call finds the device idle. Among 20 calls
+// queued back to back, as the timed loop runs them, 2.1 us a call is idle (bf16
+// and fp32, 1 column; 1.5 us for an op of one kernel), so the gate costs its
+// 4.5 us and little more. Both kernels at one shared memory carveout
 // (cudaFuncAttributePreferredSharedMemoryCarveout, so that no SM reconfigures
 // between them) took L1 from both: H200, forward % of copy, at 100 and 72 %
 // shared: bf16, 1 column, power law 66.2 -> 52.8 and 63.1, short segments 81.6
 // -> 60.7 and 60.7; fp32, 1 column 82.4 -> 61.8 and 75.0, 87.3 -> 43.0 and
 // 43.0. The tile sum launched plain, not early: bf16 65.5 -> 66.2, fp32 81.8 ->
-// 81.6, short segments 0.2 to 0.5 lower; the recorded gap the same.
+// 81.6, short segments 0.2 to 0.5 lower.
 template <typename Acc>
 __device__ __forceinline__ bool gated_out(TailGate gate, const int64_t* __restrict__ indptr,
                                           int64_t segments, int64_t rows,
