@@ -3524,7 +3524,15 @@ __device__ __forceinline__ void tile_gather_block(const T* __restrict__ src,
     // share of a tile's instructions (32 rows per thread, against 16 in rows
     // of 4 bytes). With the two barriers of a tile below (H200, % of copy
     // bandwidth, bf16, 1 column): power law 58.3 -> 63.9, short segments 75.3
-    // -> 77.2 (the barriers alone: 60.3 and 78.5).
+    // -> 77.2 (the barriers alone: 60.3 and 78.5). Known a tile ahead
+    // instead (the next start read beside `cut`, a uniform load), such a tile
+    // skipped load_window, its barrier and the prefetch, and lost: H200
+    // (ab.py, backward % of copy), power law, bf16, 1 column 72.9 -> 72.2, 2
+    // columns 79.0 -> 78.2, 4 columns 77.9 -> 77.5; fp32, 1 column 79.0 ->
+    // 78.2; short segments, which have no such tile, 0.4 to 1.6 lower. The
+    // tiles with starts, issue-bound, set the pace (Nsight Compute, bf16, 1
+    // column, power law: ~600 instructions a warp and tile there, ~210 in a
+    // tile without a start).
     if (w.n == 0 && nrows == G::kTileRows) {
       // The value repeated over a 16-byte unit, built as words: a row of 2
       // bytes fills both halves of each, rows of 4 or 8 bytes are whole ones.
@@ -6132,7 +6140,14 @@ cudaError_t launch_narrow_gather(const T* src, const int64_t* indptr, T* out, in
       // 73.1 -> 42.1; fp32, 1 column 79.9 -> 65.9 and 78.8 -> 53.2; bf16, 4
       // columns 79.5 -> 75.4 and 78.3 -> 65.9. It pays per segment (a thread
       // each, a barrier per kThreads of them), and narrow rows hold more
-      // segments per byte.
+      // segments per byte. With 4 segments a thread and round on 2-byte rows
+      // (2 on 4- and 8-byte rows) and the round's starts counted in a shared
+      // word, not a barrier, it lost as badly (same run, tile gather first,
+      // then 4 and 2 segments a thread on 2-byte rows): bf16, 1 column, short
+      // 81.7 -> 49.7 and 55.6, power law 73.1 -> 40.5 and 45.6; fp32, 1
+      // column 79.7 -> 72.3 and 78.8 -> 57.3; bf16, 4 columns 79.2 -> 73.0
+      // and 78.1 -> 66.7; fp32, 4 columns (rows of 16 bytes, unchanged)
+      // within 0.2.
       if constexpr (W * sizeof(T) == 16)
         return launch_fill_gather<T>(src, indptr, out, rows, segments, stream);
       else
