@@ -340,6 +340,10 @@ constexpr int64_t kNarrowLabelBytes = 64;
 // and bf16, 64 columns, short 89.0 -> 88.0 and 88.8 -> 87.8. The tile gather
 // with 64 or 128 probes: -0.8 to +0.6.
 constexpr int kNarrowLabelSearchProbes = 64;
+// Rows the label gather takes as narrow: its waves and its search.
+__host__ __device__ constexpr bool narrow_label_rows(int64_t inner, int64_t elem_size) {
+  return inner * elem_size <= kNarrowLabelBytes;
+}
 constexpr int kStreamGatherWaves = 8;
 constexpr int kFixupCols = 16;       // fix-up: columns per block, at least, over long segments
 constexpr int kFixupParts = 32;      // fix-up: threads per column, at most
@@ -566,6 +570,21 @@ __device__ __forceinline__ int64_t start_of(const int64_t* __restrict__ indptr, 
 // kernels' waits (kTileGatherWaves); fewer probes a round, by one warp
 // (warp_lower_bound), paid in the fill and narrow label gathers
 // (kFillSearchProbes, kNarrowLabelSearchProbes).
+// A round of a search that probes `probes` evenly spaced entries of [lo, hi]
+// at once: probe i (from 0) lies at lo + (i + 1) * step - 1, and where the
+// first n probes are below the answer (and the rest not), it lies in
+// [lo + n * step, lo + (n + 1) * step - 1].
+__device__ __forceinline__ int64_t round_step(int64_t lo, int64_t hi, int64_t probes) {
+  return ceil_div(hi - lo, probes);
+}
+__device__ __forceinline__ int64_t round_probe(int64_t lo, int64_t step, int64_t i) {
+  return lo + (i + 1) * step - 1;
+}
+__device__ __forceinline__ void round_narrow(int64_t& lo, int64_t& hi, int64_t step, int64_t n) {
+  lo += n * step;
+  hi = imin(hi, lo + step - 1);
+}
+
 template <int N, typename Below>
 __device__ __forceinline__ void block_partitions(int64_t (&lo)[N], int64_t (&hi)[N],
                                                  Below&& below) {
@@ -574,19 +593,16 @@ __device__ __forceinline__ void block_partitions(int64_t (&lo)[N], int64_t (&hi)
     int64_t step[N];
 #pragma unroll
     for (int e = 0; e < N; ++e) {
-      step[e] = lo[e] < hi[e] ? ceil_div(hi[e] - lo[e], kThreads) : 0;
+      step[e] = lo[e] < hi[e] ? round_step(lo[e], hi[e], kThreads) : 0;
       open |= step[e] > 0;
-      const int64_t probe = lo[e] + (threadIdx.x + 1) * step[e] - 1;
+      const int64_t probe = round_probe(lo[e], step[e], threadIdx.x);
       in[e] = step[e] > 0 && probe < hi[e] && below(e, probe);
     }
     if (!open) return;
 #pragma unroll
     for (int e = 0; e < N; ++e) {
       const int64_t n = __syncthreads_count(in[e]);
-      if (step[e] > 0) {
-        lo[e] += n * step[e];
-        hi[e] = imin(hi[e], lo[e] + step[e] - 1);
-      }
+      if (step[e] > 0) round_narrow(lo[e], hi[e], step[e], n);
     }
   }
 }
@@ -811,7 +827,9 @@ struct Window {
 // uint32_t; ~0u past the last segment): the word at the lower address, GPUs
 // being little-endian. Below 2^32 rows they give a sorted indptr's starts in
 // the tile exactly (load_window), in half the registers, so it reads twice
-// as many entries ahead as 64-bit ones would (tile_sum_block).
+// as many entries ahead as 64-bit ones would (tile_sum_block). The tile
+// gather reads them as deep as before, on rows of 2 and 4 bytes
+// (kTileGatherLow), for the registers and 32-bit arithmetic alone.
 template <int kSteps, typename Raw>
 __device__ __forceinline__ void fetch_starts(const int64_t* __restrict__ indptr, int64_t segments,
                                              int64_t from, int steps, Raw (&raw)[kSteps]) {
@@ -871,7 +889,8 @@ __device__ __forceinline__ int64_t load_window(const int64_t* __restrict__ indpt
                                                int* window, int* counts, int& round) {
   const int tid = threadIdx.x;
   int64_t n = 0;
-  // The tile gather's prefetched round: raw[k] is kNever for k >= steps
+  // The tile gather's prefetched round of 64-bit entries (rows of 8 bytes;
+  // narrower rows read low words, below): raw[k] is kNever for k >= steps
   // (fetch_starts with the same steps), which gives nrows like the clamp, so
   // neither the clamp to [0, rows] nor steps is applied: a negative start
   // gives -t0 (what clamping it to 0 gives), one at or past the tile's end
@@ -902,7 +921,8 @@ __device__ __forceinline__ int64_t load_window(const int64_t* __restrict__ indpt
     if constexpr (kCount == WindowCount::kWarpAtomic) return lean_sum(v);
     else return lean(v);
   };
-  // The tile sum's low words (fetch_starts, rows < 2^32): the unsigned
+  // The low words (fetch_starts, the tile sum and the tile gather on rows
+  // of at most 4 bytes, rows < 2^32): the unsigned
   // difference of the low words is a sorted indptr's start in the tile
   // exactly, taken where it is below nrows: every entry read lies at or past
   // t0 and at most rows, and the ~0u past the last segment at least nrows past
@@ -910,7 +930,7 @@ __device__ __forceinline__ int64_t load_window(const int64_t* __restrict__ indpt
   // or nrows. steps == 0: nothing was read ahead (2^32 rows or more), and the
   // first round reads indptr.
   constexpr bool kLow = std::is_same_v<Raw, uint32_t>;
-  static_assert(!kLow || kCount == WindowCount::kWarpAtomic, "low words: the tile sum's");
+  static_assert(!kLow || kCount != WindowCount::kThreadAtomic, "low words: the tile kernels'");
   auto low_rel = [&](uint32_t v) {
     const unsigned d = v - static_cast<unsigned>(t0);
     return d < static_cast<unsigned>(nrows) ? static_cast<int>(d) : nrows;
@@ -2650,18 +2670,17 @@ __device__ inline int64_t warp_lower_bound(const int64_t* __restrict__ indptr, i
     const int lane = static_cast<int>(threadIdx.x);
     int64_t lo = 0, hi = segments + 1;
     while (lo < hi) {
-      const int64_t step = ceil_div(hi - lo, int64_t{kProbes});
+      const int64_t step = round_step(lo, hi, kProbes);
       bool below[kPerLane];
 #pragma unroll
       for (int j = 0; j < kPerLane; ++j) {
-        const int64_t probe = lo + (lane * kPerLane + j + 1) * step - 1;
+        const int64_t probe = round_probe(lo, step, lane * kPerLane + j);
         below[j] = probe < hi && start_of(indptr, probe, rows) < x;
       }
       int n = 0;  // `below` holds up to some probe and fails from there
 #pragma unroll
       for (int j = 0; j < kPerLane; ++j) n += __popc(team_ballot(below[j]));
-      lo += n * step;
-      hi = imin(hi, lo + step - 1);
+      round_narrow(lo, hi, step, n);
     }
     if (lane == 0) found = lo;
   }
@@ -3057,6 +3076,23 @@ template <typename T, int W>
 constexpr int kTileGatherAhead = W * sizeof(T) <= 4 ? kWindowSteps : kPrefetchSteps;
 template <typename T, int W>
 constexpr bool kTileGatherAdapts = W * sizeof(T) == 4;
+// Rows of 2 and 4 bytes read their starts ahead as the entries' low words, as
+// the tile sum does (fetch_starts): half the registers, and load_window takes
+// a start into the tile in 32-bit arithmetic (low_rel). Exact below 2^32 rows
+// only: more rows go to the team gather (launch_narrow_gather). H200 (ab.py,
+// backward % of copy, two runs, against 64-bit entries in the same run):
+// bf16, 1 column, short segments 81.6 -> 82.1 and 81.3 -> 81.8, power law
+// 72.6 -> 73.7 and 72.5 -> 73.5; fp32, 1 column 79.9 -> 80.3 and 79.6 ->
+// 80.2, 78.8 -> 79.1 and 78.6 -> 79.0; bf16, 2 columns 79.9 -> 80.5 and 79.7
+// -> 80.2, 78.8 -> 79.2 and 78.9 -> 79.3. Rows of 8 bytes lost 0.1 to 0.4
+// (bf16, 4 columns, fp32, 2 columns) and keep 64-bit entries. With the
+// registers saved, 2-byte rows read 8 deep (2048 starts, the power law's
+// fullest tiles in one round) lost on short segments, 81.3 -> 75.1, and
+// gained nothing on the power law (72.5 -> 73.3 against 73.5 at 4 deep); 8
+// deep only as the mean segment length asks (kTileGatherAdapts) spilled 4
+// bytes and lost on both (74.8, 70.1).
+template <typename T, int W>
+constexpr bool kTileGatherLow = W * sizeof(T) <= 4;
 // Every row width takes 4 blocks per SM. Rows of 2 bytes took 3 (76 registers)
 // while the label walk by search held its run in registers (16 words), the
 // kernel's most registers live at once; at 64 that spilled the values read
@@ -3342,10 +3378,11 @@ __device__ __forceinline__ void tile_gather_block(const T* __restrict__ src,
   constexpr int kAhead = kTileGatherAhead<T, W>;
   int steps = walk_steps(expected, kAhead);
   const int usual_steps = kTileGatherAdapts<T, W> ? steps : kAhead;
-  int64_t raw[kAhead];
+  using Raw = std::conditional_t<kTileGatherLow<T, W>, uint32_t, int64_t>;
+  Raw raw[kAhead];
   P raw_values[kAhead];
-  // The starts from `from`, the values from from - 1, as fetch_starts and
-  // value would read them: entry s = from + k * kThreads + tid exists (s <=
+  // The starts from `from` (their low words: kTileGatherLow), the values
+  // from from - 1, as fetch_starts and value would read them: entry s = from + k * kThreads + tid exists (s <=
   // segments) exactly when the value of segment s - 1 does (s - 1 <
   // segments), so one 32-bit bound, k * kThreads <= room, tests both; s - 1
   // >= 0 fails only for k = 0 in thread 0 of a block from segment 0. (from
@@ -3386,12 +3423,13 @@ __device__ __forceinline__ void tile_gather_block(const T* __restrict__ src,
     cut = last < segments ? indptr[last] : kNever;  // (the same address in every thread)
     const int64_t own = from + tid;
     const int room = static_cast<int>(imin(segments - own, INT_MAX));
-    const int64_t* starts_at = indptr + own;
+    constexpr int kStride = kTileGatherLow<T, W> ? 2 : 1;
+    const Raw* starts_at = reinterpret_cast<const Raw*>(indptr + own);
     const T* values_at = src + (own - 1) * W;
 #pragma unroll
     for (int k = 0; k < kAhead; ++k) {
       const bool there = k < steps && k * kThreads <= room;
-      raw[k] = there ? starts_at[k * kThreads] : kNever;
+      raw[k] = there ? starts_at[kStride * k * kThreads] : static_cast<Raw>(kNever);
       raw_values[k] = there && (k > 0 || own > 0) ? load_raw<T, W>(values_at + k * kThreads * W)
                                                  : P{};
     }
@@ -3404,7 +3442,9 @@ __device__ __forceinline__ void tile_gather_block(const T* __restrict__ src,
   for (int64_t t0 = r0, t1; t0 < r1; t0 = t1, turn ^= 1) {
     t1 = imin(r1, t0 + G::kTileRows);
     {
-      constexpr int64_t kLineRows = 128 / G::kRowBytes;  // a multiple of 8, as r0
+      constexpr int64_t kLineRows = 128 / G::kRowBytes;
+      static_assert(128 % G::kRowBytes == 0 && kLineRows % 8 == 0,
+                    "a line holds whole rows, a multiple of 8 of them, as r0");
       const int64_t c = cut & ~(kLineRows - 1);
       was_cut = c >= t0 + G::kTileRows / 4 && c < t1;
       if (was_cut) t1 = c;
@@ -5072,7 +5112,7 @@ __global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
 
   if (tid < 3) sm.counts[tid] = 0;
   clear_marks<kLabelTileRows / 32>(sm.starts);
-  int64_t first = inner * static_cast<int64_t>(sizeof(T)) <= kNarrowLabelBytes
+  int64_t first = narrow_label_rows(inner, sizeof(T))
                       ? warp_lower_bound<kNarrowLabelSearchProbes>(indptr, segments, rows, r0)
                       : block_lower_bound(indptr, segments, rows, r0);
   // A row's label is where its segment's value lies, worked out once per row,
@@ -5808,9 +5848,8 @@ cudaError_t launch_label_gather(const T* src, const int64_t* indptr, T* out, int
   int64_t capacity = 0;
   const cudaError_t err = resident_blocks<&label_gather_kernel<T>>(&capacity);
   if (err != cudaSuccess) return err;
-  const int64_t waves = inner * static_cast<int64_t>(sizeof(T)) <= kNarrowLabelBytes
-                            ? kNarrowLabelGatherWaves
-                            : kLabelGatherWaves;
+  const int64_t waves =
+      narrow_label_rows(inner, sizeof(T)) ? kNarrowLabelGatherWaves : kLabelGatherWaves;
   const TileSplit split = tile_split(rows, capacity * waves, kThreads);
   label_gather_kernel<T><<<static_cast<unsigned>(split.blocks), kThreads, 0, stream>>>(
       src, indptr, out, rows, segments, inner, split.rows_per_block);
@@ -6150,7 +6189,7 @@ cudaError_t launch_narrow_gather(const T* src, const int64_t* indptr, T* out, in
       // within 0.2.
       if constexpr (W * sizeof(T) == 16)
         return launch_fill_gather<T>(src, indptr, out, rows, segments, stream);
-      else
+      else if (!kTileGatherLow<T, W> || rows <= int64_t{UINT32_MAX})  // the low words' limit
         return launch_tile_gather<T, W>(src, indptr, out, rows, segments, stream);
     }
     return launch_team_gather<T, W, 1>(src, indptr, out, rows, segments, stream);

@@ -1764,36 +1764,41 @@ def _launch(x: Tensor, indptr: Tensor, out: Tensor) -> None:
     launcher = torch.library.wrap_triton if traced else lambda kernel: kernel
     length_class = _length_class(rows, segments, inner)
     # The kernel, its shape constants, and whether it takes `inner` as an argument
-    # (the lane kernels take it as the constexpr INNER).
-    lanes = True
-    if inner <= _LANE_MAX_COLS:
-        lane_step, capped = _lane_step(inner, x.element_size(), length_class, can_cap=not traced)
-        kernel = _LANE_KERNELS[capped]
-        candidates = _tuned_configs(kernel, {"length_class": length_class}, INNER=inner)
-        shape = dict(
-            INNER=int(inner),  # a constexpr: specializes traced shapes on it
-            LANE_ROWS=_LANE_ROWS_ONE_COLUMN if inner == 1 else _LANE_ROWS,
-            ROWS32=_fits32(rows),
-            SEGS32=_fits32(segments),
-            LANE_STEP=lane_step,
-            WALK_ROWS=_WALK_ROWS,
-        )
-    elif wide := _wide_lane_shape(rows, segments, inner, block_cols, x.element_size()):
-        block_segs, row_elements, warps, fast_tiles = wide
-        kernel = _WIDE_LANE_KERNELS[warps]
-        candidates = _tuned_configs(kernel, {"length_class": length_class}, INNER=inner)
+    # (the lane kernels take it as the constexpr INNER, which specializes traced
+    # shapes on it).
+    wide = (
+        None
+        if inner <= _LANE_MAX_COLS
+        else _wide_lane_shape(rows, segments, inner, block_cols, x.element_size())
+    )
+    lanes = inner <= _LANE_MAX_COLS or wide is not None
+    if lanes:
         shape = dict(
             INNER=int(inner),
             ROWS32=_fits32(rows),
             SEGS32=_fits32(segments),
-            BLOCK_SEGS=block_segs,
-            LANE_ROWS=_WIDE_LANE_ROWS,
-            ROW_ELEMENTS=row_elements,
-            FAST_TILES=fast_tiles,
             WALK_ROWS=_WALK_ROWS,
         )
+        if wide is None:
+            lane_step, capped = _lane_step(
+                inner, x.element_size(), length_class, can_cap=not traced
+            )
+            kernel = _LANE_KERNELS[capped]
+            shape.update(
+                LANE_ROWS=_LANE_ROWS_ONE_COLUMN if inner == 1 else _LANE_ROWS,
+                LANE_STEP=lane_step,
+            )
+        else:
+            block_segs, row_elements, warps, fast_tiles = wide
+            kernel = _WIDE_LANE_KERNELS[warps]
+            shape.update(
+                BLOCK_SEGS=block_segs,
+                LANE_ROWS=_WIDE_LANE_ROWS,
+                ROW_ELEMENTS=row_elements,
+                FAST_TILES=fast_tiles,
+            )
+        candidates = _tuned_configs(kernel, {"length_class": length_class}, INNER=inner)
     else:
-        lanes = False
         kernel = _KERNELS[block_cols]
         candidates = _tuned_configs(kernel, {"inner": inner, "length_class": length_class})
         shape = dict(EVEN_COLS=inner % block_cols == 0)
