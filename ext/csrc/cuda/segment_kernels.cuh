@@ -921,14 +921,15 @@ __device__ __forceinline__ int64_t load_window(const int64_t* __restrict__ indpt
     if constexpr (kCount == WindowCount::kWarpAtomic) return lean_sum(v);
     else return lean(v);
   };
-  // The low words (fetch_starts, the tile sum and the tile gather on rows
-  // of at most 4 bytes, rows < 2^32): the unsigned
-  // difference of the low words is a sorted indptr's start in the tile
-  // exactly, taken where it is below nrows: every entry read lies at or past
-  // t0 and at most rows, and the ~0u past the last segment at least nrows past
-  // t0 (t0 + nrows <= rows < 2^32). Any other value gives a row of the tile
-  // or nrows. steps == 0: nothing was read ahead (2^32 rows or more), and the
-  // first round reads indptr.
+  // The low words (rows < 2^32; the tile sum's fetch_starts, and the tile
+  // gather's prefetch on rows of at most 4 bytes): the unsigned difference
+  // of the low words is a sorted indptr's start in the tile exactly, taken
+  // where it is below nrows: every entry read lies at or past t0 and at most
+  // rows, and the ~0u past the last segment at least nrows past t0 (t0 +
+  // nrows <= rows < 2^32). Any other value gives a row of the tile or nrows.
+  // steps == 0 (the tile sum at 2^32 rows or more; the gather sends those to
+  // the team gather): nothing was read ahead, and the first round reads
+  // indptr.
   constexpr bool kLow = std::is_same_v<Raw, uint32_t>;
   static_assert(!kLow || kCount != WindowCount::kThreadAtomic, "low words: the tile kernels'");
   auto low_rel = [&](uint32_t v) {
@@ -3059,7 +3060,8 @@ __global__ void __launch_bounds__(kThreads, kLaneBlocksPerSm<T, W>)
 // at 4 blocks spilled, until the label walk by search stopped holding its run
 // in registers: kTileGatherBlocksPerSm). On an H100, % of copy bandwidth, bf16, 1 column: short
 // segments 70.2 -> 83.2, power law 70.7 -> 68.2 (at 3 blocks alone 61.7 and
-// 64.9). Starts held as 32-bit words still spilled 64 bytes at 4 blocks (power
+// 64.9). Starts held as 32-bit words (then, before the label walk by search
+// stopped holding its run; now kTileGatherLow) still spilled 64 bytes at 4 blocks (power
 // law 68.4 -> 62.6, short segments 83.2 -> 70.1), and were within 0.3 points
 // everywhere at 3. Rows of 4 bytes (tiles of 4096 rows) read as many as their
 // mean segment length asks (3 steps for 8-row segments), and 4 after a tile
@@ -3178,17 +3180,18 @@ struct TileGatherShared {
 
 // Row ranges (kTileGatherWaves times as many) and tiles as in tile_sum, the
 // other way round (a tile with more starts than were read ahead ends at the
-// last of them: `cut` in tile_gather_block). Per tile, the window of segment starts marks the rows where
-// segments start, and the values of the segments open in the tile come to
-// shared memory, both read coalesced a tile ahead. Thread g labels its run of
-// kRunRows rows from the marks, writes their values to the stage, and each
-// warp stores its runs as contiguous 16-byte units. (Runs of 16 rows on
-// 2-byte rows, tiles whose starts mostly fit the round read ahead: bf16, 1
-// column, short segments 70.2 -> 74.7 % of copy bandwidth, power law 70.3 ->
-// 57.4.) Tiles without a start, half of them on the power law, are stored
-// straight from their segment's value (tile_gather_block).
-// One step of an inclusive scan over 32 lanes, as cub's: on CUDA the
-// shuffle's own predicate says whether a lane d below exists (no lane test).
+// last of them: `cut` in tile_gather_block). Per tile, the window of segment
+// starts marks the rows where segments start, and the values of the segments
+// open in the tile come to shared memory, both read coalesced a tile ahead.
+// Thread g labels its run of kRunRows rows from the marks, writes their values
+// to the stage, and each warp stores its runs as contiguous 16-byte units.
+// (Runs of 16 rows on 2-byte rows, tiles whose starts mostly fit the round read
+// ahead: bf16, 1 column, short segments 70.2 -> 74.7 % of copy bandwidth, power
+// law 70.3 -> 57.4.) Tiles without a start, half of them on the power law, are
+// stored straight from their segment's value (tile_gather_block).
+
+// One step of an inclusive scan over 32 lanes, as cub's: on CUDA the shuffle's
+// own predicate says whether a lane d below exists (no lane test).
 template <int d>
 __device__ __forceinline__ int warp_scan_step(int x) {
 #if defined(__HIP_PLATFORM_AMD__)
@@ -3381,41 +3384,41 @@ __device__ __forceinline__ void tile_gather_block(const T* __restrict__ src,
   using Raw = std::conditional_t<kTileGatherLow<T, W>, uint32_t, int64_t>;
   Raw raw[kAhead];
   P raw_values[kAhead];
-  // The starts from `from` (their low words: kTileGatherLow), the values
-  // from from - 1, as fetch_starts and value would read them: entry s = from + k * kThreads + tid exists (s <=
-  // segments) exactly when the value of segment s - 1 does (s - 1 <
-  // segments), so one 32-bit bound, k * kThreads <= room, tests both; s - 1
-  // >= 0 fails only for k = 0 in thread 0 of a block from segment 0. (from
-  // lies in [0, segments + 1].)
-  // With them, the start of the last entry they read (`cut`): a tile holding
-  // more starts than were read ahead ends there instead, rounded down to whole
-  // 16-byte units of rows, so that it waits on no further round of indptr
-  // (only past a quarter of a tile: denser tiles, a crowd of empty segments,
-  // take their further rounds). Such a tile waited on its next round with
-  // nothing else in flight: Nsight Compute, H200, bf16, 1 column, power law,
-  // ~14 % of the stall samples on the first use of that round's starts, which
-  // about a third of the tiles read (1000 to 2200 starts, against 1024 read
-  // ahead). The tile after it starts where it ended. H200 (ab.py, backward %
-  // of copy bandwidth, two runs): power law, bf16, 1 column 70.9 -> 72.8 and
-  // 70.4 -> 72.3, 2 columns 75.8 -> 77.5 and 76.1 -> 77.8; fp32, 1 column
-  // 76.1 -> 77.9 and 76.1 -> 77.8, 2 columns 77.5 -> 78.1 and 77.2 -> 78.1;
-  // bf16, 4 columns 77.3 -> 77.7. Short segments, whose tiles hold fewer starts
-  // than are read ahead (so none is cut), lost about a point to the code it
-  // adds: bf16, 1 column 81.5 -> 80.3 and 81.8 -> 80.4, 2 columns 80.6 ->
-  // 79.5; fp32, 1 column 80.2 -> 79.5 and 80.5 -> 79.5; fp32, 2 columns and
-  // bf16, 4 columns within 0.2. Kept for the lower of the two laws at each
-  // width. Cut only where the last start read ahead lies in the tile's first
-  // three quarters (a third more starts than were read ahead), it lost on
-  // both laws (bf16, 1 column, power law 70.9 -> 69.8, short 81.5 -> 80.0).
-  // A malformed indptr gives any cut: the tile still ends within its rows.
-  // The cut is rounded down to 128 bytes of rows, so that the tile after it
-  // starts on a line (at 16 bytes it could start mid-sector), a cut
-  // tile counts as one that overflowed what was read ahead (rows of 4 bytes
-  // then read kAhead deep for the next), and indptr[segments], the rows' end,
-  // cuts nothing. H200 (ab.py, backward % of copy, against the cut at 16 bytes
-  // in the same run): power law, bf16, 1 column 72.5 -> 72.9, 2 columns 77.8
-  // -> 79.0, 4 columns 78.1 -> 78.3; fp32, 1 column 77.5 -> 78.8 (the
-  // rounding alone: 72.8, 78.6, 78.2, 78.5); short segments within 0.2.
+  // The starts from `from` (their low words: kTileGatherLow), the values from
+  // from - 1, as fetch_starts and value would read them: entry
+  // s = from + k * kThreads + tid exists (s <= segments) exactly when the
+  // value of segment s - 1 does (s - 1 < segments), so one 32-bit bound,
+  // k * kThreads <= room, tests both; s - 1 >= 0 fails only for k = 0 in
+  // thread 0 of a block from segment 0. (from lies in [0, segments + 1].)
+  // With them, the start of the last entry
+  // they read (`cut`): a tile holding more starts than were read ahead ends
+  // there instead, rounded down to whole 16-byte units of rows, so that it
+  // waits on no further round of indptr (only past a quarter of a tile: denser
+  // tiles, a crowd of empty segments, take their further rounds). Such a tile
+  // waited on its next round with nothing else in flight: Nsight Compute, H200,
+  // bf16, 1 column, power law, ~14 % of the stall samples on the first use of
+  // that round's starts, which about a third of the tiles read (1000 to 2200
+  // starts, against 1024 read ahead). The tile after it starts where it ended.
+  // H200 (ab.py, backward % of copy bandwidth, two runs): power law, bf16, 1
+  // column 70.9 -> 72.8 and 70.4 -> 72.3, 2 columns 75.8 -> 77.5 and 76.1 ->
+  // 77.8; fp32, 1 column 76.1 -> 77.9 and 76.1 -> 77.8, 2 columns 77.5 -> 78.1
+  // and 77.2 -> 78.1; bf16, 4 columns 77.3 -> 77.7. Short segments, whose tiles
+  // hold fewer starts than are read ahead (so none is cut), lost about a point
+  // to the code it adds: bf16, 1 column 81.5 -> 80.3 and 81.8 -> 80.4, 2
+  // columns 80.6 -> 79.5; fp32, 1 column 80.2 -> 79.5 and 80.5 -> 79.5; fp32, 2
+  // columns and bf16, 4 columns within 0.2. Kept for the lower of the two laws
+  // at each width. Cut only where the last start read ahead lies in the tile's
+  // first three quarters (a third more starts than were read ahead), it lost on
+  // both laws (bf16, 1 column, power law 70.9 -> 69.8, short 81.5 -> 80.0). A
+  // malformed indptr gives any cut: the tile still ends within its rows. The
+  // cut is rounded down to 128 bytes of rows, so that the tile after it starts
+  // on a line (at 16 bytes it could start mid-sector), a cut tile counts as one
+  // that overflowed what was read ahead (rows of 4 bytes then read kAhead deep
+  // for the next), and indptr[segments], the rows' end, cuts nothing. H200
+  // (ab.py, backward % of copy, against the cut at 16 bytes in the same run):
+  // power law, bf16, 1 column 72.5 -> 72.9, 2 columns 77.8 -> 79.0, 4 columns
+  // 78.1 -> 78.3; fp32, 1 column 77.5 -> 78.8 (the rounding alone: 72.8, 78.6,
+  // 78.2, 78.5); short segments within 0.2.
   int64_t cut = kNever;
   bool was_cut = false;
   auto prefetch = [&](int64_t from) {
@@ -3548,31 +3551,31 @@ __device__ __forceinline__ void tile_gather_block(const T* __restrict__ src,
       prefetch(first + w.n);
     }
     // No start in a whole tile: every row is segment first - 1, whose value
-    // open_value holds, as the label walk would give each row. No mark was
-    // set, so the marks stay clear. (sm.values[0] holds it too, but is
-    // written after load_window's barrier, with no barrier before this.) On
-    // the power law about half the rows lie in segments longer than a tile:
-    // those tiles skip the marks, the label walk and the stage, and the
-    // barrier after the marks. Measured before the tiles were made lean
-    // (H100, % of copy bandwidth): bf16, 4 columns 78.4 -> 79.0 and fp32, 1
-    // column 77.5 -> 77.8, but bf16, 1 column spilled and lost 11 points, so
-    // rows of 2 bytes kept the common path. On the lean tiles (H200, power
-    // law): fp32, 1 column 73.4 -> 74.3; bf16, 4 columns 74.2 -> 75.0. The
-    // lean tiles left rows of 2 bytes the room: they take this path too (then
-    // within the 80 registers of 3 blocks per SM, now within the 64 of 4:
-    // kTileGatherBlocksPerSm), with no spill (SASS, sm_90, bf16, 1 column), and there the walk it skips is the largest
-    // share of a tile's instructions (32 rows per thread, against 16 in rows
-    // of 4 bytes). With the two barriers of a tile below (H200, % of copy
+    // open_value holds, as the label walk would give each row. No mark was set,
+    // so the marks stay clear. (sm.values[0] holds it too, but is written after
+    // load_window's barrier, with no barrier before this.) On the power law
+    // about half the rows lie in segments longer than a tile: those tiles skip
+    // the marks, the label walk and the stage, and the barrier after the marks.
+    // Measured before the tiles were made lean (H100, % of copy bandwidth):
+    // bf16, 4 columns 78.4 -> 79.0 and fp32, 1 column 77.5 -> 77.8, but bf16, 1
+    // column spilled and lost 11 points, so rows of 2 bytes kept the common
+    // path. On the lean tiles (H200, power law): fp32, 1 column 73.4 -> 74.3;
+    // bf16, 4 columns 74.2 -> 75.0. The lean tiles left rows of 2 bytes the
+    // room: they take this path too (then within the 80 registers of 3 blocks
+    // per SM, now within the 64 of 4: kTileGatherBlocksPerSm), with no spill
+    // (SASS, sm_90, bf16, 1 column), and there the walk it skips is the largest
+    // share of a tile's instructions (32 rows per thread, against 16 in rows of
+    // 4 bytes). With the two barriers of a tile below (H200, % of copy
     // bandwidth, bf16, 1 column): power law 58.3 -> 63.9, short segments 75.3
-    // -> 77.2 (the barriers alone: 60.3 and 78.5). Known a tile ahead
-    // instead (the next start read beside `cut`, a uniform load), such a tile
-    // skipped load_window, its barrier and the prefetch, and lost: H200
-    // (ab.py, backward % of copy), power law, bf16, 1 column 72.9 -> 72.2, 2
-    // columns 79.0 -> 78.2, 4 columns 77.9 -> 77.5; fp32, 1 column 79.0 ->
-    // 78.2; short segments, which have no such tile, 0.4 to 1.6 lower. The
-    // tiles with starts, issue-bound, set the pace (Nsight Compute, bf16, 1
-    // column, power law: ~600 instructions a warp and tile there, ~210 in a
-    // tile without a start).
+    // -> 77.2 (the barriers alone: 60.3 and 78.5). Known a tile ahead instead
+    // (the next start read beside `cut`, a uniform load), such a tile skipped
+    // load_window, its barrier and the prefetch, and lost: H200 (ab.py,
+    // backward % of copy), power law, bf16, 1 column 72.9 -> 72.2, 2 columns
+    // 79.0 -> 78.2, 4 columns 77.9 -> 77.5; fp32, 1 column 79.0 -> 78.2; short
+    // segments, which have no such tile, 0.4 to 1.6 lower. The tiles with
+    // starts, issue-bound, set the pace (Nsight Compute, bf16, 1 column, power
+    // law: ~600 instructions a warp and tile there, ~210 in a tile without a
+    // start).
     if (w.n == 0 && nrows == G::kTileRows) {
       // The value repeated over a 16-byte unit, built as words: a row of 2
       // bytes fills both halves of each, rows of 4 or 8 bytes are whole ones.
@@ -3702,11 +3705,11 @@ __device__ __forceinline__ void tile_gather_block(const T* __restrict__ src,
 #endif
       write_run(sm.stage, run.units);
     } else {
-      // Each row straight to its place in the stage (write_run's, row q at
-      // byte q * sizeof(P) of the run's units), not held in the run's 16
-      // registers: this walk was where the kernel held the most registers
-      // (bf16, 1 column: 76 -> 63 without it; kTileGatherBlocksPerSm). Rare: a crowded tile, or more starts than
-      // the cached values.
+      // Each row straight to its place in the stage (write_run's, row q at byte
+      // q * sizeof(P) of the run's units), not held in the run's 16 registers:
+      // this walk was where the kernel held the most registers (bf16, 1 column:
+      // 76 -> 63 without it; kTileGatherBlocksPerSm). Rare: a crowded tile, or
+      // more starts than the cached values.
       int next = start(j);
       const int swizzle = stage_swizzle<G::kStageUnits>(tid);
       char* const to = reinterpret_cast<char*>(sm.stage + tid * G::kStageUnits);
