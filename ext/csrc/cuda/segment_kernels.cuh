@@ -3092,7 +3092,12 @@ constexpr bool kTileGatherAdapts = W * sizeof(T) == 4;
 // fullest tiles in one round) lost on short segments, 81.3 -> 75.1, and
 // gained nothing on the power law (72.5 -> 73.3 against 73.5 at 4 deep); 8
 // deep only as the mean segment length asks (kTileGatherAdapts) spilled 4
-// bytes and lost on both (74.8, 70.1).
+// bytes and lost on both (74.8, 70.1). Low words on rows of 8 bytes read 3
+// or 4 deep, not 2, lost too: bf16, 4 columns, short segments 79.7 -> 78.2
+// and 76.1, power law 78.4 -> 76.4 and 74.9; fp32, 2 columns 79.5 -> 78.0
+// and 76.0, 78.3 -> 76.4 and 75.0. Rows of 4 bytes read 4 deep always, not
+// as the mean segment length asks: power law +0.2 to +0.4, short segments
+// -0.5 to -0.7 (fp32, 1 column and bf16, 2 columns).
 template <typename T, int W>
 constexpr bool kTileGatherLow = W * sizeof(T) <= 4;
 // Every row width takes 4 blocks per SM. Rows of 2 bytes took 3 (76 registers)
@@ -3419,6 +3424,15 @@ __device__ __forceinline__ void tile_gather_block(const T* __restrict__ src,
   // power law, bf16, 1 column 72.5 -> 72.9, 2 columns 77.8 -> 79.0, 4 columns
   // 78.1 -> 78.3; fp32, 1 column 77.5 -> 78.8 (the rounding alone: 72.8, 78.6,
   // 78.2, 78.5); short segments within 0.2.
+  // The round after each prefetch's pulled into L2 as it is issued (one
+  // cp.async.bulk.prefetch.L2 from thread 0 for the starts, one from thread
+  // 32 for the values), so that the next prefetch, and `cut` above all (on
+  // rows of 8 bytes the kernel's longest wait: Nsight Compute, bf16, 4
+  // columns, short segments, ~13 % of the stall samples on the tile's first
+  // use of it), would wait on L2, lost everywhere: H200 (ab.py, backward % of
+  // copy, against the kernel in the same run), bf16, 1 column, power law 73.4
+  // -> 69.2 (starts alone 69.8), short 81.9 -> 81.7; fp32, 1 column 80.2 ->
+  // 78.9 and 79.2 -> 78.0; bf16, 4 columns 78.8 -> 77.6 and 77.9 -> 77.3.
   int64_t cut = kNever;
   bool was_cut = false;
   auto prefetch = [&](int64_t from) {
