@@ -3428,7 +3428,7 @@ __device__ __forceinline__ void tile_gather_block(const T* __restrict__ src,
   // cp.async.bulk.prefetch.L2 from thread 0 for the starts, one from thread
   // 32 for the values), so that the next prefetch, and `cut` above all (on
   // rows of 8 bytes the kernel's longest wait: Nsight Compute, bf16, 4
-  // columns, short segments, ~13 % of the stall samples on the tile's first
+  // columns, short segments, ~16 % of the stall samples on the tile's first
   // use of it), would wait on L2, lost everywhere: H200 (ab.py, backward % of
   // copy, against the kernel in the same run), bf16, 1 column, power law 73.4
   // -> 69.2 (starts alone 69.8), short 81.9 -> 81.7; fp32, 1 column 80.2 ->
