@@ -3197,10 +3197,12 @@ struct TileGatherShared {
 // What the design itself allows, timed by cutting parts out (wrong rows, the
 // same traffic; H200, ab.py, backward % of copy, against the kernel in the
 // same run): bf16, 1 column, short segments 82.0 -> 82.7 with a warp barrier
-// in place of the block barrier after the marks, 84.8 with no marks at all,
-// 85.5 with no walk either; power law 73.9 -> 74.5, 80.2, 81.8; fp32, 1 column
-// 80.3 -> 81.0, 82.3, 82.8 and 79.5 -> 79.0, 81.6, 82.0; bf16, 4 columns 79.3
-// -> 79.6, 80.9, 80.7 and 78.0 -> 79.2, 81.2, 81.2. So marking the starts
+// in place of the block barrier after the marks, 84.8 with no marks at all;
+// power law 73.9 -> 74.5 and 80.2; fp32, 1 column 80.3 -> 81.0 and 82.3,
+// 79.5 -> 79.0 and 81.6; bf16, 4 columns 79.3 -> 79.6 and 80.9, 78.0 -> 79.2
+// and 81.2. In a second run, no marks and no walk either: bf16, 1 column 82.3
+// -> 85.5 and 73.7 -> 81.8; fp32, 1 column 80.2 -> 82.8 and 79.3 -> 82.0;
+// bf16, 4 columns 79.2 -> 80.7 and 78.2 -> 81.2. So marking the starts
 // costs 2 to 6 points, its barrier about one, and the rest of a tile (the
 // window and its barrier, the values through shared memory, the stage and its
 // stores) holds these cases near 81-85 % whatever the walk does.
