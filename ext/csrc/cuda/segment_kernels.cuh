@@ -2734,6 +2734,12 @@ __device__ __forceinline__ unsigned team_max(unsigned v) {
 #endif
 }
 
+// Grid: x = row ranges of equal cost (balanced_rows), as many as fit on the
+// GPU at once. A thread sums a short segment in registers (a store per
+// segment, no marks or scans), a team a longer one, the block the longest and
+// the segments open at its ends, which the fix-up kernel finishes. Why, and
+// how the teams claim their segments: the paragraph "Lane sum" just after
+// tile_sum_kernel.
 template <typename T, int W>
 __global__ void __launch_bounds__(kThreads, kLaneBlocksPerSm<T, W>)
     lane_sum_kernel(const T* __restrict__ src, const int64_t* __restrict__ indptr,
@@ -3777,6 +3783,12 @@ __device__ __forceinline__ void tile_gather_block(const T* __restrict__ src,
   }
 }
 
+// Grid: x = kTileGatherWaves times as many equal row ranges as fit on the GPU
+// at once, so that blocks that finish early take more. A block walks its
+// range in tiles of 16 KB: it marks the rows where segments start (indptr and
+// the segments' values read a tile ahead), each thread labels its run of
+// rows with its segment's value from shared memory, and each warp stores its
+// runs through the stage 512 contiguous bytes at a time, as a copy writes.
 template <typename T, int W>
 __global__ void __launch_bounds__(kThreads, kTileGatherBlocksPerSm<T, W>)
     tile_gather_kernel(const T* __restrict__ src, const int64_t* __restrict__ indptr,
@@ -4620,6 +4632,12 @@ __device__ __forceinline__ void split_by_cost(const int64_t* __restrict__ indptr
   __syncthreads();
 }
 
+// Grid: x = row ranges, as many as fit on the GPU at once (of equal cost on
+// short segments, balanced_rows; of equal rows on long ones). Rows of 2 to 16
+// 16-byte units: each team of 32 lanes owns a contiguous share of its block's
+// rows and reads them 512 bytes a step, as a copy does, each lane summing its
+// units; the team adds across lanes only where a segment ends, and the
+// segments open at a block's ends go to the fix-up kernel.
 // kShort: short segments (launch_team_sum), where the team reads segment
 // ends ahead and blocks and teams split rows by cost; long segments keep the
 // code that leaves them the registers they had. Storing a one-row segment's
@@ -5129,6 +5147,13 @@ __device__ __forceinline__ void wait_copied_units() {
 #endif
 }
 
+// Grid: x = equal row ranges, kLabelGatherWaves times as many as fit on the
+// GPU at once (kNarrowLabelGatherWaves on rows of at most kNarrowLabelBytes).
+// Rows wider than 16 bytes, in whole 16-byte units: a block takes tiles of
+// kLabelTileRows rows, labels each row once with where its segment's value
+// lies (shared memory, where the tile's values were copied, or src), then
+// its threads copy the tile unit by unit, consecutive threads on consecutive
+// units, so the stores are a copy's.
 template <typename T>
 __global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
     label_gather_kernel(const T* __restrict__ src, const int64_t* __restrict__ indptr,
@@ -5384,6 +5409,10 @@ __global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
 // or 32 registers it spilled and lost up to 2.4 points.
 constexpr int kFixupBlocksPerSm = 4;
 
+// Grid: x = the sum's blocks (one per block boundary a segment may cross), y
+// = shares of the columns. Launched early after the sum, it waits for it,
+// then adds to each crossing segment's tail partial the heads of the blocks
+// it spans, in block order (the comment above kFixupBlocksPerSm).
 template <typename T, bool kGated>
 __global__ void __launch_bounds__(kThreads, kFixupBlocksPerSm)
     segment_sum_fixup_kernel(T* __restrict__ out, int64_t segments, int64_t inner, int64_t blocks,
@@ -6080,6 +6109,11 @@ __device__ __forceinline__ void fill_run(Row* tile, int lo, int hi, const Row& v
   for (int r = lo + 16; r < hi; ++r) tile[r] = v;  // (power law: about 1 run in 40)
 }
 
+// Grid: x = equal row ranges, kFillGatherWaves times as many as fit on the
+// GPU at once. Rows of exactly 16 bytes: a block takes tiles of kFillTileRows
+// rows; a thread per segment writes its value into the segment's rows of a
+// shared tile (segments longer than kFillRows are filled by the whole block),
+// and the block stores the tile as a copy would.
 template <typename Row>
 __global__ void __launch_bounds__(kThreads, kFillBlocksPerSm)
     fill_gather_kernel(const Row* __restrict__ src, const int64_t* __restrict__ indptr,
