@@ -3121,6 +3121,10 @@ constexpr bool kTileGatherLow = W * sizeof(T) <= 4;
 // column: power law 66.5 -> 70.8 and 66.6 -> 71.2, short segments 76.8 -> 81.0
 // and 76.7 -> 81.0; fp32, 1 column and bf16, 2 and 4 columns within 0.3; fp32,
 // 2 columns, short 78.0 -> 77.4.
+// 5 blocks per SM (48 registers: 24 to 60 bytes spilled, nvcc 13.0, sm_90)
+// lost 6 to 9 points on every width and law (H200, ab.py, backward % of copy:
+// bf16, 1 column, short 82.1 -> 73.1, power law 73.4 -> 67.4; fp32, 1 column
+// 80.4 -> 73.0; bf16, 4 columns 78.9 -> 71.7), with the low-word read-ahead.
 template <typename T, int W>
 constexpr int kTileGatherBlocksPerSm = kTileBlocksPerSm;
 // Rows of 4 bytes mark a tile of at most 2 * kThreads starts in passes of 2
