@@ -3214,16 +3214,13 @@ struct TileGatherShared {
 // -> 85.5 and 73.7 -> 81.8; fp32, 1 column 80.2 -> 82.8 and 79.3 -> 82.0;
 // bf16, 4 columns 79.2 -> 80.7 and 78.2 -> 81.2. So marking the starts
 // costs 2 to 6 points, its barrier about one, and the rest of a tile holds
-// these cases near 81-85 % whatever the walk does. That rest is bound by how
-// far ahead it reads: the same traffic with no window, each tile's
-// read-ahead (starts and values) waited on at the tile's top, the next one
-// issued after a block barrier and every tile stored straight from one value,
-// made bf16, 1 column, short 82.0 -> 83.2, power law 73.8 -> 90.8; fp32, 1
-// column 79.9 -> 83.2 and 79.2 -> 87.3; bf16, 4 columns 79.2 -> 82.7 and 78.0
-// -> 85.2; with the loads waited on a tile later (their registers reused only
-// by the next read-ahead: two tiles in flight), 141.9, 132.1, 122.8, 123.3,
-// 114.8 and 115.2. A gather that keeps two tiles of starts and values in
-// flight, not one, is where the rest of the way to copy bandwidth lies. The stage
+// these cases near 81-85 % whatever the walk does. The same reads with no
+// window at all (each tile's read-ahead of starts and values waited on at
+// the tile's top, the next one issued after a block barrier, every tile
+// stored straight from one value) stay there: bf16, 1 column, short 82.0 ->
+// 83.2, power law 73.8 -> 90.8; fp32, 1 column 79.9 -> 83.2 and 79.2 ->
+// 87.3; bf16, 4 columns 79.2 -> 82.7 and 78.0 -> 85.2. The stores alone (the
+// read-ahead's loads dead, so compiled out) ran at 115-142 % of copy. The stage
 // stays: each thread storing its own run's 64 bytes straight from registers
 // (tiles walked by marks alone, the rest through the stage), with no warp
 // store of 512 contiguous bytes, lost 3 to 32 points: bf16, 1 column, short
