@@ -3217,20 +3217,21 @@ struct TileGatherShared {
 // these cases near 81-85 % whatever the walk does. The same reads with no
 // window at all (each tile's read-ahead of starts and values waited on at
 // the tile's top, the next one issued after a block barrier, every tile
-// stored straight from one value) stay there: bf16, 1 column, short 82.0 ->
-// 83.2, power law 73.8 -> 90.8; fp32, 1 column 79.9 -> 83.2 and 79.2 ->
-// 87.3; bf16, 4 columns 79.2 -> 82.7 and 78.0 -> 85.2. The stores alone (the
-// read-ahead's loads dead, so compiled out) ran at 115-142 % of copy. With
-// two read-aheads in flight (two sets of registers, each waited on two tiles
-// after it was issued), that bound rose on narrow rows (another run, against
-// one in flight): bf16, 1 column, short 83.0 -> 87.2, power law 91.1 ->
-// 96.8; fp32, 1 column 83.5 -> 86.1 and 87.5 -> 89.3; bf16, 4 columns 83.1
-// -> 83.6 and 85.9 -> 86.6. The stage
-// stays: each thread storing its own run's 64 bytes straight from registers
-// (tiles walked by marks alone, the rest through the stage), with no warp
-// store of 512 contiguous bytes, lost 3 to 32 points: bf16, 1 column, short
-// 81.7 -> 61.7, power law 73.8 -> 70.9; fp32, 1 column 80.4 -> 52.2 and 79.1
-// -> 66.5; bf16, 4 columns 79.2 -> 47.8 and 78.0 -> 57.9.
+// stored straight from one value) stay near there on short segments: bf16,
+// 1 column 82.0 -> 83.2; fp32, 1 column 79.9 -> 83.2; bf16, 4 columns 79.2
+// -> 82.7; on the power law 73.8 -> 90.8, 79.2 -> 87.3 and 78.0 -> 85.2. The
+// stores alone (the read-ahead's loads dead, so compiled out) ran at 115-142 %
+// of copy. With two read-aheads in flight (two sets of registers, each waited
+// on two tiles after it was issued), that bound rose on narrow rows (another
+// run, against one in flight): bf16, 1 column, short 83.0 -> 87.2, power law
+// 91.1 -> 96.8; fp32, 1 column 83.5 -> 86.1 and 87.5 -> 89.3; bf16, 4 columns
+// 83.1 -> 83.6 and 85.9 -> 86.6: the read side, one tile deep, is what holds
+// short segments of narrow rows under 85 %.
+// The stage stays: each thread storing its own run's 64 bytes straight from
+// registers (tiles walked by marks alone, the rest through the stage), with
+// no warp store of 512 contiguous bytes, lost 3 to 32 points: bf16, 1
+// column, short 81.7 -> 61.7, power law 73.8 -> 70.9; fp32, 1 column 80.4 ->
+// 52.2 and 79.1 -> 66.5; bf16, 4 columns 79.2 -> 47.8 and 78.0 -> 57.9.
 
 // One step of an inclusive scan over 32 lanes, as cub's: on CUDA the shuffle's
 // own predicate says whether a lane d below exists (no lane test).
