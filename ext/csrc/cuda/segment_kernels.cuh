@@ -3227,6 +3227,16 @@ struct TileGatherShared {
 // 91.1 -> 96.8; fp32, 1 column 83.5 -> 86.1 and 87.5 -> 89.3; bf16, 4 columns
 // 83.1 -> 83.6 and 85.9 -> 86.6: the read side, one tile deep, is what holds
 // short segments of narrow rows under 85 %.
+// Nor did a ring give that depth in real code: the read-ahead on 2-byte rows
+// as chunks of 1024 entries (starts as low words, and values) indexed by
+// entry, each chunk refilled once the tiles have consumed it, a tile counting
+// its starts over the ring's entries below its end (wider rows kept one
+// tile's read-ahead). H200 (ab.py, backward % of copy, against this kernel
+// in the same run), bf16, 1 column, short segments 81.9 -> 68.0 with 2
+// chunks, 55.8 with 3 (older chunks counted first, the newest only when a
+// tile reaches it), 75.3 with 2 counted in one barrier; power law 73.4 ->
+// 63.6, 56.2 and 69.8. Every tile counts over every slot and waits on the
+// refills it reaches; where that time goes was not profiled.
 // The stage stays: each thread storing its own run's 64 bytes straight from
 // registers (tiles walked by marks alone, the rest through the stage), with
 // no warp store of 512 contiguous bytes, lost 3 to 32 points: bf16, 1
