@@ -830,6 +830,14 @@ struct Window {
 // as many entries ahead as 64-bit ones would (tile_sum_block). The tile
 // gather reads them as deep as before, on rows of 2 and 4 bytes
 // (kTileGatherLow), for the registers and 32-bit arithmetic alone.
+// Low words give the starts exactly only below 2^32 rows: from there the
+// tile sum reads nothing ahead, and the tile gather, whose low words are its
+// only read-ahead on rows of 2 and 4 bytes, leaves such inputs to the team
+// gather.
+__host__ __device__ constexpr bool low_words_exact(int64_t rows) {
+  return rows <= int64_t{UINT32_MAX};
+}
+
 template <int kSteps, typename Raw>
 __device__ __forceinline__ void fetch_starts(const int64_t* __restrict__ indptr, int64_t segments,
                                              int64_t from, int steps, Raw (&raw)[kSteps]) {
@@ -1718,7 +1726,7 @@ __device__ __forceinline__ void tile_sum_block(
   // 52.2 -> 56.0, fp32 63.4 -> 67.3; bf16, 2 columns 50.6 -> 52.9.)
   constexpr int kAhead =
       kShort ? imax(kWindowSteps, G::kTileRows / (4 * kThreads)) : G::kPrefetch;
-  const bool read_ahead = rows <= int64_t{UINT32_MAX};
+  const bool read_ahead = low_words_exact(rows);
   int steps =
       read_ahead ? walk_steps(starts_per_tile(segments, rows, G::kTileRows), kAhead) : 0;
   uint32_t raw[kAhead];
@@ -3488,7 +3496,7 @@ __device__ __forceinline__ void tile_gather_block(const T* __restrict__ src,
     cut = last < segments ? indptr[last] : kNever;  // (the same address in every thread)
     const int64_t own = from + tid;
     const int room = static_cast<int>(imin(segments - own, INT_MAX));
-    constexpr int kStride = kTileGatherLow<T, W> ? 2 : 1;
+    constexpr int kStride = static_cast<int>(sizeof(int64_t) / sizeof(Raw));  // as fetch_starts
     const Raw* starts_at = reinterpret_cast<const Raw*>(indptr + own);
     const T* values_at = src + (own - 1) * W;
 #pragma unroll
@@ -6282,7 +6290,7 @@ cudaError_t launch_narrow_gather(const T* src, const int64_t* indptr, T* out, in
       // within 0.2.
       if constexpr (W * sizeof(T) == 16)
         return launch_fill_gather<T>(src, indptr, out, rows, segments, stream);
-      else if (!kTileGatherLow<T, W> || rows <= int64_t{UINT32_MAX})  // the low words' limit
+      else if (!kTileGatherLow<T, W> || low_words_exact(rows))
         return launch_tile_gather<T, W>(src, indptr, out, rows, segments, stream);
     }
     return launch_team_gather<T, W, 1>(src, indptr, out, rows, segments, stream);

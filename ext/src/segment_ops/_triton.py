@@ -1766,37 +1766,35 @@ def _launch(x: Tensor, indptr: Tensor, out: Tensor) -> None:
     # The kernel, its shape constants, and whether it takes `inner` as an argument
     # (the lane kernels take it as the constexpr INNER, which specializes traced
     # shapes on it).
-    wide = (
-        None
-        if inner <= _LANE_MAX_COLS
-        else _wide_lane_shape(rows, segments, inner, block_cols, x.element_size())
-    )
-    lanes = inner <= _LANE_MAX_COLS or wide is not None
-    if lanes:
-        shape = dict(
+
+    def lane_shape(**more: object) -> dict[str, object]:
+        return dict(
             INNER=int(inner),
             ROWS32=_fits32(rows),
             SEGS32=_fits32(segments),
             WALK_ROWS=_WALK_ROWS,
+            **more,
         )
-        if wide is None:
-            lane_step, capped = _lane_step(
-                inner, x.element_size(), length_class, can_cap=not traced
-            )
-            kernel = _LANE_KERNELS[capped]
-            shape.update(
-                LANE_ROWS=_LANE_ROWS_ONE_COLUMN if inner == 1 else _LANE_ROWS,
-                LANE_STEP=lane_step,
-            )
-        else:
-            block_segs, row_elements, warps, fast_tiles = wide
-            kernel = _WIDE_LANE_KERNELS[warps]
-            shape.update(
-                BLOCK_SEGS=block_segs,
-                LANE_ROWS=_WIDE_LANE_ROWS,
-                ROW_ELEMENTS=row_elements,
-                FAST_TILES=fast_tiles,
-            )
+
+    if inner <= _LANE_MAX_COLS:
+        lane_step, capped = _lane_step(inner, x.element_size(), length_class, can_cap=not traced)
+        kernel = _LANE_KERNELS[capped]
+        shape = lane_shape(
+            LANE_ROWS=_LANE_ROWS_ONE_COLUMN if inner == 1 else _LANE_ROWS,
+            LANE_STEP=lane_step,
+        )
+        candidates = _tuned_configs(kernel, {"length_class": length_class}, INNER=inner)
+    elif (
+        wide := _wide_lane_shape(rows, segments, inner, block_cols, x.element_size())
+    ) is not None:
+        block_segs, row_elements, warps, fast_tiles = wide
+        kernel = _WIDE_LANE_KERNELS[warps]
+        shape = lane_shape(
+            BLOCK_SEGS=block_segs,
+            LANE_ROWS=_WIDE_LANE_ROWS,
+            ROW_ELEMENTS=row_elements,
+            FAST_TILES=fast_tiles,
+        )
         candidates = _tuned_configs(kernel, {"length_class": length_class}, INNER=inner)
     else:
         kernel = _KERNELS[block_cols]
@@ -1822,7 +1820,7 @@ def _launch(x: Tensor, indptr: Tensor, out: Tensor) -> None:
         BLOCK_COLS=block_cols,
         PDL=pdl,
     )
-    sizes = (rows, segments, slots) if lanes else (rows, segments, inner, slots)
+    sizes = (rows, segments, slots) if "INNER" in shape else (rows, segments, inner, slots)
     launcher(kernel)[grid](x, indptr, out, ws, *sizes, length_class, **shape, **constants)
     finish_cols = min(block_cols, 32)
     early = dict(launch_pdl=True) if pdl else {}
