@@ -56,6 +56,30 @@ def test_sync_tree_copies_only_changes_and_keeps_build_products(tmp_path):
     assert (dst / "build" / "a.o").exists()
 
 
+def test_compile_starts_over_an_interrupted_builds_wheel_staging(tmp_path, monkeypatch):
+    src, out = tmp_path / "src", tmp_path / "wheelhouse"
+    left = src / "build" / "bdist.linux-x86_64" / "wheel" / "segment_ops-0.1.0.dist-info"
+    left.mkdir(parents=True)
+    objects = src / "build" / "temp.linux-x86_64-cpython-311"
+    objects.mkdir()
+    (objects / "ops.o").write_text("object")
+    monkeypatch.setattr(toolchain, "ccache_stats", lambda env: {})
+
+    class Steps:
+        def run(self, step, cmd, env, cwd):
+            # What pip's bdist_wheel would trip over ("File exists") must be gone by now.
+            assert not (src / "build" / "bdist.linux-x86_64").exists()
+            wheelhouse = Path(cmd[cmd.index("-w") + 1])
+            wheelhouse.mkdir()
+            fake_wheel(wheelhouse / "segment_ops-0.1.0-cp311-abi3.whl", "0.1.0", ["torch"])
+
+    local.compile_wheel(tmp_path / "venv", src, out, {}, "stamp",
+                        CellReport(cell="torch2.14-cpu", backend="local"), Steps())
+    assert (objects / "ops.o").exists()  # the objects stay: incremental builds stay warm
+    assert sorted(p.name for p in out.iterdir()) == [
+        "inputs.sha256", "segment_ops-0.1.0-cp311-abi3.whl"]
+
+
 def test_wheel_check_finds_missing_promises(tmp_path):
     cell = PLAN.cell("torch2.14-cu130")
     good = fake_wheel(tmp_path / "g.whl", "0.1.0+pt214cu130", ["torch==2.14.*", "triton"])

@@ -69,6 +69,7 @@ def compile_wheel(venv: Path, src: Path, out: Path, env: dict[str, str], stamp: 
     """Compile into a fresh folder; the last wheel and its stamp go only once this one is in."""
     fresh = out.with_name(out.name + ".partial")
     shutil.rmtree(fresh, ignore_errors=True)
+    clear_wheel_staging(src)
     before = toolchain.ccache_stats(env)
     steps.run("compile", [str(envs.python_of(venv)), "-m", "pip", "wheel",
                           "--no-build-isolation", "--no-deps", "--no-cache-dir",
@@ -78,6 +79,16 @@ def compile_wheel(venv: Path, src: Path, out: Path, env: dict[str, str], stamp: 
     (fresh / STAMP).write_text(stamp)
     shutil.rmtree(out, ignore_errors=True)
     fresh.rename(out)
+
+
+def clear_wheel_staging(src: Path) -> None:
+    """Remove setuptools' wheel staging (build/bdist.*) that a build cut short leaves.
+
+    The rest of build/ stays: its objects keep incremental builds warm. The staging
+    does not: bdist_wheel refuses to start over a dist-info folder that an
+    interrupted run left there ("File exists"), so every later build would fail."""
+    for staging in (src / "build").glob("bdist.*"):
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def fingerprint(cell: Cell, env: dict[str, str], venv: Path, src: Path) -> str:
