@@ -5454,18 +5454,21 @@ __global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
 // bf16, 256 columns, power law 84.5 -> 85.4; the other cases within 0.5. At 40
 // or 32 registers it spilled and lost up to 2.4 points.
 // The fix-up runs after the sum's last block, so all of its time adds to the
-// op's: it now reads the first pass's tail and first head partials, and the
-// gated sums' pick, with the keys, and a segment crossing one boundary waits
-// on memory once before its store. The time from the sum kernel's end to the
-// op's fell from 3.8 to 2.5 us (fp32, 4 columns, power law) and from 3.0 to
-// 2.2 (bf16, 256 columns, short segments). H200 (ab.py, forward % of copy,
-// against the reads after the count, one run): fp32, 4 columns, power law
-// 85.0 -> 85.6; bf16, 4 columns, short 87.1 -> 87.7; bf16, 1 column, short
-// 82.6 -> 83.2; fp32, 1 column, short 87.8 -> 88.6, power law 81.9 -> 82.3;
-// others within 0.2 (bf16, 256 columns, power law 85.6 -> 85.7). The
-// partials alone read early, two runs: fp32, 4 columns, short 81.3 -> 81.8
-// and 81.1 -> 81.8; bf16, 32 and 64 columns, short +0.3 to +0.6. Results
-// identical.
+// op's. With one y block, it reads the first pass's tail and first head
+// partials, and the gated sums' pick, with the keys, so a segment crossing
+// one boundary waits on memory once before its store: the time from the sum
+// kernel's end to the op's fell from 3.8 to 2.5 us (fp32, 4 columns, power
+// law) and from 3.0 to 2.2 (bf16, 256 columns, short segments). H200 (ab.py,
+// forward % of copy, against the reads after the count, same run): fp32, 4
+// columns, power law 86.3 -> 86.7; bf16, 4 columns, short 86.4 -> 87.0; bf16,
+// 256 columns, short 86.5 -> 87.0; fp32, 1 column, short 87.2 -> 87.8; bf16,
+// 1 column, short 81.6 -> 82.1; giant and long segments within 0.2 (fp32,
+// 256 columns, giant 88.7 -> 88.5). Results identical. With several y
+// blocks, the blocks that find no segment must return at once: over a giant
+// segment in fp32 rows of 256 columns, 16 y blocks for each of the sum's
+// blocks, all of them but 16 find none, and reading early in each of them
+// lost 88.7 -> 84.1 (bf16 89.0 -> 85.7); only working out their columns
+// before returning (a 64-bit division) lost 88.7 -> 85.9.
 constexpr int kFixupBlocksPerSm = 4;
 
 // Grid: x = the sum's blocks (one per block boundary a segment may cross), y
@@ -5479,24 +5482,22 @@ __global__ void __launch_bounds__(kThreads, kFixupBlocksPerSm)
   using Acc = typename Num<T>::acc;
   __shared__ Acc part[kThreads];
   const int64_t b = blockIdx.x;
+  const int tid = threadIdx.x;
   // Blocks whose partials the workspace holds: the sum's, or the larger of
   // the gated sums' block counts (launch_gated_sum carves it for both).
   const int64_t carved = gridDim.x;
-  const int64_t share = ceil_div(inner, static_cast<int64_t>(gridDim.y));
-  const int64_t k0 = static_cast<int64_t>(blockIdx.y) * share, k1 = imin(inner, k0 + share);
-  const int cols = static_cast<int>(imin(share, kThreads));
-  const int parts = static_cast<int>(imin(kThreads / cols, kFixupParts));
-  const int tid = threadIdx.x, c = tid % cols, j = tid / cols;
-  const bool first_col = tid < cols && k0 + c < k1;
-  const bool first_head_there = first_col && b + 1 < carved;
   const int64_t first_head = b + 1 + tid;
+  // With one y block (every block's columns in one), the first pass's tail
+  // and first head are read with the keys (the comment above
+  // kFixupBlocksPerSm). With several, most blocks find no segment to finish
+  // (over a giant segment, one x block of all finds one), and those return
+  // having read the keys alone, before any other work.
+  const bool early = gridDim.y == 1;
+  const bool first_col = early && tid < imin(inner, kThreads);
+  const bool first_head_there = first_col && b + 1 < carved;
   wait_for_prerequisites();  // the sum's partials (launch_after)
-  // All that a segment crossing one boundary (the common case) needs is read
-  // at once, before anything says it is needed, with the gated sums' pick:
-  // the keys, the first kThreads heads' keys, and the first pass's tail and
-  // first head. Such a block then waits on memory once before its store.
-  const Acc tail_first = first_col ? cross.tail_val[b * inner + k0 + c] : Acc(0);
-  const Acc head_first = first_head_there ? cross.head_val[(b + 1) * inner + k0 + c] : Acc(0);
+  const Acc tail_first = first_col ? cross.tail_val[b * inner + tid] : Acc(0);
+  const Acc head_first = first_head_there ? cross.head_val[(b + 1) * inner + tid] : Acc(0);
   const int64_t key_first = first_head_there ? cross.head_key[b + 1] : -1;
   const int64_t s = cross.tail_key[b];
   const int64_t first_key = first_head < carved ? cross.head_key[first_head] : -1;
@@ -5512,12 +5513,17 @@ __global__ void __launch_bounds__(kThreads, kFixupBlocksPerSm)
     const int64_t bb = b + 1 + n + threadIdx.x;
     got = __syncthreads_count(bb < blocks && cross.head_key[bb] == s);
   }
+  const int64_t share = ceil_div(inner, static_cast<int64_t>(gridDim.y));
+  const int64_t k0 = static_cast<int64_t>(blockIdx.y) * share, k1 = imin(inner, k0 + share);
+  const int cols = static_cast<int>(imin(share, kThreads));
+  const int parts = static_cast<int>(imin(kThreads / cols, kFixupParts));
+  const int c = tid % cols, j = tid / cols;  // early: thread c < cols read column c's first pass
   for (int64_t c0 = k0; c0 < k1; c0 += cols) {
     const int64_t k = c0 + c;
     Acc acc = 0;
     if (j < parts && k < k1) {
       int64_t i = j;
-      if (c0 == k0 && j == 0 && n > 0) {
+      if (early && c0 == k0 && j == 0 && n > 0) {
         acc += key_first == s ? head_first : Acc(0);
         i = parts;
       }
@@ -5533,7 +5539,7 @@ __global__ void __launch_bounds__(kThreads, kFixupBlocksPerSm)
     part[tid] = acc;
     __syncthreads();
     if (tid < cols && k < k1) {
-      Acc total = c0 == k0 ? tail_first : cross.tail_val[b * inner + k];
+      Acc total = early && c0 == k0 ? tail_first : cross.tail_val[b * inner + k];
       for (int q = 0; q < parts; ++q) total += part[q * cols + tid];
       out[s * inner + k] = Num<T>::from_acc(total);
     }
