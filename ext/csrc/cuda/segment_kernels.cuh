@@ -5719,6 +5719,8 @@ inline cudaError_t launch_fixup(T* out, int64_t rows, int64_t segments, int64_t 
   const int64_t wanted =
       spans >= 2 ? imax(passes, imin(ceil_div(inner, kFixupCols), 2 * spans)) : passes;
   const int64_t fixup_y = imin(imin(wanted, kMaxGridY), imax(1, kFixupBlocks / blocks));
+  // x: exactly the blocks the workspace was carved for (launch_gated_sum
+  // carves for the larger count): the fix-up reads partials up to gridDim.x.
   const dim3 grid(static_cast<unsigned>(imax(blocks, tile_blocks)),
                   static_cast<unsigned>(fixup_y));
   if (c.picked != nullptr)
