@@ -115,6 +115,20 @@ def test_unmodified_extension_builds_and_passes_its_cpu_cell(name, wheel_start, 
     unchanged(name, where)
 
 
+def test_a_module_deleted_since_the_last_build_leaves_the_wheel(tmp_path, work, monkeypatch,
+                                                                capsys):
+    """setuptools' build_py never prunes its staging; the engine keeps the objects warm
+    between builds, not the staged package, so the wheel holds what the tree holds."""
+    where = project("classic-cuda", tmp_path, work, monkeypatch)
+    legacy = where / "ext" / "classic_ops" / "legacy.py"
+    legacy.write_text("OLD = True\n")
+    for holds_legacy in (True, False):
+        assert run("build", where, CPU) == 0, capsys.readouterr().err
+        with zipfile.ZipFile(where / "dist" / CPU / result(where, CPU).wheel) as zf:
+            assert ("classic_ops/legacy.py" in zf.namelist()) is holds_legacy
+        legacy.unlink(missing_ok=True)
+
+
 def test_a_build_that_probes_for_a_gpu_gets_a_one_line_diagnosis(tmp_path, work, monkeypatch,
                                                                  capsys):
     where = project("probes-gpu", tmp_path, work, monkeypatch)

@@ -56,10 +56,15 @@ def test_sync_tree_copies_only_changes_and_keeps_build_products(tmp_path):
     assert (dst / "build" / "a.o").exists()
 
 
-def test_compile_starts_over_an_interrupted_builds_wheel_staging(tmp_path, monkeypatch):
+def test_compile_starts_over_the_last_builds_wheel_staging(tmp_path, monkeypatch):
+    """A dist-info an interrupted build left, and a module the maintainer has since
+    deleted, both still in setuptools' staging: neither reaches pip."""
     src, out = tmp_path / "src", tmp_path / "wheelhouse"
     left = src / "build" / "bdist.linux-x86_64" / "wheel" / "segment_ops-0.1.0.dist-info"
     left.mkdir(parents=True)
+    deleted = src / "build" / "lib.linux-x86_64-cpython-311" / "segment_ops" / "gone.py"
+    deleted.parent.mkdir(parents=True)
+    deleted.write_text("x = 1")
     objects = src / "build" / "temp.linux-x86_64-cpython-311"
     objects.mkdir()
     (objects / "ops.o").write_text("object")
@@ -67,8 +72,8 @@ def test_compile_starts_over_an_interrupted_builds_wheel_staging(tmp_path, monke
 
     class Steps:
         def run(self, step, cmd, env, cwd):
-            # What pip's bdist_wheel would trip over ("File exists") must be gone by now.
-            assert not (src / "build" / "bdist.linux-x86_64").exists()
+            assert not left.exists()  # bdist_wheel would stop at it ("File exists")
+            assert not deleted.exists()  # build_py never prunes: it would ship again
             wheelhouse = Path(cmd[cmd.index("-w") + 1])
             wheelhouse.mkdir()
             fake_wheel(wheelhouse / "segment_ops-0.1.0-cp311-abi3.whl", "0.1.0", ["torch"])

@@ -81,14 +81,19 @@ def compile_wheel(venv: Path, src: Path, out: Path, env: dict[str, str], stamp: 
     fresh.rename(out)
 
 
-def clear_wheel_staging(src: Path) -> None:
-    """Remove setuptools' wheel staging (build/bdist.*) that a build cut short leaves.
+# What setuptools stages for a wheel under build/, and never prunes: a module the
+# maintainer deleted stays in build/lib.* and ships in every later wheel, and a
+# dist-info folder that an interrupted run left in build/bdist.* makes bdist_wheel
+# refuse to start ("File exists"). build/temp.* (the objects) stays: it keeps
+# incremental builds warm, and the staging is only copied and linked again.
+WHEEL_STAGING = ("lib.*", "bdist.*", "scripts-*")
 
-    The rest of build/ stays: its objects keep incremental builds warm. The staging
-    does not: bdist_wheel refuses to start over a dist-info folder that an
-    interrupted run left there ("File exists"), so every later build would fail."""
-    for staging in (src / "build").glob("bdist.*"):
-        shutil.rmtree(staging, ignore_errors=True)
+
+def clear_wheel_staging(src: Path) -> None:
+    """Remove the wheel staging the last build left in the source copy's build/."""
+    for pattern in WHEEL_STAGING:
+        for staging in (src / "build").glob(pattern):
+            shutil.rmtree(staging, ignore_errors=True)
 
 
 def fingerprint(cell: Cell, env: dict[str, str], venv: Path, src: Path) -> str:
