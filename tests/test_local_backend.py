@@ -56,6 +56,24 @@ def test_sync_tree_copies_only_changes_and_keeps_build_products(tmp_path):
     assert (dst / "build" / "a.o").exists()
 
 
+def test_folders_named_like_build_products_are_sources_below_the_top(tmp_path):
+    """Only the extension's own build/ and dist/ are build products: a `dist` or `build`
+    subpackage is the extension's code, copied, fingerprinted and pruned like the rest."""
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    for sub in ("mypkg/dist", "mypkg/build", "dist", ".venv/lib", "mypkg/__pycache__"):
+        (src / sub).mkdir(parents=True)
+        (src / sub / "mod.py").write_text("x = 1")
+    workspace.sync_tree(src, dst)
+    copied = sorted(str(p.relative_to(dst)) for p in dst.rglob("*.py"))
+    assert copied == ["mypkg/build/mod.py", "mypkg/dist/mod.py"]
+    before = local.fingerprint(PLAN.cell("torch2.13-cpu"), {}, tmp_path / "venv", dst)
+    (dst / "mypkg" / "dist" / "mod.py").write_text("x = 2")
+    assert local.fingerprint(PLAN.cell("torch2.13-cpu"), {}, tmp_path / "venv", dst) != before
+    (src / "mypkg" / "dist" / "mod.py").unlink()
+    workspace.sync_tree(src, dst)
+    assert not (dst / "mypkg" / "dist" / "mod.py").exists()  # deleted in the tree: pruned
+
+
 def test_compile_starts_over_the_last_builds_wheel_staging(tmp_path, monkeypatch):
     """A dist-info an interrupted build left, and a module the maintainer has since
     deleted, both still in setuptools' staging: neither reaches pip."""

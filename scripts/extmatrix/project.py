@@ -81,7 +81,7 @@ def check_tree(ext_dir: Path) -> None:
     it points at, and a container would not see it)."""
     root = ext_dir.resolve()
     for folder, dirs, files in os.walk(ext_dir):
-        dirs[:] = [d for d in dirs if not skipped(d)]
+        dirs[:] = [d for d in dirs if not skipped(Path(folder, d).relative_to(ext_dir))]
         for name in [*dirs, *files]:
             path = Path(folder) / name
             if not path.is_symlink():

@@ -32,9 +32,12 @@ from .errors import StepFailed
 
 LAST_GOOD = "last-good.json"
 REPORT = "report.json"
-# Build products live in a cell's copy of the sources and must survive syncs: they keep
-# rebuilds warm. They are never part of what the extension is.
-SKIP_DIRS = {"build", "dist", "__pycache__", ".pytest_cache", ".git", ".nox", ".tox"}
+# Not the extension's sources. Build products live in a cell's copy of the sources and
+# must survive syncs: they keep rebuilds warm. build/ and dist/ are build products only
+# at the extension's top: deeper, a folder of that name is a package of the extension's
+# own (a `dist` subpackage of distributed ops, say) and is copied like any other.
+SKIP_ANYWHERE = {"__pycache__", ".pytest_cache", ".git", ".nox", ".tox", ".venv"}
+SKIP_AT_TOP = {"build", "dist"}
 
 
 def say_on_stderr(text: str) -> None:
@@ -176,8 +179,11 @@ def check_writable(folder: Path) -> None:
 # ------------------------------------------------------------------ source copies
 
 
-def skipped(name: str) -> bool:
-    return name in SKIP_DIRS or name.endswith(".egg-info")
+def skipped(rel: Path) -> bool:
+    """Whether `rel`, a path inside the extension, lies outside its sources."""
+    return any(name in SKIP_ANYWHERE or name.endswith(".egg-info")
+               or (depth == 0 and name in SKIP_AT_TOP)
+               for depth, name in enumerate(rel.parts))
 
 
 def sync_tree(src: Path, dst: Path) -> None:
@@ -189,8 +195,8 @@ def sync_tree(src: Path, dst: Path) -> None:
     dst.mkdir(parents=True, exist_ok=True)
     seen: set[Path] = set()
     for root, dirs, files in os.walk(src):
-        dirs[:] = [d for d in dirs if not skipped(d)]
         rel = Path(root).relative_to(src)
+        dirs[:] = [d for d in dirs if not skipped(rel / d)]
         if (dst / rel).is_symlink() or (dst / rel).is_file():
             (dst / rel).unlink()
         (dst / rel).mkdir(parents=True, exist_ok=True)
@@ -216,10 +222,10 @@ def sync_tree(src: Path, dst: Path) -> None:
             shutil.copy2(source, target)
         dirs[:] = [d for d in dirs if not (Path(root) / d).is_symlink()]
     for root, dirs, files in os.walk(dst):
-        dirs[:] = [d for d in dirs if not skipped(d)]
         rel = Path(root).relative_to(dst)
+        dirs[:] = [d for d in dirs if not skipped(rel / d)]
         for name in [*files, *dirs]:
-            if rel / name not in seen and not skipped(name):
+            if rel / name not in seen and not skipped(rel / name):
                 _remove(Path(root) / name)
         dirs[:] = [d for d in dirs if rel / d in seen]
 

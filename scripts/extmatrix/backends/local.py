@@ -104,8 +104,7 @@ def fingerprint(cell: Cell, env: dict[str, str], venv: Path, src: Path) -> str:
     for part in (json.dumps(cell.to_json(), sort_keys=True), json.dumps(settings, sort_keys=True),
                  marker.read_text() if marker.is_file() else ""):
         digest.update(part.encode())
-    for path in sorted(p for p in src.rglob("*")
-                       if not any(map(workspace.skipped, p.relative_to(src).parts))):
+    for path in sorted(p for p in src.rglob("*") if not workspace.skipped(p.relative_to(src))):
         digest.update(str(path.relative_to(src)).encode())
         if path.is_symlink():
             digest.update(b"-> " + os.fsencode(os.readlink(path)))
