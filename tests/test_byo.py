@@ -3,8 +3,9 @@
 Each extension under tests/extensions/ follows a style found in the wild and
 none follows ext/'s conventions: classic setuptools with FORCE_CUDA (classic-cuda),
 scikit-build-core + CMake + TORCH_LIBRARY (cmake-op), pure Python with Triton
-kernels (triton-kernels), and one that decides CUDA from torch.cuda.is_available()
-(probes-gpu), whose CUDA cell must fail with the one-line diagnosis.
+kernels (triton-kernels), a version from git tags through setuptools-scm (scm-version),
+and one that decides CUDA from torch.cuda.is_available() (probes-gpu), whose CUDA cell
+must fail with the one-line diagnosis.
 
 EXTMATRIX_BYO_CUDA=1 (`nox -s byo-cuda`) also builds classic-cuda and cmake-op for
 torch2.14-cu130 and reads their SASS: minutes of nvcc, so not in every run.
@@ -15,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import zipfile
 from pathlib import Path
 
@@ -57,6 +59,7 @@ STYLES = {
     "cmake-op": ("cmake-op", "cmake_op", "tests"),
     "triton-kernels": ("tri-kernels", "tri_kernels", "tests"),
     "probes-gpu": ("probes-gpu", "probes_gpu", "tests"),
+    "scm-version": ("scm-ops", "scm_ops", "tests"),
 }
 
 
@@ -127,6 +130,29 @@ def test_a_module_deleted_since_the_last_build_leaves_the_wheel(tmp_path, work, 
         with zipfile.ZipFile(where / "dist" / CPU / result(where, CPU).wheel) as zf:
             assert ("classic_ops/legacy.py" in zf.namelist()) is holds_legacy
         legacy.unlink(missing_ok=True)
+
+
+def test_a_version_from_git_tags_reaches_the_wheel(tmp_path, work, monkeypatch, capsys):
+    """setuptools-scm asks git, and a cell's copy of the sources has no .git: the engine
+    asks in the tree and hands the answer on, with the cell's local label for git's."""
+    where = project("scm-version", tmp_path, work, monkeypatch)
+    monkeypatch.delenv("SETUPTOOLS_SCM_PRETEND_VERSION", raising=False)
+
+    def git(*args: str) -> None:
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@example.org",
+                        "-C", str(where / "ext"), *args], check=True, capture_output=True)
+
+    git("init", "-q")
+    git("add", ".")
+    git("commit", "-q", "-m", "first")
+    git("tag", "v0.4.0")
+    (where / "ext" / "NEWS").write_text("one change since 0.4.0\n")
+    git("add", "NEWS")
+    git("commit", "-q", "-m", "second")
+    assert run("build", where, CPU) == 0, capsys.readouterr().err
+    built = result(where, CPU)
+    assert built.wheel.startswith("scm_ops-0.4.1.dev1+pt213cpu-py3-none-any"), built.wheel
+    assert run("test-matrix", where, CPU) == 0, capsys.readouterr().err  # the tests read it
 
 
 def test_a_build_that_probes_for_a_gpu_gets_a_one_line_diagnosis(tmp_path, work, monkeypatch,

@@ -71,6 +71,14 @@ def test_cibuildwheel_reads_back_exactly_our_environment(cell_id):
     assert parsed[forced] == "1"
 
 
+def test_the_build_inside_the_container_gets_the_version_git_gave():
+    cell, host = PLAN.cell("torch2.13-cpu"), offline_host()
+    version = {"SETUPTOOLS_SCM_PRETEND_VERSION": "0.4.1.dev1"}
+    env = cibw.environment(cell, EXT, host, "3.11", BUILD_REQUIRES, version)
+    parsed = parse_environment(env["CIBW_ENVIRONMENT"]).as_dictionary({})
+    assert parsed == {**cibw.container_env(cell, host, "3.11"), **version}
+
+
 @pytest.mark.parametrize("cell_id", ["torch2.13-cpu", "torch2.14-cu130", "torch2.14-rocm7.2"])
 def test_cibuildwheel_selects_exactly_the_cells_build(cell_id):
     cell = PLAN.cell(cell_id)

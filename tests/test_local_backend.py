@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import time
 import zipfile
 from pathlib import Path
 
 import pytest
 
-from extmatrix import envs, report, toolchain, wheels, workspace
+from extmatrix import envs, project, report, toolchain, wheels, workspace
 from extmatrix.backends import Context, local, max_jobs
 from extmatrix.cells import plan_file
 from extmatrix.cli import main
@@ -101,6 +103,37 @@ def test_compile_starts_over_the_last_builds_wheel_staging(tmp_path, monkeypatch
     assert (objects / "ops.o").exists()  # the objects stay: incremental builds stay warm
     assert sorted(p.name for p in out.iterdir()) == [
         "inputs.sha256", "segment_ops-0.1.0-cp311-abi3.whl"]
+
+
+def test_git_version_is_asked_in_the_tree_only_for_projects_versioned_by_git(tmp_path,
+                                                                           monkeypatch):
+    monkeypatch.delenv("SETUPTOOLS_SCM_PRETEND_VERSION", raising=False)
+    tree = tmp_path / "ext"
+    tree.mkdir()
+    (tree / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["setuptools", "setuptools_scm[toml]>=8"]\n'
+        '[project]\nname = "scm-ops"\ndynamic = ["version"]\n[tool.setuptools_scm]\n')
+
+    def git(*args: str) -> None:
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@example.org", "-C",
+                        str(tree), *args], check=True, capture_output=True)
+
+    python, said = Path(sys.executable), []
+    assert project.git_version_env(tree, python, {}, said.append) == {}  # no git: no answer
+    assert "found no version" in said[-1]
+    git("init", "-q")
+    git("add", ".")
+    git("commit", "-q", "-m", "first")
+    git("tag", "v2.0.0")
+    with (tree / "pyproject.toml").open("a") as edited:  # a change not committed yet
+        edited.write("# edited\n")
+    asked = project.git_version_env(tree, python, {}, said.append)
+    # 2.0.1.dev0+g<hash>.d<date> from git: the local label is the cell's to write.
+    assert asked == {"SETUPTOOLS_SCM_PRETEND_VERSION": "2.0.1.dev0"}, said
+    given = {"SETUPTOOLS_SCM_PRETEND_VERSION": "3.0"}
+    assert project.git_version_env(tree, python, given) == given  # the user's, as set
+    (tree / "pyproject.toml").write_text('[project]\nname = "plain"\nversion = "1.0"\n')
+    assert project.git_version_env(tree, python, {}) == {}  # not versioned by git
 
 
 def test_wheel_check_finds_missing_promises(tmp_path):

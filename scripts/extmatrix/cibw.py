@@ -124,12 +124,14 @@ def container_env(cell: Cell, host: Host, python: str) -> dict[str, str]:
 
 
 def environment(cell: Cell, extension: Extension, host: Host, python: str,
-                build_requires: list[str]) -> dict[str, str]:
-    """The CIBW_* variables that make `cibuildwheel --platform linux` build this cell."""
+                build_requires: list[str], build_env: dict[str, str] | None = None
+                ) -> dict[str, str]:
+    """The CIBW_* variables that make `cibuildwheel --platform linux` build this cell;
+    `build_env`: more variables for the build inside the container."""
     plat = cell.platform.upper()
     mounts = [f"--volume={host.ccache_dir}:{CCACHE_MOUNT}",
               f"--volume={host.pip_cache_dir}:{PIP_CACHE_MOUNT}"]
-    inner = container_env(cell, host, python)
+    inner = {**container_env(cell, host, python), **(build_env or {})}
     excludes = " ".join(f"--exclude {shlex.quote(p)}" for p in REPAIR_EXCLUDES[cell.family])
     # A shell inside the container runs this: every matrix value in it is quoted.
     tests = "{project}/" + shlex.quote(extension.tests)

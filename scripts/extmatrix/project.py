@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
 from pyproject_hooks import BuildBackendHookCaller, quiet_subprocess_runner
 
 from .errors import UserError
@@ -50,6 +53,44 @@ def build_requirements(ext_dir: Path) -> list[str]:
         if name not in CELL_PINNED:
             wanted.append(text)
     return list(dict.fromkeys([*wanted, *BUILD_TOOLS]))
+
+
+# Version plugins that ask git for the version: setuptools-scm, and hatch-vcs over it.
+GIT_VERSIONED_BY = {"setuptools-scm", "hatch-vcs"}
+PRETEND_VERSION = "SETUPTOOLS_SCM_PRETEND_VERSION"
+
+
+def git_version_env(ext_dir: Path, python: Path, env: dict[str, str],
+                    note: Callable[[str], None] = lambda line: None) -> dict[str, str]:
+    """The version git gives the extension's tree, for a build from a copy without .git.
+
+    A cell builds from a copy of the extension that carries no .git, where setuptools-scm
+    finds no version. Asked in the tree itself (with the build environment's own
+    setuptools-scm and the project's settings), its answer is handed to the build as
+    SETUPTOOLS_SCM_PRETEND_VERSION, less the local label (+g1a2b3c4): the cell adds its
+    own. A version the user set in the variable is handed on as it is (a container sees
+    only what it is given). Nothing is set where the project does not take its version
+    from git, or where git gives none (an sdist: its PKG-INFO says)."""
+    names = {canonicalize_name(Requirement(r).name) for r in build_system(ext_dir)["requires"]}
+    if not names & GIT_VERSIONED_BY:
+        return {}
+    if (given := env.get(PRETEND_VERSION, os.environ.get(PRETEND_VERSION))) is not None:
+        note(f"version: {PRETEND_VERSION}={given}, as set")
+        return {PRETEND_VERSION: given}
+    try:
+        asked = subprocess.run([str(python), "-m", "setuptools_scm"], cwd=ext_dir,
+                               env={**os.environ, **env}, capture_output=True, text=True,
+                               timeout=120)
+        version = Version(asked.stdout.strip().splitlines()[-1]) if asked.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError, IndexError, InvalidVersion):
+        version = None
+    if version is None:
+        note("setuptools-scm found no version in the extension's tree; the build asks it "
+             "again in the copy")
+        return {}
+    note(f"version from git: {version.public} (setuptools-scm in the extension's tree; the "
+         f"cell's copy has no .git, and the cell adds its own local label)")
+    return {PRETEND_VERSION: version.public}
 
 
 def dynamic_build_requirements(ext_dir: Path, python: Path, env: dict[str, str]) -> list[str]:

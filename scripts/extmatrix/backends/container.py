@@ -19,7 +19,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from .. import cibw, engines, envs, toolchain
+from .. import cibw, engines, envs, project, toolchain
 from ..cells import Cell
 from ..engines import Engine
 from ..errors import NotBuildable, StepFailed, UserError
@@ -40,8 +40,10 @@ def build(cell: Cell, ctx: Context) -> CellReport:
         steps.note(f"engine: {engine.why}")
         host = _host(cell, ctx, engine)
         report.sources = list(host.sources.notes)
+        # The engine's own setuptools-scm: the container's comes too late to ask the tree.
+        from_git = project.git_version_env(ctx.ext_dir, Path(sys.executable), {}, steps.note)
         env = {**engine.env, **cibw.environment(cell, ctx.matrix.extension, host, python,
-                                                build_requirements(ctx.ext_dir))}
+                                                build_requirements(ctx.ext_dir), from_git)}
         # A clean copy: cibuildwheel copies its whole working folder into the container,
         # and the source tree may hold build products of other builds.
         src = ctx.work / cell.id / "container-src"

@@ -48,6 +48,8 @@ def build(cell: Cell, ctx: Context) -> CellReport:
         env = compile_env(cell, tools, ctx, venv, src)
         with steps.timed("env"):
             add_dynamic_requirements(cell, venv, src, env, sources, steps)
+        # The build environment's own setuptools-scm, with the project's plugins.
+        env.update(project.git_version_env(ctx.ext_dir, envs.python_of(venv), env, steps.note))
         out = ctx.work / cell.id / "wheelhouse"
         stamp = fingerprint(cell, env, venv, src)
         with steps.timed("compile"):
