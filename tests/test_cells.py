@@ -249,3 +249,24 @@ def test_init_names_the_git_commit_this_engine_came_from(monkeypatch):
         "extmatrix @ git+https://github.com/o/extmatrix.git@abc123"
     assert installed({"url": "file:///home/me/extmatrix", "dir_info": {"editable": True}}) is None
     assert installed(None) is None
+
+
+@pytest.mark.parametrize("name, full_history", [("scm-version", True), ("triton-kernels", False)])
+def test_init_checks_out_the_tags_an_extension_takes_its_version_from(tmp_path, name,
+                                                                      full_history):
+    import shutil
+
+    import yaml
+
+    from extmatrix import init
+
+    ext = tmp_path / name
+    shutil.copytree(Path(__file__).parent / "extensions" / name, ext)
+    init.write(ext, tmp_path / "matrix.yaml", torch="2.14", pythons=None,
+               engine_spec="extmatrix @ git+https://example.org/extmatrix@v1",
+               with_workflow=True, force=False)
+    jobs = yaml.safe_load((tmp_path / init.WORKFLOW).read_text())["jobs"]
+    checkout = jobs["cell"]["steps"][0]["with"]
+    assert ("fetch-depth" in checkout) is full_history
+    if full_history:
+        assert checkout["fetch-depth"] == 0  # a shallow clone has no tags: version 0.1.devN

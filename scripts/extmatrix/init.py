@@ -22,6 +22,7 @@ from packaging.utils import canonicalize_name
 
 from .compat import Compat, version_key
 from .errors import UserError
+from .project import versioned_by_git
 
 ARCHS = ("8.0", "9.0", "10.0", "12.0")  # A100, H100, B200, RTX 50: SASS for each
 SKIP = {"tests", "test", "docs", "doc", "build", "dist", "examples", "benchmarks", "scripts"}
@@ -136,7 +137,10 @@ def matrix_text(project: Project, path: str, compat: Compat, torch: str | None,
     return "\n".join(lines) + "\n"
 
 
-def workflow_text(engine_spec: str, matrix: str) -> str:
+def workflow_text(engine_spec: str, matrix: str, *, versioned_by_git: bool = False) -> str:
+    # A shallow checkout has no tags: setuptools-scm would call every build 0.1.devN.
+    history = ("\n          fetch-depth: 0  # the version comes from git tags"
+               if versioned_by_git else "")
     return f"""\
 # Written by `extmatrix init`. Builds and tests every cell of {matrix} on GitHub's
 # Linux runners (no GPU: GPU tests skip). The job matrix comes from `extmatrix plan`.
@@ -186,7 +190,7 @@ jobs:
     steps:
       - uses: actions/checkout@08c6903cd8c0fde910a37f88322edcfb5dd907a8 # v5.0.0
         with:
-          persist-credentials: false
+          persist-credentials: false{history}
       - uses: actions/setup-python@e797f83bcb11b83ae66e0230d6156d7c80228e7c # v6.0.0
         with:
           python-version: ${{{{ matrix.python }}}}
@@ -230,7 +234,8 @@ def write(ext_dir: Path, output: Path, *, torch: str | None, pythons: list[str] 
     rel = os.path.relpath(ext_dir.resolve(), output.resolve().parent)
     targets = {output: matrix_text(project, rel, Compat.load(), torch, pythons)}
     if with_workflow:
-        targets[output.parent / WORKFLOW] = workflow_text(engine_spec, output.name)
+        targets[output.parent / WORKFLOW] = workflow_text(
+            engine_spec, output.name, versioned_by_git=versioned_by_git(ext_dir))
     for target in targets:
         if target.exists() and not force:
             raise UserError(str(target), "already exists", "pass --force to replace it")

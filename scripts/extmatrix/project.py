@@ -60,6 +60,15 @@ GIT_VERSIONED_BY = {"setuptools-scm", "hatch-vcs"}
 PRETEND_VERSION = "SETUPTOOLS_SCM_PRETEND_VERSION"
 
 
+def versioned_by_git(ext_dir: Path) -> bool:
+    """Whether the extension's build asks git for its version (a [build-system] require)."""
+    requires = build_system(ext_dir)["requires"]
+    try:
+        return any(canonicalize_name(Requirement(r).name) in GIT_VERSIONED_BY for r in requires)
+    except InvalidRequirement:
+        return False  # build_requirements() says what is wrong, where it matters
+
+
 def git_version_env(ext_dir: Path, python: Path, env: dict[str, str],
                     note: Callable[[str], None] = lambda line: None) -> dict[str, str]:
     """The version git gives the extension's tree, for a build from a copy without .git.
@@ -71,8 +80,7 @@ def git_version_env(ext_dir: Path, python: Path, env: dict[str, str],
     own. A version the user set in the variable is handed on as it is (a container sees
     only what it is given). Nothing is set where the project does not take its version
     from git, or where git gives none (an sdist: its PKG-INFO says)."""
-    names = {canonicalize_name(Requirement(r).name) for r in build_system(ext_dir)["requires"]}
-    if not names & GIT_VERSIONED_BY:
+    if not versioned_by_git(ext_dir):
         return {}
     if (given := env.get(PRETEND_VERSION, os.environ.get(PRETEND_VERSION))) is not None:
         note(f"version: {PRETEND_VERSION}={given}, as set")
