@@ -133,8 +133,9 @@ def test_a_module_deleted_since_the_last_build_leaves_the_wheel(tmp_path, work, 
 
 
 def test_a_version_from_git_tags_reaches_the_wheel(tmp_path, work, monkeypatch, capsys):
-    """setuptools-scm asks git, and a cell's copy of the sources has no .git: the engine
-    asks in the tree and hands the answer on, with the cell's local label for git's."""
+    """setuptools-scm asks git for the version and for package data, and a cell's copy of
+    the sources has no .git of the tree's: the engine asks in the tree and hands the
+    version on (the cell's local label for git's), and gives the copy git's file list."""
     where = project("scm-version", tmp_path, work, monkeypatch)
     monkeypatch.delenv("SETUPTOOLS_SCM_PRETEND_VERSION", raising=False)
 
@@ -152,7 +153,9 @@ def test_a_version_from_git_tags_reaches_the_wheel(tmp_path, work, monkeypatch, 
     assert run("build", where, CPU) == 0, capsys.readouterr().err
     built = result(where, CPU)
     assert built.wheel.startswith("scm_ops-0.4.1.dev1+pt213cpu-py3-none-any"), built.wheel
-    assert run("test-matrix", where, CPU) == 0, capsys.readouterr().err  # the tests read it
+    with zipfile.ZipFile(where / "dist" / CPU / built.wheel) as zf:
+        assert "scm_ops/kernels/double.cu" in zf.namelist()  # package data git lists
+    assert run("test-matrix", where, CPU) == 0, capsys.readouterr().err  # the tests read both
 
 
 def test_a_build_that_probes_for_a_gpu_gets_a_one_line_diagnosis(tmp_path, work, monkeypatch,

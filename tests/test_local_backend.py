@@ -136,6 +136,33 @@ def test_git_version_is_asked_in_the_tree_only_for_projects_versioned_by_git(tmp
     assert project.git_version_env(tree, python, {}) == {}  # not versioned by git
 
 
+def test_the_build_copy_tracks_exactly_what_git_tracks_in_the_tree(tmp_path):
+    tree, copy = tmp_path / "ext", tmp_path / "copy"
+    (tree / "pkg").mkdir(parents=True)
+    (tree / "pyproject.toml").write_text('[build-system]\nrequires = ["hatch-vcs"]\n')
+    for name in ("pkg/__init__.py", "pkg/kernel.cu", "pkg/scratch.txt"):
+        (tree / name).write_text(name)
+
+    def git(where: Path, *args: str) -> str:
+        return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@example.org",
+                               "-C", str(where), *args], check=True, capture_output=True,
+                              text=True).stdout
+
+    git(tree, "init", "-q")
+    git(tree, "add", "pyproject.toml", "pkg/__init__.py", "pkg/kernel.cu")  # not scratch.txt
+    workspace.sync_tree(tree, copy)
+    tracked = project.mirror_tracked_files(tree, copy)
+    assert git(copy, "ls-files").split() == ["pkg/__init__.py", "pkg/kernel.cu", "pyproject.toml"]
+    assert git(copy, "status", "--porcelain", "--untracked-files=no") == ""  # all committed
+    git(tree, "rm", "-q", "--cached", "pkg/kernel.cu")  # still on disk, no longer tracked
+    workspace.sync_tree(tree, copy)
+    untracked = project.mirror_tracked_files(tree, copy)
+    assert git(copy, "ls-files").split() == ["pkg/__init__.py", "pyproject.toml"]
+    assert untracked != tracked  # so the build's fingerprint changes with it
+    (tree / "pyproject.toml").write_text('[build-system]\nrequires = ["setuptools"]\n')
+    assert project.mirror_tracked_files(tree, tmp_path / "plain") == b""  # not git-versioned
+
+
 def test_wheel_check_finds_missing_promises(tmp_path):
     cell = PLAN.cell("torch2.14-cu130")
     good = fake_wheel(tmp_path / "g.whl", "0.1.0+pt214cu130", ["torch==2.14.*", "triton"])

@@ -13,7 +13,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 from pyproject_hooks import BuildBackendHookCaller, quiet_subprocess_runner
 
-from .errors import UserError
+from .errors import StepFailed, UserError
 from .workspace import skipped
 
 BUILD_TOOLS = ["pip", "ninja"]  # beside the extension's own [build-system] requires
@@ -99,6 +99,51 @@ def git_version_env(ext_dir: Path, python: Path, env: dict[str, str],
     note(f"version from git: {version.public} (setuptools-scm in the extension's tree; the "
          f"cell's copy has no .git, and the cell adds its own local label)")
     return {PRETEND_VERSION: version.public}
+
+
+def mirror_tracked_files(ext_dir: Path, copy: Path,
+                         note: Callable[[str], None] = lambda line: None) -> bytes:
+    """Make the copy a git repository that tracks what git tracks in the tree; returns
+    the list (NUL-separated paths), b"" where nothing was done.
+
+    For an extension versioned by git, setuptools-scm also decides package data: with
+    include_package_data (on by default under pyproject.toml), every file git tracks in
+    a package ships in the wheel (a JIT extension's .cu sources, headers, data). In a
+    copy without .git they were left out, silently. The copy's repository holds one
+    commit of exactly those files (export-ignore in .gitattributes still applies); no
+    configuration, hook or signing of the user's takes part."""
+    if not versioned_by_git(ext_dir):
+        return b""
+    # The tree is the user's, read with their settings (safe.directory among them); the
+    # copy is ours, written with none.
+    quiet = {**os.environ, "GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1"}
+
+    def git(where: Path, *args: str, feed: bytes | None = None) -> bytes:
+        return subprocess.run(["git", "-C", str(where), *args], input=feed,
+                              env=None if where == ext_dir else quiet,
+                              capture_output=True, check=True, timeout=600).stdout
+
+    try:
+        listed = git(ext_dir, "ls-files", "-z", "--recurse-submodules")
+    except (OSError, subprocess.SubprocessError):
+        note("git lists no files in the extension's tree: its package data is what "
+             "MANIFEST.in and the build's own settings say")
+        return b""
+    files = sorted(p for p in listed.split(b"\0") if p and os.path.lexists(copy / os.fsdecode(p)))
+    tracked = b"\0".join(files)
+    try:
+        if not (copy / ".git").is_dir():
+            git(copy, "init", "-q")
+        git(copy, "read-tree", "--empty")
+        git(copy, "add", "--force", "--pathspec-from-file=-", "--pathspec-file-nul", feed=tracked)
+        git(copy, "-c", "user.name=extmatrix", "-c", "user.email=extmatrix@localhost",
+            "commit", "-q", "--allow-empty", "--no-verify", "-m", "the extension's sources")
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise StepFailed("env", f"cannot give the build copy git's list of the extension's "
+                                f"files ({exc})") from None
+    note(f"the build copy tracks the {len(files)} files git tracks in the extension's tree "
+         "(setuptools-scm takes package data from them)")
+    return tracked
 
 
 def dynamic_build_requirements(ext_dir: Path, python: Path, env: dict[str, str]) -> list[str]:

@@ -48,6 +48,7 @@ def build(cell: Cell, ctx: Context) -> CellReport:
         # and the source tree may hold build products of other builds.
         src = ctx.work / cell.id / "container-src"
         sync_tree(ctx.ext_dir, src)
+        project.mirror_tracked_files(ctx.ext_dir, src, steps.note)  # .git goes in with it
         out = ctx.work / cell.id / "wheelhouse-container"
         shutil.rmtree(out, ignore_errors=True)  # the last good wheel is safe in dist/<cell>/
         stats = _ccache_env(ctx, host)

@@ -45,13 +45,14 @@ def build(cell: Cell, ctx: Context) -> CellReport:
         report.sources = list(sources.notes)
         src = ctx.work / cell.id / "src"
         sync_tree(ctx.ext_dir, src)
+        tracked = project.mirror_tracked_files(ctx.ext_dir, src, steps.note)
         env = compile_env(cell, tools, ctx, venv, src)
         with steps.timed("env"):
             add_dynamic_requirements(cell, venv, src, env, sources, steps)
         # The build environment's own setuptools-scm, with the project's plugins.
         env.update(project.git_version_env(ctx.ext_dir, envs.python_of(venv), env, steps.note))
         out = ctx.work / cell.id / "wheelhouse"
-        stamp = fingerprint(cell, env, venv, src)
+        stamp = fingerprint(cell, env, venv, src, tracked)
         with steps.timed("compile"):
             if not ctx.rebuild and up_to_date(out, stamp):
                 steps.note("sources, torch, toolkit and settings unchanged since the last "
@@ -98,9 +99,11 @@ def clear_wheel_staging(src: Path) -> None:
             shutil.rmtree(staging, ignore_errors=True)
 
 
-def fingerprint(cell: Cell, env: dict[str, str], venv: Path, src: Path) -> str:
-    """Everything a build depends on: the cell, its environment, and the source contents."""
-    digest = hashlib.sha256()
+def fingerprint(cell: Cell, env: dict[str, str], venv: Path, src: Path,
+                tracked: bytes = b"") -> str:
+    """Everything a build depends on: the cell, its environment, the source contents,
+    and which of them git tracks (`tracked`: package data, for setuptools-scm)."""
+    digest = hashlib.sha256(tracked)
     marker = envs.env_marker(venv)
     settings = {k: v for k, v in env.items() if not k.startswith("CCACHE") and k != "PATH"}
     for part in (json.dumps(cell.to_json(), sort_keys=True), json.dumps(settings, sort_keys=True),
