@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -159,6 +160,9 @@ def test_the_build_copy_tracks_exactly_what_git_tracks_in_the_tree(tmp_path):
     untracked = project.mirror_tracked_files(tree, copy)
     assert git(copy, "ls-files").split() == ["pkg/__init__.py", "pyproject.toml"]
     assert untracked != tracked  # so the build's fingerprint changes with it
+    shutil.rmtree(tree / ".git")  # an unpacked sdist, say: PKG-INFO must say the version
+    assert project.mirror_tracked_files(tree, copy) == b""
+    assert not (copy / ".git").exists()
     (tree / "pyproject.toml").write_text('[build-system]\nrequires = ["setuptools"]\n')
     assert project.mirror_tracked_files(tree, tmp_path / "plain") == b""  # not git-versioned
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import tomllib
 from collections.abc import Callable
@@ -112,7 +113,9 @@ def mirror_tracked_files(ext_dir: Path, copy: Path,
     copy without .git they were left out, silently. The copy's repository holds one
     commit of exactly those files (export-ignore in .gitattributes still applies); no
     configuration, hook or signing of the user's takes part."""
+    ours = copy / ".git"
     if not versioned_by_git(ext_dir):
+        shutil.rmtree(ours, ignore_errors=True)  # a repository of an earlier build's
         return b""
     # The tree is the user's, read with their settings (safe.directory among them); the
     # copy is ours, written with none.
@@ -126,13 +129,17 @@ def mirror_tracked_files(ext_dir: Path, copy: Path,
     try:
         listed = git(ext_dir, "ls-files", "-z", "--recurse-submodules")
     except (OSError, subprocess.SubprocessError):
-        note("git lists no files in the extension's tree: its package data is what "
+        listed = b""
+    files = sorted(p for p in listed.split(b"\0") if p and os.path.lexists(copy / os.fsdecode(p)))
+    if not files:
+        # No repository of ours, then: an unpacked sdist's PKG-INFO must keep the version.
+        shutil.rmtree(ours, ignore_errors=True)
+        note("git tracks no files in the extension's tree: its package data is what "
              "MANIFEST.in and the build's own settings say")
         return b""
-    files = sorted(p for p in listed.split(b"\0") if p and os.path.lexists(copy / os.fsdecode(p)))
     tracked = b"\0".join(files)
     try:
-        if not (copy / ".git").is_dir():
+        if not ours.is_dir():
             git(copy, "init", "-q")
         git(copy, "read-tree", "--empty")
         git(copy, "add", "--force", "--pathspec-from-file=-", "--pathspec-file-nul", feed=tracked)
