@@ -17,7 +17,7 @@ from extmatrix import envs, project, report, toolchain, wheels, workspace
 from extmatrix.backends import Context, local, max_jobs
 from extmatrix.cells import plan_file
 from extmatrix.cli import main
-from extmatrix.errors import NotBuildable
+from extmatrix.errors import NotBuildable, StepFailed
 from extmatrix.report import CellReport
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -120,24 +120,45 @@ def test_git_version_is_asked_in_the_tree_only_for_projects_versioned_by_git(tmp
                         str(tree), *args], check=True, capture_output=True)
 
     python, said = Path(sys.executable), []
-    assert project.git_version_env(tree, python, {}, said.append) == {}  # no git: no answer
-    assert "found no version" in said[-1]
+    assert project.git_version_env(tree, python, {}, False) == {}  # not in git: PKG-INFO's
     git("init", "-q")
     git("add", ".")
     git("commit", "-q", "-m", "first")
     git("tag", "v2.0.0")
     with (tree / "pyproject.toml").open("a") as edited:  # a change not committed yet
         edited.write("# edited\n")
-    asked = project.git_version_env(tree, python, {}, said.append)
+    asked = project.git_version_env(tree, python, {}, True, said.append)
     # 2.0.1.dev0+g<hash>.d<date> from git: the local label is the cell's to write.
     assert asked == {"SETUPTOOLS_SCM_PRETEND_VERSION": "2.0.1.dev0"}, said
+    monkeypatch.setenv("GIT_DIR", str(tmp_path / "elsewhere"))  # as git sets it for hooks
+    assert project.git_version_env(tree, python, {}, True) == asked
     given = {"SETUPTOOLS_SCM_PRETEND_VERSION": "3.0"}
-    assert project.git_version_env(tree, python, given) == given  # the user's, as set
+    assert project.git_version_env(tree, python, given, True) == given  # the user's, as set
+    with pytest.raises(StepFailed, match="setuptools-scm gives no version in"):
+        project.git_version_env(tree, Path("/bin/false"), {}, True)  # never a silent 0.1.dev
     (tree / "pyproject.toml").write_text('[project]\nname = "plain"\nversion = "1.0"\n')
-    assert project.git_version_env(tree, python, {}) == {}  # not versioned by git
+    assert project.git_version_env(tree, python, {}, True) == {}  # not versioned by git
 
 
-def test_the_build_copy_tracks_exactly_what_git_tracks_in_the_tree(tmp_path):
+def test_hatch_vcs_settings_reach_the_version_query(tmp_path):
+    tree = tmp_path / "ext"
+    tree.mkdir()
+    (tree / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["hatchling", "hatch-vcs"]\n[tool.hatch.version]\n'
+        'source = "vcs"\ntag-pattern = "^release-(?P<version>.+)$"\n'
+        '[tool.hatch.version.raw-options]\nlocal_scheme = "no-local-version"\n')
+    assert project._hatch_vcs_settings(tree) == {
+        "root": ".", "tag_regex": "^release-(?P<version>.+)$", "local_scheme": "no-local-version"}
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@example.org", "-C", str(tree),
+                    "init", "-q"], check=True)
+    for args in (["add", "."], ["commit", "-q", "-m", "one"], ["tag", "release-5.1"]):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@example.org", "-C",
+                        str(tree), *args], check=True)
+    assert project.git_version_env(tree, Path(sys.executable), {}, True) == {
+        "SETUPTOOLS_SCM_PRETEND_VERSION": "5.1"}  # read through hatch-vcs's tag pattern
+
+
+def test_the_build_copy_tracks_exactly_what_git_tracks_in_the_tree(tmp_path, monkeypatch):
     tree, copy = tmp_path / "ext", tmp_path / "copy"
     (tree / "pkg").mkdir(parents=True)
     (tree / "pyproject.toml").write_text('[build-system]\nrequires = ["hatch-vcs"]\n')
@@ -160,6 +181,25 @@ def test_the_build_copy_tracks_exactly_what_git_tracks_in_the_tree(tmp_path):
     untracked = project.mirror_tracked_files(tree, copy)
     assert git(copy, "ls-files").split() == ["pkg/__init__.py", "pyproject.toml"]
     assert untracked != tracked  # so the build's fingerprint changes with it
+    (copy / ".git" / "index.lock").write_text("")  # left by an interrupted build
+    (tree / ":memo").write_text("a name git would read as pathspec magic")
+    git(tree, "add", "--", ":(literal):memo")
+    git(tree, "update-index", "--add", "--cacheinfo", f"160000,{'1' * 40},vendored")
+    (tree / "vendored").mkdir()
+    (tree / "vendored" / "lib.py").write_text("a submodule's file")
+    index = (tree / ".git" / "index").read_bytes()
+    monkeypatch.setenv("GIT_INDEX_FILE", str(tree / ".git" / "index"))  # as for a hook
+    monkeypatch.setenv("GIT_DIR", str(tree / ".git"))
+    workspace.sync_tree(tree, copy)
+    project.mirror_tracked_files(tree, copy)
+    monkeypatch.delenv("GIT_INDEX_FILE")
+    monkeypatch.delenv("GIT_DIR")
+    # Submodules out, as setuptools-scm's own listing leaves them; odd names in.
+    assert git(copy, "ls-files").split() == [":memo", "pkg/__init__.py", "pyproject.toml"]
+    assert (tree / ".git" / "index").read_bytes() == index  # the user's repository untouched
+    no_head = subprocess.run(["git", "-C", str(tree), "rev-parse", "--verify", "-q", "HEAD"],
+                             capture_output=True)
+    assert no_head.returncode != 0  # and no commit landed there
     shutil.rmtree(tree / ".git")  # an unpacked sdist, say: PKG-INFO must say the version
     assert project.mirror_tracked_files(tree, copy) == b""
     assert not (copy / ".git").exists()

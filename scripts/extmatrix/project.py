@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -70,35 +71,83 @@ def versioned_by_git(ext_dir: Path) -> bool:
         return False  # build_requirements() says what is wrong, where it matters
 
 
-def git_version_env(ext_dir: Path, python: Path, env: dict[str, str],
-                    note: Callable[[str], None] = lambda line: None) -> dict[str, str]:
-    """The version git gives the extension's tree, for a build from a copy without .git.
+# hatch-vcs's settings, as it hands them to setuptools-scm.
+HATCH_VCS_SCRIPT = ("import json, sys, setuptools_scm; "
+                    "print(setuptools_scm.get_version(**json.loads(sys.argv[1])))")
 
-    A cell builds from a copy of the extension that carries no .git, where setuptools-scm
-    finds no version. Asked in the tree itself (with the build environment's own
-    setuptools-scm and the project's settings), its answer is handed to the build as
-    SETUPTOOLS_SCM_PRETEND_VERSION, less the local label (+g1a2b3c4): the cell adds its
-    own. A version the user set in the variable is handed on as it is (a container sees
-    only what it is given). Nothing is set where the project does not take its version
-    from git, or where git gives none (an sdist: its PKG-INFO says)."""
+
+def _hatch_vcs_settings(ext_dir: Path) -> dict | None:
+    """[tool.hatch.version] with source = "vcs", as setuptools-scm keyword arguments."""
+    try:
+        data = tomllib.loads((ext_dir / "pyproject.toml").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return None
+    table = data.get("tool", {}).get("hatch", {}).get("version", {})
+    if table.get("source") != "vcs":
+        return None
+    settings: dict = {"root": "."}
+    if "tag-pattern" in table:
+        settings["tag_regex"] = table["tag-pattern"]
+    if "fallback-version" in table:
+        settings["fallback_version"] = table["fallback-version"]
+    settings.update(table.get("raw-options", {}))
+    return settings
+
+
+def _last_line(text: str | bytes) -> str:
+    lines = (text.decode(errors="replace") if isinstance(text, bytes) else text).strip()
+    return lines.splitlines()[-1] if lines else "no message"
+
+
+def _git(where: Path, *args: str, feed: bytes | None = None,
+         own: bool = False) -> subprocess.CompletedProcess:
+    """git on the extension's tree (read only) or, `own`, on the copy's repository."""
+    # Git sets GIT_DIR, GIT_INDEX_FILE and the like for its hooks: an engine run from a
+    # hook must neither read nor write the user's repository through them.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    if own:  # ours: no configuration, hook or signing of the user's takes part
+        env.update(GIT_CONFIG_GLOBAL=os.devnull, GIT_CONFIG_NOSYSTEM="1")
+        cmd = ["git", f"--git-dir={where / '.git'}", f"--work-tree={where}"]
+    else:  # the user's, whose owner may not be us (a CI checkout, a container)
+        cmd = ["git", "-c", "safe.directory=*", "-C", str(where)]
+    return subprocess.run([*cmd, *args], input=feed, env=env, capture_output=True, timeout=600)
+
+
+def git_version_env(ext_dir: Path, python: Path, env: dict[str, str], in_git: bool,
+                    note: Callable[[str], None] = lambda line: None) -> dict[str, str]:
+    """The version git gives the extension's tree, for a build from a copy of it.
+
+    The copy's git repository (mirror_tracked_files) has the tree's files, not its
+    history or tags. setuptools-scm is asked in the tree itself, with the project's
+    settings ([tool.setuptools_scm], or hatch-vcs's [tool.hatch.version]), and its answer
+    is handed to the build as SETUPTOOLS_SCM_PRETEND_VERSION, less the local label
+    (+g1a2b3c4): the cell adds its own. A version the user set in the variable is handed
+    on as it is (a container sees only what it is given). Nothing is set where the
+    project does not take its version from git, or outside a git tree (an sdist: its
+    PKG-INFO says); inside one, no answer fails the build, naming setuptools-scm's reason,
+    where the copy's own repository would give a wrong version without a word."""
     if not versioned_by_git(ext_dir):
         return {}
     if (given := env.get(PRETEND_VERSION, os.environ.get(PRETEND_VERSION))) is not None:
         note(f"version: {PRETEND_VERSION}={given}, as set")
         return {PRETEND_VERSION: given}
-    try:
-        asked = subprocess.run([str(python), "-m", "setuptools_scm"], cwd=ext_dir,
-                               env={**os.environ, **env}, capture_output=True, text=True,
-                               timeout=120)
-        version = Version(asked.stdout.strip().splitlines()[-1]) if asked.returncode == 0 else None
-    except (OSError, subprocess.SubprocessError, IndexError, InvalidVersion):
-        version = None
-    if version is None:
-        note("setuptools-scm found no version in the extension's tree; the build asks it "
-             "again in the copy")
+    if not in_git:
         return {}
+    hatch = _hatch_vcs_settings(ext_dir)
+    ask = ([str(python), "-c", HATCH_VCS_SCRIPT, json.dumps(hatch)] if hatch is not None
+           else [str(python), "-m", "setuptools_scm"])
+    run_env = {k: v for k, v in {**os.environ, **env}.items() if not k.startswith("GIT_")}
+    try:
+        asked = subprocess.run(ask, cwd=ext_dir, env=run_env, capture_output=True, text=True,
+                               timeout=300)
+        reason = _last_line(asked.stderr)
+        version = Version(_last_line(asked.stdout)) if asked.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError, InvalidVersion) as exc:
+        version, reason = None, str(exc)
+    if version is None:
+        raise StepFailed("env", f"setuptools-scm gives no version in {ext_dir}: {reason}")
     note(f"version from git: {version.public} (setuptools-scm in the extension's tree; the "
-         f"cell's copy has no .git, and the cell adds its own local label)")
+         f"cell adds its own local label)")
     return {PRETEND_VERSION: version.public}
 
 
@@ -111,43 +160,48 @@ def mirror_tracked_files(ext_dir: Path, copy: Path,
     include_package_data (on by default under pyproject.toml), every file git tracks in
     a package ships in the wheel (a JIT extension's .cu sources, headers, data). In a
     copy without .git they were left out, silently. The copy's repository holds one
-    commit of exactly those files (export-ignore in .gitattributes still applies); no
-    configuration, hook or signing of the user's takes part."""
+    commit of exactly those files, submodules left out as setuptools-scm's own listing
+    (git archive) leaves them; export-ignore in .gitattributes still applies."""
     ours = copy / ".git"
     if not versioned_by_git(ext_dir):
         shutil.rmtree(ours, ignore_errors=True)  # a repository of an earlier build's
         return b""
-    # The tree is the user's, read with their settings (safe.directory among them); the
-    # copy is ours, written with none.
-    quiet = {**os.environ, "GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1"}
-
-    def git(where: Path, *args: str, feed: bytes | None = None) -> bytes:
-        return subprocess.run(["git", "-C", str(where), *args], input=feed,
-                              env=None if where == ext_dir else quiet,
-                              capture_output=True, check=True, timeout=600).stdout
-
-    try:
-        listed = git(ext_dir, "ls-files", "-z", "--recurse-submodules")
-    except (OSError, subprocess.SubprocessError):
-        listed = b""
-    files = sorted(p for p in listed.split(b"\0") if p and os.path.lexists(copy / os.fsdecode(p)))
+    listed = _git(ext_dir, "ls-files", "-z", "--stage")
+    files = set()
+    for entry in listed.stdout.split(b"\0") if listed.returncode == 0 else []:
+        mode, _, path = entry.partition(b"\t")
+        if path and not mode.startswith(b"160000") and os.path.lexists(copy / os.fsdecode(path)):
+            files.add(path)
     if not files:
         # No repository of ours, then: an unpacked sdist's PKG-INFO must keep the version.
         shutil.rmtree(ours, ignore_errors=True)
-        note("git tracks no files in the extension's tree: its package data is what "
-             "MANIFEST.in and the build's own settings say")
+        why = (f"git cannot list them ({_last_line(listed.stderr)})" if listed.returncode
+               else "git tracks none of them")
+        note(f"the extension's files: {why}; its package data is what MANIFEST.in and the "
+             "build's own settings say")
         return b""
-    tracked = b"\0".join(files)
-    try:
-        if not ours.is_dir():
-            git(copy, "init", "-q")
-        git(copy, "read-tree", "--empty")
-        git(copy, "add", "--force", "--pathspec-from-file=-", "--pathspec-file-nul", feed=tracked)
-        git(copy, "-c", "user.name=extmatrix", "-c", "user.email=extmatrix@localhost",
-            "commit", "-q", "--allow-empty", "--no-verify", "-m", "the extension's sources")
-    except (OSError, subprocess.SubprocessError) as exc:
-        raise StepFailed("env", f"cannot give the build copy git's list of the extension's "
-                                f"files ({exc})") from None
+    tracked = b"\0".join(sorted(files))
+
+    def record() -> subprocess.CompletedProcess:
+        steps = [] if ours.is_dir() else [(("init", "-q", "--template="), None)]
+        steps += [(("read-tree", "--empty"), None),
+                  # Literal paths (no pathspec magic in a name), fast on big trees.
+                  (("update-index", "--add", "-z", "--stdin"), tracked),
+                  (("-c", "user.name=extmatrix", "-c", "user.email=extmatrix@localhost",
+                    "commit", "-q", "--allow-empty", "--no-verify", "-m",
+                    "the extension's sources"), None)]
+        for args, feed in steps:
+            done = _git(copy, *args, feed=feed, own=True)
+            if done.returncode:
+                break
+        return done
+
+    if (done := record()).returncode:
+        # A repository an interrupted build left half written (index.lock): once afresh.
+        shutil.rmtree(ours, ignore_errors=True)
+        if (done := record()).returncode:
+            raise StepFailed("env", "git cannot record the extension's files in the build "
+                                    f"copy: {_last_line(done.stderr)}")
     note(f"the build copy tracks the {len(files)} files git tracks in the extension's tree "
          "(setuptools-scm takes package data from them)")
     return tracked

@@ -40,15 +40,16 @@ def build(cell: Cell, ctx: Context) -> CellReport:
         steps.note(f"engine: {engine.why}")
         host = _host(cell, ctx, engine)
         report.sources = list(host.sources.notes)
-        # The engine's own setuptools-scm: the container's comes too late to ask the tree.
-        from_git = project.git_version_env(ctx.ext_dir, Path(sys.executable), {}, steps.note)
-        env = {**engine.env, **cibw.environment(cell, ctx.matrix.extension, host, python,
-                                                build_requirements(ctx.ext_dir), from_git)}
         # A clean copy: cibuildwheel copies its whole working folder into the container,
         # and the source tree may hold build products of other builds.
         src = ctx.work / cell.id / "container-src"
         sync_tree(ctx.ext_dir, src)
-        project.mirror_tracked_files(ctx.ext_dir, src, steps.note)  # .git goes in with it
+        tracked = project.mirror_tracked_files(ctx.ext_dir, src, steps.note)  # .git goes too
+        # The engine's own setuptools-scm: the container's comes too late to ask the tree.
+        from_git = project.git_version_env(ctx.ext_dir, Path(sys.executable), {},
+                                           bool(tracked), steps.note)
+        env = {**engine.env, **cibw.environment(cell, ctx.matrix.extension, host, python,
+                                                build_requirements(ctx.ext_dir), from_git)}
         out = ctx.work / cell.id / "wheelhouse-container"
         shutil.rmtree(out, ignore_errors=True)  # the last good wheel is safe in dist/<cell>/
         stats = _ccache_env(ctx, host)

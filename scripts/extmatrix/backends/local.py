@@ -50,7 +50,8 @@ def build(cell: Cell, ctx: Context) -> CellReport:
         with steps.timed("env"):
             add_dynamic_requirements(cell, venv, src, env, sources, steps)
         # The build environment's own setuptools-scm, with the project's plugins.
-        env.update(project.git_version_env(ctx.ext_dir, envs.python_of(venv), env, steps.note))
+        env.update(project.git_version_env(ctx.ext_dir, envs.python_of(venv), env,
+                                           bool(tracked), steps.note))
         out = ctx.work / cell.id / "wheelhouse"
         stamp = fingerprint(cell, env, venv, src, tracked)
         with steps.timed("compile"):
@@ -110,7 +111,7 @@ def fingerprint(cell: Cell, env: dict[str, str], venv: Path, src: Path,
                  marker.read_text() if marker.is_file() else ""):
         digest.update(part.encode())
     for path in sorted(p for p in src.rglob("*") if not workspace.skipped(p.relative_to(src))):
-        digest.update(str(path.relative_to(src)).encode())
+        digest.update(os.fsencode(path.relative_to(src)))  # any bytes a name may hold
         if path.is_symlink():
             digest.update(b"-> " + os.fsencode(os.readlink(path)))
         elif path.is_file():
