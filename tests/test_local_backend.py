@@ -200,6 +200,11 @@ def test_the_build_copy_tracks_exactly_what_git_tracks_in_the_tree(tmp_path, mon
     no_head = subprocess.run(["git", "-C", str(tree), "rev-parse", "--verify", "-q", "HEAD"],
                              capture_output=True)
     assert no_head.returncode != 0  # and no commit landed there
+    said: list[str] = []
+    monkeypatch.setenv("PATH", str(tmp_path / "no-git-here"))
+    assert project.mirror_tracked_files(tree, copy, said.append) == b""  # no traceback
+    assert "git cannot list them" in said[-1] and not (copy / ".git").exists()
+    monkeypatch.undo()
     shutil.rmtree(tree / ".git")  # an unpacked sdist, say: PKG-INFO must say the version
     assert project.mirror_tracked_files(tree, copy) == b""
     assert not (copy / ".git").exists()

@@ -110,7 +110,11 @@ def _git(where: Path, *args: str, feed: bytes | None = None,
         cmd = ["git", f"--git-dir={where / '.git'}", f"--work-tree={where}"]
     else:  # the user's, whose owner may not be us (a CI checkout, a container)
         cmd = ["git", "-c", "safe.directory=*", "-C", str(where)]
-    return subprocess.run([*cmd, *args], input=feed, env=env, capture_output=True, timeout=600)
+    try:
+        return subprocess.run([*cmd, *args], input=feed, env=env, capture_output=True,
+                              timeout=600)
+    except (OSError, subprocess.SubprocessError) as exc:  # no git here, or it hung
+        return subprocess.CompletedProcess(cmd, 127, b"", str(exc).encode())
 
 
 def git_version_env(ext_dir: Path, python: Path, env: dict[str, str], in_git: bool,
