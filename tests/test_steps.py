@@ -37,6 +37,14 @@ def test_first_cause_finds_the_real_error():
     assert steps.first_cause("Traceback (most recent call last):\n  File x\n"
                              "ModuleNotFoundError: No module named 'torch'") == \
         "ModuleNotFoundError: No module named 'torch'"
+    cibuildwheel = ("Successfully built scm-ops\n   ✕ 3.80s\ncibuildwheel: error: \n"
+                    "Build failed because a pure Python wheel was generated.\n\n"
+                    "If you expected a platform wheel, check your project configuration,\n"
+                    "or run cibuildwheel with CIBW_BUILD_VERBOSITY=1 to view build logs.\n")
+    assert steps.first_cause(cibuildwheel) == \
+        "Build failed because a pure Python wheel was generated."
+    assert steps.first_cause("cibuildwheel: error: No build identifiers selected\n") == \
+        "cibuildwheel: error: No build identifiers selected"
 
 
 def test_command_output_reaches_the_log_without_credentials(tmp_path):

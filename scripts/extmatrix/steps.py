@@ -190,6 +190,7 @@ _NOISE = re.compile(
 _COMPILER = re.compile(r"(?:^|[\s:)])(?:fatal )?error(?: [A-Z]+\d+)?:\s*\S", re.IGNORECASE)
 _PIP = re.compile(r"^(?:ERROR|error): \S")
 _RESOLVER = re.compile(r"^\s*(?:╰─▶|×)\s*(?P<msg>.+)")
+_CIBUILDWHEEL = re.compile(r"^cibuildwheel: error:\s*(?P<msg>.*)$")
 _EXCEPTION = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Za-z_]\w*(?:Error|Exception|Exit): .+")
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
@@ -212,6 +213,12 @@ def first_cause(output: str, limit: int = 300) -> str | None:
         found = next((m["msg"] for m in reversed(resolver) if m and "╰─▶" in m.group(0)), None)
         found = found or next((m["msg"] for m in resolver if m), None)
     found = found or pick(lambda line: _PIP.match(line) is not None)
+    if found is None:
+        # cibuildwheel puts its reason on the line after "cibuildwheel: error:" at times,
+        # and closes with advice ("or run cibuildwheel with ...") that is never the news.
+        for at, line in enumerate(meaningful):
+            if (said := _CIBUILDWHEEL.match(line)) is not None:
+                found = said["msg"] or next(iter(meaningful[at + 1:at + 2]), None)
     if found is None:
         raised = [line for line in meaningful if _EXCEPTION.match(line)]
         found = raised[-1] if raised else None
