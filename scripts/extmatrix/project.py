@@ -7,7 +7,7 @@ import os
 import shutil
 import subprocess
 import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from packaging.requirements import InvalidRequirement, Requirement
@@ -16,6 +16,7 @@ from packaging.version import InvalidVersion, Version
 from pyproject_hooks import BuildBackendHookCaller, quiet_subprocess_runner
 
 from .errors import StepFailed, UserError
+from .steps import first_cause
 from .workspace import skipped
 
 BUILD_TOOLS = ["pip", "ninja"]  # beside the extension's own [build-system] requires
@@ -26,16 +27,21 @@ CELL_PINNED = {"torch"}
 LEGACY_BACKEND = "setuptools.build_meta:__legacy__"  # what pip uses without [build-system]
 
 
+def pyproject_data(ext_dir: Path) -> dict:
+    """The extension's pyproject.toml, parsed; {} where it has none."""
+    pyproject = ext_dir / "pyproject.toml"
+    if not pyproject.is_file():
+        return {}
+    try:
+        return tomllib.loads(pyproject.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise UserError(str(pyproject), f"cannot read ({exc})",
+                        "fix the file so that pip can build the project") from None
+
+
 def build_system(ext_dir: Path) -> dict:
     """[build-system] of the extension's pyproject.toml, with PEP 517's defaults."""
-    pyproject = ext_dir / "pyproject.toml"
-    data: dict = {}
-    if pyproject.is_file():
-        try:
-            data = tomllib.loads(pyproject.read_text(encoding="utf-8")).get("build-system", {})
-        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-            raise UserError(str(pyproject), f"cannot read ({exc})",
-                            "fix the file so that pip can build the project") from None
+    data = pyproject_data(ext_dir).get("build-system", {})
     return {"requires": data.get("requires", ["setuptools", "wheel"]),
             "build-backend": data.get("build-backend", LEGACY_BACKEND),
             "backend-path": data.get("backend-path")}
@@ -78,11 +84,7 @@ HATCH_VCS_SCRIPT = ("import json, sys, setuptools_scm; "
 
 def _hatch_vcs_settings(ext_dir: Path) -> dict | None:
     """[tool.hatch.version] with source = "vcs", as setuptools-scm keyword arguments."""
-    try:
-        data = tomllib.loads((ext_dir / "pyproject.toml").read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
-        return None
-    table = data.get("tool", {}).get("hatch", {}).get("version", {})
+    table = pyproject_data(ext_dir).get("tool", {}).get("hatch", {}).get("version", {})
     if table.get("source") != "vcs":
         return None
     settings: dict = {"root": "."}
@@ -94,17 +96,22 @@ def _hatch_vcs_settings(ext_dir: Path) -> dict | None:
     return settings
 
 
-def _last_line(text: str | bytes) -> str:
-    lines = (text.decode(errors="replace") if isinstance(text, bytes) else text).strip()
-    return lines.splitlines()[-1] if lines else "no message"
+def _why(stderr: str | bytes) -> str:
+    """What a failed tool said, as the engine reports any failed command's cause."""
+    text = stderr.decode(errors="replace") if isinstance(stderr, bytes) else stderr
+    return first_cause(text) or "no message"
+
+
+def _without_git_variables(env: Mapping[str, str]) -> dict[str, str]:
+    """Git sets GIT_DIR, GIT_INDEX_FILE and the like for its hooks: an engine run from a
+    hook must neither read nor write the user's repository through them."""
+    return {k: v for k, v in env.items() if not k.startswith("GIT_")}
 
 
 def _git(where: Path, *args: str, feed: bytes | None = None,
          own: bool = False) -> subprocess.CompletedProcess:
     """git on the extension's tree (read only) or, `own`, on the copy's repository."""
-    # Git sets GIT_DIR, GIT_INDEX_FILE and the like for its hooks: an engine run from a
-    # hook must neither read nor write the user's repository through them.
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    env = _without_git_variables(os.environ)
     if own:  # ours: no configuration, hook or signing of the user's takes part
         env.update(GIT_CONFIG_GLOBAL=os.devnull, GIT_CONFIG_NOSYSTEM="1")
         cmd = ["git", f"--git-dir={where / '.git'}", f"--work-tree={where}"]
@@ -140,13 +147,12 @@ def git_version_env(ext_dir: Path, python: Path, env: dict[str, str], in_git: bo
     hatch = _hatch_vcs_settings(ext_dir)
     ask = ([str(python), "-c", HATCH_VCS_SCRIPT, json.dumps(hatch)] if hatch is not None
            else [str(python), "-m", "setuptools_scm"])
-    run_env = {k: v for k, v in {**os.environ, **env}.items() if not k.startswith("GIT_")}
     try:
-        asked = subprocess.run(ask, cwd=ext_dir, env=run_env, capture_output=True, text=True,
-                               timeout=300)
-        reason = _last_line(asked.stderr)
-        version = Version(_last_line(asked.stdout)) if asked.returncode == 0 else None
-    except (OSError, subprocess.SubprocessError, InvalidVersion) as exc:
+        asked = subprocess.run(ask, cwd=ext_dir, env=_without_git_variables({**os.environ, **env}),
+                               capture_output=True, text=True, timeout=300)
+        reason = _why(asked.stderr)
+        version = Version(asked.stdout.split()[-1]) if asked.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError, IndexError, InvalidVersion) as exc:
         version, reason = None, str(exc)
     if version is None:
         raise StepFailed("env", f"setuptools-scm gives no version in {ext_dir}: {reason}")
@@ -179,7 +185,7 @@ def mirror_tracked_files(ext_dir: Path, copy: Path,
     if not files:
         # No repository of ours, then: an unpacked sdist's PKG-INFO must keep the version.
         shutil.rmtree(ours, ignore_errors=True)
-        why = (f"git cannot list them ({_last_line(listed.stderr)})" if listed.returncode
+        why = (f"git cannot list them ({_why(listed.stderr)})" if listed.returncode
                else "git tracks none of them")
         note(f"the extension's files: {why}; its package data is what MANIFEST.in and the "
              "build's own settings say")
@@ -205,7 +211,7 @@ def mirror_tracked_files(ext_dir: Path, copy: Path,
         shutil.rmtree(ours, ignore_errors=True)
         if (done := record()).returncode:
             raise StepFailed("env", "git cannot record the extension's files in the build "
-                                    f"copy: {_last_line(done.stderr)}")
+                                    f"copy: {_why(done.stderr)}")
     note(f"the build copy tracks the {len(files)} files git tracks in the extension's tree "
          "(setuptools-scm takes package data from them)")
     return tracked
