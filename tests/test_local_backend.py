@@ -128,12 +128,15 @@ def test_git_version_is_asked_in_the_tree_only_for_projects_versioned_by_git(tmp
     with (tree / "pyproject.toml").open("a") as edited:  # a change not committed yet
         edited.write("# edited\n")
     asked = project.git_version_env(tree, python, {}, True, said.append)
-    # 2.0.1.dev0+g<hash>.d<date> from git: the local label is the cell's to write.
-    assert asked == {"SETUPTOOLS_SCM_PRETEND_VERSION": "2.0.1.dev0"}, said
+    # 2.0.1.dev0+g<hash>.d<date> from git: the local label is the cell's to write. Named
+    # for this project alone: a build requirement built from its sdist with setuptools-scm
+    # must keep its own version.
+    assert asked == {"SETUPTOOLS_SCM_PRETEND_VERSION_FOR_SCM_OPS": "2.0.1.dev0"}, said
     monkeypatch.setenv("GIT_DIR", str(tmp_path / "elsewhere"))  # as git sets it for hooks
     assert project.git_version_env(tree, python, {}, True) == asked
-    given = {"SETUPTOOLS_SCM_PRETEND_VERSION": "3.0"}
-    assert project.git_version_env(tree, python, given, True) == given  # the user's, as set
+    for given in ({"SETUPTOOLS_SCM_PRETEND_VERSION": "3.0"},
+                  {"SETUPTOOLS_SCM_PRETEND_VERSION_FOR_SCM_OPS": "3.1"}):
+        assert project.git_version_env(tree, python, given, True) == given  # the user's
     with pytest.raises(StepFailed, match="setuptools-scm gives no version in"):
         project.git_version_env(tree, Path("/bin/false"), {}, True)  # never a silent 0.1.dev
     (tree / "pyproject.toml").write_text('[project]\nname = "plain"\nversion = "1.0"\n')
@@ -156,6 +159,17 @@ def test_hatch_vcs_settings_reach_the_version_query(tmp_path):
                         str(tree), *args], check=True)
     assert project.git_version_env(tree, Path(sys.executable), {}, True) == {
         "SETUPTOOLS_SCM_PRETEND_VERSION": "5.1"}  # read through hatch-vcs's tag pattern
+    # (plain: hatch-vcs asks setuptools-scm without the project's name)
+
+
+def test_the_version_is_named_for_the_extension_where_its_name_is_known(tmp_path):
+    tree = tmp_path / "ext"
+    tree.mkdir()
+    (tree / "pyproject.toml").write_text('[build-system]\nrequires = ["setuptools-scm"]\n')
+    assert project.pretend_version_key(tree) == "SETUPTOOLS_SCM_PRETEND_VERSION"  # setup.py's
+    (tree / "setup.cfg").write_text("[metadata]\nname = Fused.Attn_Ops\n")
+    assert project.pretend_version_key(tree) == (
+        "SETUPTOOLS_SCM_PRETEND_VERSION_FOR_FUSED_ATTN_OPS")  # as setuptools-scm normalizes
 
 
 def test_the_build_copy_tracks_exactly_what_git_tracks_in_the_tree(tmp_path, monkeypatch):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import configparser
 import json
 import os
 import shutil
@@ -96,6 +97,32 @@ def _hatch_vcs_settings(ext_dir: Path) -> dict | None:
     return settings
 
 
+def _static_name(ext_dir: Path) -> str | None:
+    """The distribution's name where a file states it: [project] name, or setup.cfg's."""
+    if isinstance(name := pyproject_data(ext_dir).get("project", {}).get("name"), str):
+        return name
+    setup_cfg = configparser.ConfigParser(interpolation=None)
+    try:
+        setup_cfg.read(ext_dir / "setup.cfg", encoding="utf-8")
+        return setup_cfg.get("metadata", "name", fallback=None)
+    except (configparser.Error, UnicodeDecodeError):
+        return None
+
+
+def pretend_version_key(ext_dir: Path) -> str:
+    """The variable that hands the version to this extension's build alone.
+
+    The plain SETUPTOOLS_SCM_PRETEND_VERSION reaches every project setuptools-scm
+    versions in the build, a build requirement built from its sdist included, which then
+    gets the extension's version and fails pip's check of it. setuptools-scm also reads
+    ..._FOR_<NAME>; hatch-vcs does not (it asks setuptools-scm without the name), nor can
+    a name that only setup.py computes be known: those keep the plain one."""
+    name = _static_name(ext_dir)
+    if name is None or _hatch_vcs_settings(ext_dir) is not None:
+        return PRETEND_VERSION
+    return f"{PRETEND_VERSION}_FOR_{canonicalize_name(name).replace('-', '_').upper()}"
+
+
 def _why(stderr: str | bytes) -> str:
     """What a failed tool said, as the engine reports any failed command's cause."""
     text = stderr.decode(errors="replace") if isinstance(stderr, bytes) else stderr
@@ -131,7 +158,7 @@ def git_version_env(ext_dir: Path, python: Path, env: dict[str, str], in_git: bo
     The copy's git repository (mirror_tracked_files) has the tree's files, not its
     history or tags. setuptools-scm is asked in the tree itself, with the project's
     settings ([tool.setuptools_scm], or hatch-vcs's [tool.hatch.version]), and its answer
-    is handed to the build as SETUPTOOLS_SCM_PRETEND_VERSION, less the local label
+    is handed to the build (pretend_version_key), less the local label
     (+g1a2b3c4): the cell adds its own. A version the user set in the variable is handed
     on as it is (a container sees only what it is given). Nothing is set where the
     project does not take its version from git, or outside a git tree (an sdist: its
@@ -139,9 +166,11 @@ def git_version_env(ext_dir: Path, python: Path, env: dict[str, str], in_git: bo
     where the copy's own repository would give a wrong version without a word."""
     if not versioned_by_git(ext_dir):
         return {}
-    if (given := env.get(PRETEND_VERSION, os.environ.get(PRETEND_VERSION))) is not None:
-        note(f"version: {PRETEND_VERSION}={given}, as set")
-        return {PRETEND_VERSION: given}
+    key = pretend_version_key(ext_dir)
+    for given_key in dict.fromkeys((key, PRETEND_VERSION)):
+        if (given := env.get(given_key, os.environ.get(given_key))) is not None:
+            note(f"version: {given_key}={given}, as set")
+            return {given_key: given}
     if not in_git:
         return {}
     hatch = _hatch_vcs_settings(ext_dir)
@@ -157,8 +186,8 @@ def git_version_env(ext_dir: Path, python: Path, env: dict[str, str], in_git: bo
     if version is None:
         raise StepFailed("env", f"setuptools-scm gives no version in {ext_dir}: {reason}")
     note(f"version from git: {version.public} (setuptools-scm in the extension's tree; the "
-         f"cell adds its own local label)")
-    return {PRETEND_VERSION: version.public}
+         f"cell adds its own local label), as {key}")
+    return {key: version.public}
 
 
 def mirror_tracked_files(ext_dir: Path, copy: Path,
