@@ -21,7 +21,10 @@
 // * Tile kernels (short segments, rows of 16 bytes or less). A block loads
 //   contiguous tiles of 16 KB through shared memory, with the segment starts
 //   that fall in the tile beside them, marks the rows where segments start and
-//   combines per-thread runs of rows with block scans. The label gather does
+//   combines per-thread runs of rows with block scans; a tile where no segment
+//   starts (inside a long one) skips all that: the gather stores the open
+//   segment's value, the sum over one column (on CUDA) adds its rows to that
+//   segment's (kQuietTiles). The label gather does
 //   the same labelling for wider rows, whatever the segment lengths (the team
 //   gather takes long segments of rows it fits). The sum over rows of 4 to 16
 //   bytes uses a lane kernel instead: a thread per short segment, a load per
@@ -146,7 +149,26 @@ constexpr int64_t kSplitQuantum = 8;
 // ahead on 2 columns too, 8 still held (ab.py, bf16, power law): 2 columns
 // 69.1 against 70.0 at 4 (within the run-to-run spread of 1 column, which 4
 // left alone), 66.4 at 12, 63.4 at 16; 1 column 57.6 against 56.2 at 12.
-constexpr int64_t kTileSegmentCost = 8;
+// The tile sums that skip the walk on tiles without a start (kQuietTiles,
+// tile_sum_block) weigh a start 24: such tiles got cheap, so the blocks in a
+// power law's long segments ended early at 8 and the kernel waited on the
+// others. H200 (ab.py, forward % of copy, against the kernel before in the
+// same run, power law, 1 column): bf16 66.5 -> 73.7 at 16, 76.4 at 24, 75.2
+// at 32; fp32 82.4 -> 85.1 at 16, 85.0 at 24, 80.3 at 32; at 8 (another run)
+// bf16 65.2 -> 67.3, fp32 81.0 -> 81.2; short segments within 0.1.
+#if defined(__HIP_PLATFORM_AMD__)
+template <typename T, int W, bool kShort>
+constexpr bool kQuietTiles = false;  // its fold rides on rake_scan, which ROCm does not take
+#else
+template <typename T, int W, bool kShort>
+constexpr bool kQuietTiles = kShort && W == 1 && sizeof(T) <= 4;
+#endif
+template <typename T, int W, bool kShort>
+constexpr int64_t kTileSegmentCost = kQuietTiles<T, W, kShort> ? 24 : 8;
+// The lane sum's 96 measured again against 144, 192 and 288 on an H200
+// (ab.py, forward % of copy, same run): bf16, 4 columns, power law 69.3 ->
+// 70.3, 69.7 and 69.8, short segments within 0.2; fp32 and bf16, 1 column,
+// short segments within 0.2; kept.
 template <typename T, int W>
 constexpr int64_t kLaneSegmentCost = W * sizeof(T) == 16 ? 192 : 96;
 constexpr int kThreadBytes = 64;     // tile kernels: src bytes per thread and tile (16 KB tiles)
@@ -302,7 +324,15 @@ constexpr int64_t kPairRowBytes = 64;  // stream sum: rows of 2-byte types it su
 //   thread, lost: short segments 86.3 -> 83.5, power law 77.3 -> 76.2.)
 // The sums keep one wave: with two, the stream sum lost 2 to 6 points (more
 // segments cross blocks), and the lane and tile sums won only on the power
-// law.
+// law. Measured again on an H200 (ab.py, forward % of copy bandwidth,
+// against one wave in the same run), none paid: the gated tile sum, which
+// runs on long tails alone, at 2 and 3 waves: fp32, 1 column, power law 81.3
+// -> 79.8 and 79.8, bf16 65.5 -> 65.4 and 60.9; the lane sum at 2 waves:
+// bf16, 4 columns, power law 68.9 -> 65.9, short segments 85.0 -> 81.2;
+// fp32, 4 columns 84.2 -> 78.3 and 80.9 -> 77.8; the team sum over short
+// segments at 2 waves: bf16, 64 columns, short segments 82.9 -> 75.2, power
+// law 82.2 -> 75.4; fp32, 32 columns, short segments 87.3 -> 81.5. (The
+// tile sum's blocks were not short of waves but of weight: kTileSegmentCost.)
 // Each wave's blocks search indptr for their first segment (3 rounds of
 // probes and barriers on the bench's inputs): ~6 to 9 % of the tile and fill
 // gathers' stall samples (Nsight Compute, H200, power law, both at 4 waves;
@@ -1524,6 +1554,7 @@ struct TileSumShared {
   using G = Geometry<T, W>;
   static_assert(G::kRunRows <= 32 && 32 % G::kRunRows == 0, "a run's starts fit one mask word");
   int counts[3];
+  Acc quiet_sums[kThreads / 32];  // a warp's rows of quiet tiles (tile_sum_block)
   int crowded;           // some row of the tile starts several segments
   // tile_sum_block's first owned segment and head (or -1), written by thread
   // 0 before the first barrier and read where they are needed: in registers
@@ -1611,7 +1642,9 @@ __device__ __forceinline__ int64_t block_head(const Carry& carry, int64_t head) 
 // without a start summed with less work: a plain sum of the run instead of
 // the walk, 57.6 -> 57.6 (2 columns 65.0 -> 63.8); that, and their sums kept
 // per thread and added by one block reduce before the next tile with a
-// start, skipping the marks and both scans, 57.2 -> 54.9. Blocks of one
+// start, skipping the marks and both scans, 57.2 -> 54.9. (Both with a start
+// weighing 8 in the blocks' shares: the blocks in long segments then ended
+// early. With the weight raised, the second now pays: kQuietTiles.) Blocks of one
 // warp, whose barriers wait on no other warp (18 % of the stall samples wait
 // at a barrier here, Nsight Compute): this code with 32 threads, tiles of
 // 1024 rows and windows of 1024 starts, 24 blocks per SM at the same 80
@@ -1731,6 +1764,38 @@ __device__ __forceinline__ void tile_sum_block(
       read_ahead ? walk_steps(starts_per_tile(segments, rows, G::kTileRows), kAhead) : 0;
   uint32_t raw[kAhead];
   fetch_starts(indptr, segments, first, steps, raw);
+  // Quiet tiles (no segment starts in them: on the power law, those inside its
+  // long segments, a third of bf16's rows in the bench's one longest) need
+  // neither marks, walk nor scan: every row adds to the segment open at the
+  // carry. Each thread adds its run to quiet_sum, and the warps' totals join
+  // the carry, in a fixed order, before the next scan reads it (or at the
+  // block's end): two barriers a quiet tile (the tile's first and the
+  // window's count) where there were five. kTileSegmentCost says how that
+  // changed the blocks' shares. Going further, with the quiet tiles after a
+  // quiet one summed straight from the registers they load into, up to the
+  // next start (the window's first entry read ahead), with no barrier, stage
+  // or window at all, gained nothing: H200 (ab.py, forward % of copy, power
+  // law, 1 column, same run) fp32 85.2 -> 84.6, bf16 76.2 -> 75.9. What is
+  // left is in the tiles with starts.
+  constexpr bool kQuiet = kQuietTiles<T, W, kShort>;
+  static_assert(!kQuiet || Shared::kSplitScan, "the fold goes before rake_scan reads the carry");
+  Acc quiet_sum = 0;
+  bool quiet_since_scan = false;  // the same in every thread
+  auto post_quiet = [&] {  // before a barrier that fold_quiet follows
+    Acc warp_sum = quiet_sum;
+#if !defined(__HIP_PLATFORM_AMD__)  // (kQuietTiles: never called on ROCm)
+#pragma unroll
+    for (int d = 16; d > 0; d /= 2) warp_sum += __shfl_down_sync(0xffffffffu, warp_sum, d);
+#endif
+    if (tid % 32 == 0) sm.quiet_sums[tid / 32] = warp_sum;
+    quiet_sum = 0;
+  };
+  auto fold_quiet = [&] {  // thread 0
+    Acc total = 0;
+#pragma unroll
+    for (int k = 0; k < kThreads / 32; ++k) total += sm.quiet_sums[k];
+    sm.carry.sum.v[0] += total;
+  };
   for (int64_t t0 = r0; t0 < r1; t0 += G::kTileRows) {
     const int nrows = static_cast<int>(imin(r1, t0 + G::kTileRows) - t0);
     __syncthreads();  // the previous tile's window, stage and carry are read
@@ -1748,9 +1813,26 @@ __device__ __forceinline__ void tile_sum_block(
     const Window w{first, load_window<WindowCount::kWarpAtomic>(indptr, segments, rows, t0, nrows,
                                                                 first, steps, raw, sm.window,
                                                                 sm.counts, round)};
-    if (more) {  // raw is free again
+    // A quiet tile leaves first, so the entries read ahead are those the next
+    // tile wants, unless this was the first tile, which may have read fewer
+    // steps. Read again, they cost fp32, 1 column, power law 0.5 points.
+    const bool same_entries = kQuiet && w.n == 0 && steps == (read_ahead ? kAhead : 0);
+    if (more && !same_entries) {  // raw is free again
       steps = read_ahead ? kAhead : 0;
       fetch_starts(indptr, segments, first + w.n, steps, raw);
+    }
+    if constexpr (kQuiet) {
+      if (w.n == 0) {  // the stage is whole (the window's barrier)
+        uint4 run[G::kStageUnits];
+        read_run(sm.stage, run);
+        uint32_t v[sizeof(run) / 4];
+        memcpy(v, run, sizeof(v));
+#pragma unroll
+        for (int q = 0; q < kRun; ++q) quiet_sum += word_elem<T>(v, q);
+        quiet_since_scan = true;
+        continue;  // no marks set, none to clear; first stays
+      }
+      if (quiet_since_scan) post_quiet();  // the marks' barrier comes before fold_quiet
     }
     // This thread's run of the stage, read here: the window's barrier made the
     // stage whole, and the marks' barrier below then lets the storeless walk
@@ -1991,6 +2073,12 @@ __device__ __forceinline__ void tile_sum_block(
       // % of copy, two runs), power law, 1 column: bf16 62.7 -> 65.0 and 62.6
       // -> 65.0, fp32 72.9 -> 78.3 and 72.9 -> 78.5; the other cases timed
       // within 0.5.
+      if constexpr (kQuiet) {
+        if (quiet_since_scan) {
+          if (tid == 0) fold_quiet();  // the carry, before the barrier rake_scan reads it after
+          quiet_since_scan = false;
+        }
+      }
       Item* const slot = sm.rake + rake_slot(tid);
       *slot = item;
       __syncthreads();  // the items, and every run's sums, in place
@@ -2016,7 +2104,13 @@ __device__ __forceinline__ void tile_sum_block(
     clear_marks<G::kTileRows / 32>(sm.starts);  // read before the scan
     first += w.n;
   }
+  if constexpr (kQuiet) {
+    if (quiet_since_scan) post_quiet();
+  }
   __syncthreads();
+  if constexpr (kQuiet) {
+    if (quiet_since_scan && tid == 0) fold_quiet();  // thread 0 alone reads the carry below
+  }
 
   // The segment open at r1: complete here, or a partial for the fix-up.
   const int64_t open = first - 1;
@@ -3658,7 +3752,14 @@ __device__ __forceinline__ void tile_gather_block(const T* __restrict__ src,
     // segments, which have no such tile, 0.4 to 1.6 lower. The tiles with
     // starts, issue-bound, set the pace (Nsight Compute, bf16, 1 column, power
     // law: ~600 instructions a warp and tile there, ~210 in a tile without a
-    // start).
+    // start). Nor did the whole quiet tiles after this one, up to the next
+    // start (its entry read ahead), stored at once with no window, barrier or
+    // read-ahead of their own: H200 (ab.py, backward % of copy, same run),
+    // power law, bf16, 1 column 74.4 -> 74.8, fp32, 1 column 79.3 -> 78.3,
+    // bf16, 4 columns 77.9 -> 77.5. (The fill gather alike, its rows up to the
+    // next start stored from the open segment's value after a tile without a
+    // start, spilled 12 bytes at its 32 registers and lost: fp32, 4 columns,
+    // power law 79.7 -> 72.5, short segments 87.9 -> 81.7.)
     if (w.n == 0 && nrows == G::kTileRows) {
       // The value repeated over a 16-byte unit, built as words: a row of 2
       // bytes fills both halves of each, rows of 4 or 8 bytes are whole ones.
@@ -5779,7 +5880,8 @@ cudaError_t launch_tile_sum(const T* src, const int64_t* indptr, T* out, int64_t
       indptr, out, rows, segments, Geometry<T, W>::kTileRows, workspace, stream,
       [&](unsigned blocks, const Crossing<typename Num<T>::acc>& c) {
         tile_sum_kernel<T, W, kShort><<<blocks, kThreads, 0, stream>>>(
-            src, indptr, out, rows, segments, W, kSplitCosts<T, W, kTileSegmentCost>, c,
+            src, indptr, out, rows, segments, W,
+            kSplitCosts<T, W, kTileSegmentCost<T, W, kShort>>, c,
             TailGate::kAny);
       });
 }
@@ -5823,7 +5925,7 @@ cudaError_t launch_gated_sum(const T* src, const int64_t* indptr, T* out, int64_
   if (err != cudaSuccess) return err;
   err = launch_after<&tile_sum_kernel<T, W, true>>(
       dim3(static_cast<unsigned>(tile.blocks)), stream, src, indptr, out, rows, segments,
-      int64_t{W}, kSplitCosts<T, W, kTileSegmentCost>, c, TailGate::kLongTail);
+      int64_t{W}, kSplitCosts<T, W, kTileSegmentCost<T, W, true>>, c, TailGate::kLongTail);
   if (err != cudaSuccess || blocks == 1) return err;
   return launch_fixup<T>(out, rows, segments, W, lane.rows_per_block, lane.blocks, c, stream,
                          tile.blocks);
