@@ -436,3 +436,36 @@ def test_stamp_reports_a_wheel_that_contradicts_the_cell(tmp_path):
     # Names compare canonicalised: Torch is torch, pytorch_triton_rocm is pytorch-triton-rocm.
     assert wheels.stamp(named, PLAN.cell("torch2.13-rocm7.2"))[1] == [
         "version 1.0 -> 1.0+pt213rocm7.2"]
+
+
+def test_setup_py_use_scm_version_settings_shape_the_version(tmp_path):
+    """A setup.py that passes use_scm_version={...} builds with those settings: asked
+    with the defaults, a post-release project built between tags got the next release's
+    dev version (1.1.dev1 where its own build gives 1.0.post1)."""
+    tree = tmp_path / "ext"
+    (tree / "pkg").mkdir(parents=True)
+    (tree / "pkg" / "__init__.py").write_text("")
+    (tree / "pyproject.toml").write_text('[build-system]\nrequires = ["setuptools-scm"]\n')
+    (tree / "setup.py").write_text(
+        "from setuptools import setup\n"
+        'setup(name="spx", packages=["pkg"], use_scm_version={\n'
+        '    "version_scheme": "post-release", "relative_to": __file__})\n')
+
+    def git(*args: str) -> None:
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@example.org", "-C",
+                        str(tree), *args], check=True, capture_output=True)
+
+    for args in (["init", "-q"], ["add", "."], ["commit", "-q", "-m", "one"], ["tag", "v1.0"]):
+        git(*args)
+    (tree / "NEWS").write_text("a change since 1.0\n")
+    git("add", "NEWS")
+    git("commit", "-q", "-m", "two")
+    assert project.git_version_env(tree, Path(sys.executable), {}, True) == {
+        "SETUPTOOLS_SCM_PRETEND_VERSION": "1.0.post1"}
+    said: list[str] = []
+    (tree / "setup.py").write_text(
+        "from setuptools import setup\nSCM = {'version_scheme': 'post-release'}\n"
+        "setup(name='spx', use_scm_version=SCM)\n")
+    assert project.git_version_env(tree, Path(sys.executable), {}, True, said.append) == {
+        "SETUPTOOLS_SCM_PRETEND_VERSION": "1.1.dev1"}  # not readable: the defaults, said so
+    assert "setup.py computes its use_scm_version settings" in said[0]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import configparser
 import json
 import os
@@ -78,9 +79,13 @@ def versioned_by_git(ext_dir: Path) -> bool:
         return False  # build_requirements() says what is wrong, where it matters
 
 
-# hatch-vcs's settings, as it hands them to setuptools-scm.
-HATCH_VCS_SCRIPT = ("import json, sys, setuptools_scm; "
-                    "print(setuptools_scm.get_version(**json.loads(sys.argv[1])))")
+# setuptools-scm asked with explicit settings (hatch-vcs's, or setup.py's use_scm_version).
+GET_VERSION_SCRIPT = ("import json, sys, setuptools_scm; "
+                      "print(setuptools_scm.get_version(**json.loads(sys.argv[1])))")
+# setuptools-scm settings that name files (to write, or to find the root from), not how
+# the version is formed: the query runs in the extension's folder and writes nothing.
+SCM_PATH_SETTINGS = {"relative_to", "write_to", "write_to_template", "version_file",
+                     "version_file_template"}
 
 
 def _hatch_vcs_settings(ext_dir: Path) -> dict | None:
@@ -95,6 +100,38 @@ def _hatch_vcs_settings(ext_dir: Path) -> dict | None:
         settings["fallback_version"] = table["fallback-version"]
     settings.update(table.get("raw-options", {}))
     return settings
+
+
+def _setup_py_scm_settings(ext_dir: Path) -> tuple[dict | None, bool]:
+    """setup.py's use_scm_version settings where it spells them out ({} for True), and
+    whether it computes them instead (a name, a call): only a literal can be read
+    without running setup.py. (None, False) where it passes none."""
+    try:
+        tree = ast.parse((ext_dir / "setup.py").read_bytes())
+    except (OSError, SyntaxError, ValueError):
+        return None, False
+    for node in ast.walk(tree):
+        for keyword in node.keywords if isinstance(node, ast.Call) else []:
+            if keyword.arg != "use_scm_version":
+                continue
+            value = keyword.value
+            if isinstance(value, ast.Constant):
+                return ({} if value.value else None), False
+            if not isinstance(value, ast.Dict) or None in value.keys:
+                return None, True
+            settings = {}
+            for key_node, value_node in zip(value.keys, value.values, strict=True):
+                key = key_node.value if isinstance(key_node, ast.Constant) else None
+                if not isinstance(key, str):
+                    return None, True
+                if key in SCM_PATH_SETTINGS:
+                    continue  # relative_to=__file__: the folder the query runs in
+                try:
+                    settings[key] = ast.literal_eval(value_node)
+                except ValueError:
+                    return None, True
+            return settings, False
+    return None, False
 
 
 def _static_name(ext_dir: Path) -> str | None:
@@ -157,7 +194,8 @@ def git_version_env(ext_dir: Path, python: Path, env: dict[str, str], in_git: bo
 
     The copy's git repository (mirror_tracked_files) has the tree's files, not its
     history or tags. setuptools-scm is asked in the tree itself, with the project's
-    settings ([tool.setuptools_scm], or hatch-vcs's [tool.hatch.version]), and its answer
+    settings ([tool.setuptools_scm], setup.py's use_scm_version where it spells them
+    out, or hatch-vcs's [tool.hatch.version]), and its answer
     is handed to the build (pretend_version_key), less the local label
     (+g1a2b3c4): the cell adds its own. A version the user set in the variable is handed
     on as it is (a container sees only what it is given). Nothing is set where the
@@ -173,8 +211,17 @@ def git_version_env(ext_dir: Path, python: Path, env: dict[str, str], in_git: bo
             return {given_key: given}
     if not in_git:
         return {}
-    hatch = _hatch_vcs_settings(ext_dir)
-    ask = ([str(python), "-c", HATCH_VCS_SCRIPT, json.dumps(hatch)] if hatch is not None
+    settings = _hatch_vcs_settings(ext_dir)
+    if settings is None:
+        from_setup_py, computed = _setup_py_scm_settings(ext_dir)
+        if from_setup_py is not None:  # over [tool.setuptools_scm], as setuptools-scm merges
+            table = pyproject_data(ext_dir).get("tool", {}).get("setuptools_scm", {})
+            settings = {"root": ".", **{k: v for k, v in table.items()
+                                        if k not in SCM_PATH_SETTINGS}, **from_setup_py}
+        elif computed:
+            note("version: setup.py computes its use_scm_version settings, which cannot be "
+                 "read without running it; setuptools-scm is asked with pyproject.toml's")
+    ask = ([str(python), "-c", GET_VERSION_SCRIPT, json.dumps(settings)] if settings is not None
            else [str(python), "-m", "setuptools_scm"])
     try:
         asked = subprocess.run(ask, cwd=ext_dir, env=_without_git_variables({**os.environ, **env}),
