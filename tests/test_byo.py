@@ -158,6 +158,35 @@ def test_a_version_from_git_tags_reaches_the_wheel(tmp_path, work, monkeypatch, 
     assert run("test-matrix", where, CPU) == 0, capsys.readouterr().err  # the tests read both
 
 
+def test_package_data_reaches_the_wheel_from_a_subfolder_of_the_repository(
+        tmp_path, work, monkeypatch, capsys):
+    """The extension in a folder of its repository, which its pyproject names as
+    setuptools-scm's root (root = ".."): setuptools-scm 10 lists package data from the
+    repository the root names, and the copy's sat one level too high (whatever holds the
+    build folder: here the user's own repository, which does not track it), so the .cu
+    file was missing from the wheel."""
+    where = project("scm-version", tmp_path, work, monkeypatch)
+    monkeypatch.delenv("SETUPTOOLS_SCM_PRETEND_VERSION", raising=False)
+    monkeypatch.setenv("EXTMATRIX_WORK", str(where / ".extmatrix"))  # inside the repository
+    pyproject = where / "ext" / "pyproject.toml"
+    pyproject.write_text(pyproject.read_text().replace("[tool.setuptools_scm]",
+                                                       '[tool.setuptools_scm]\nroot = ".."'))
+    (where / ".gitignore").write_text(".extmatrix/\ndist/\n")
+
+    def git(*args: str) -> None:
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@example.org",
+                        "-C", str(where), *args], check=True, capture_output=True)
+
+    for args in (["init", "-q"], ["add", "."], ["commit", "-q", "-m", "first"],
+                 ["tag", "v0.4.0"]):
+        git(*args)
+    assert run("build", where, CPU) == 0, capsys.readouterr().err
+    built = result(where, CPU)
+    assert built.wheel.startswith("scm_ops-0.4.0+pt213cpu-py3-none-any"), built.wheel
+    with zipfile.ZipFile(where / "dist" / CPU / built.wheel) as zf:
+        assert "scm_ops/kernels/double.cu" in zf.namelist()
+
+
 def test_a_build_that_probes_for_a_gpu_gets_a_one_line_diagnosis(tmp_path, work, monkeypatch,
                                                                  capsys):
     where = project("probes-gpu", tmp_path, work, monkeypatch)

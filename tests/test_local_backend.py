@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 import zipfile
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import pytest
 
@@ -469,3 +469,24 @@ def test_setup_py_use_scm_version_settings_shape_the_version(tmp_path):
     assert project.git_version_env(tree, Path(sys.executable), {}, True, said.append) == {
         "SETUPTOOLS_SCM_PRETEND_VERSION": "1.1.dev1"}  # not readable: the defaults, said so
     assert "setup.py computes its use_scm_version settings" in said[0]
+
+
+def test_a_project_in_a_subfolder_is_copied_as_deep_in_its_own_repository(tmp_path):
+    """build_tree puts the copy as far below the copy's repository as the extension lies
+    below its own, so that setuptools-scm's root = ".." finds the copy's repository."""
+    repo = tmp_path / "repo"
+    tree = repo / "python" / "ext"
+    (tree / "pkg").mkdir(parents=True)
+    (tree / "pyproject.toml").write_text('[build-system]\nrequires = ["setuptools-scm"]\n')
+    (tree / "pkg" / "kernel.cu").write_text("")
+    (repo / "README").write_text("the repository's, not the extension's")
+    for args in (["init", "-q"], ["add", "."]):
+        subprocess.run(["git", "-C", str(repo), *args], check=True)
+    copy, inside = project.build_tree(tmp_path / "build", tree)
+    assert inside == PurePosixPath("python/ext") and copy == tmp_path / "build" / "python" / "ext"
+    workspace.sync_tree(tree, copy)
+    project.mirror_tracked_files(tree, copy)
+    listed = subprocess.run(["git", "-C", str(tmp_path / "build"), "ls-files"], check=True,
+                            capture_output=True, text=True).stdout.split()
+    assert listed == ["python/ext/pkg/kernel.cu", "python/ext/pyproject.toml"]
+    assert project.build_tree(tmp_path / "b", tmp_path / "b") == (tmp_path / "b", PurePosixPath())

@@ -10,7 +10,7 @@ import shutil
 import subprocess
 import tomllib
 from collections.abc import Callable, Mapping
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
@@ -237,10 +237,38 @@ def git_version_env(ext_dir: Path, python: Path, env: dict[str, str], in_git: bo
     return {key: version.public}
 
 
+def folder_in_repository(ext_dir: Path) -> PurePosixPath:
+    """Where a git-versioned extension lies in its git repository (PurePosixPath() at
+    its top, outside git, or for a project not versioned by git).
+
+    A project in a subfolder tells setuptools-scm where the repository is (root = "..",
+    or use_scm_version's root). Its build copy sits as deep in a folder of the build's
+    own (build_tree), which mirror_tracked_files makes the repository, so that the root
+    finds that repository and not whatever holds the build folder: setuptools-scm 10
+    lists package data from the repository the root names, and the tree's files were
+    missing from the wheel."""
+    if not versioned_by_git(ext_dir):
+        return PurePosixPath()
+    asked = _git(ext_dir, "rev-parse", "--show-prefix")
+    if asked.returncode:
+        return PurePosixPath()
+    return PurePosixPath(os.fsdecode(asked.stdout.strip()))
+
+
+def build_tree(top: Path, ext_dir: Path) -> tuple[Path, PurePosixPath]:
+    """The extension's copy under a build folder `top`, and where it lies in `top`
+    (folder_in_repository)."""
+    inside = folder_in_repository(ext_dir)
+    return top.joinpath(*inside.parts), inside
+
+
 def mirror_tracked_files(ext_dir: Path, copy: Path,
                          note: Callable[[str], None] = lambda line: None) -> bytes:
     """Make the copy a git repository that tracks what git tracks in the tree; returns
     the list (NUL-separated paths), b"" where nothing was done.
+
+    The repository is made at the copy's folder as many levels up as the extension lies
+    below its own repository's top (build_tree), with the same paths.
 
     For an extension versioned by git, setuptools-scm also decides package data: with
     include_package_data (on by default under pyproject.toml), every file git tracks in
@@ -248,7 +276,11 @@ def mirror_tracked_files(ext_dir: Path, copy: Path,
     copy without .git they were left out, silently. The copy's repository holds one
     commit of exactly those files, submodules left out as setuptools-scm's own listing
     (git archive) leaves them; export-ignore in .gitattributes still applies."""
-    ours = copy / ".git"
+    inside = folder_in_repository(ext_dir)
+    top = copy
+    for _ in inside.parts:
+        top = top.parent
+    ours = top / ".git"
     if not versioned_by_git(ext_dir):
         shutil.rmtree(ours, ignore_errors=True)  # a repository of an earlier build's
         return b""
@@ -267,17 +299,19 @@ def mirror_tracked_files(ext_dir: Path, copy: Path,
              "build's own settings say")
         return b""
     tracked = b"\0".join(sorted(files))
+    prefix = os.fsencode(inside.as_posix()) + b"/" if inside.parts else b""
+    recorded = b"\0".join(prefix + path for path in sorted(files))
 
     def record() -> subprocess.CompletedProcess:
         steps = [] if ours.is_dir() else [(("init", "-q", "--template="), None)]
         steps += [(("read-tree", "--empty"), None),
                   # Literal paths (no pathspec magic in a name), fast on big trees.
-                  (("update-index", "--add", "-z", "--stdin"), tracked),
+                  (("update-index", "--add", "-z", "--stdin"), recorded),
                   (("-c", "user.name=extmatrix", "-c", "user.email=extmatrix@localhost",
                     "commit", "-q", "--allow-empty", "--no-verify", "-m",
                     "the extension's sources"), None)]
         for args, feed in steps:
-            done = _git(copy, *args, feed=feed, own=True)
+            done = _git(top, *args, feed=feed, own=True)
             if done.returncode:
                 break
         return done

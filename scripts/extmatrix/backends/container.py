@@ -42,7 +42,8 @@ def build(cell: Cell, ctx: Context) -> CellReport:
         report.sources = list(host.sources.notes)
         # A clean copy: cibuildwheel copies its whole working folder into the container,
         # and the source tree may hold build products of other builds.
-        src = ctx.work / cell.id / "container-src"
+        top = ctx.work / cell.id / "container-src"
+        src, inside = project.build_tree(top, ctx.ext_dir)
         sync_tree(ctx.ext_dir, src)
         tracked = project.mirror_tracked_files(ctx.ext_dir, src, steps.note)  # .git goes too
         # The engine's own setuptools-scm: the container's comes too late to ask the tree.
@@ -57,7 +58,8 @@ def build(cell: Cell, ctx: Context) -> CellReport:
         start = steps.log_path.stat().st_size
         with steps.timed("cibuildwheel"):
             steps.run("cibuildwheel", [sys.executable, "-m", "cibuildwheel", "--platform",
-                                       "linux", "--output-dir", str(out), "."], env=env, cwd=src)
+                                       "linux", "--output-dir", str(out), inside.as_posix()],
+                      env=env, cwd=top)
         report.timings.update(cibw_timings(_read_from(steps.log_path, start)))
         report.ccache = toolchain.ccache_delta(before, toolchain.ccache_stats(stats))
         wheel = stamp_wheel(cell, single_wheel(out), report, steps)

@@ -43,7 +43,7 @@ def build(cell: Cell, ctx: Context) -> CellReport:
         with steps.timed("env"):
             sources = prepare_env(cell, venv, build_requirements(ctx.ext_dir), steps)
         report.sources = list(sources.notes)
-        src = ctx.work / cell.id / "src"
+        src, _ = project.build_tree(ctx.work / cell.id / "src", ctx.ext_dir)
         sync_tree(ctx.ext_dir, src)
         tracked = project.mirror_tracked_files(ctx.ext_dir, src, steps.note)
         env = compile_env(cell, tools, ctx, venv, src)
