@@ -105,7 +105,7 @@ def test_environment_carries_the_cells_promises():
     repair = cibw.environment(rocm, EXT, host, "3.11", [])["CIBW_REPAIR_WHEEL_COMMAND"]
     assert "--exclude 'libamdhip64.so.*'" in repair and "libcudart" not in repair
     test = cibw.environment(cpu, EXT, host, "3.11", [])["CIBW_TEST_COMMAND"]
-    assert test.endswith("-m 'not build'") and "{project}/tests" in test
+    assert test.endswith("-m 'not build'") and "{package}/tests" in test
 
 
 def test_build_python_follows_the_image():

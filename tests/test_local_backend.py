@@ -168,7 +168,7 @@ def test_the_version_is_named_for_the_extension_where_its_name_is_known(tmp_path
     (tree / "pyproject.toml").write_text('[build-system]\nrequires = ["setuptools-scm"]\n')
     assert project.pretend_version_key(tree) == "SETUPTOOLS_SCM_PRETEND_VERSION"  # setup.py's
     (tree / "setup.cfg").write_text("[metadata]\nname = Fused.Attn_Ops\n")
-    assert project.pretend_version_key(tree) == (
+    assert project.pretend_version_key(tree, Path(sys.executable)) == (
         "SETUPTOOLS_SCM_PRETEND_VERSION_FOR_FUSED_ATTN_OPS")  # as setuptools-scm normalizes
 
 
@@ -469,6 +469,41 @@ def test_setup_py_use_scm_version_settings_shape_the_version(tmp_path):
     assert project.git_version_env(tree, Path(sys.executable), {}, True, said.append) == {
         "SETUPTOOLS_SCM_PRETEND_VERSION": "1.1.dev1"}  # not readable: the defaults, said so
     assert "setup.py computes its use_scm_version settings" in said[0]
+    # Beside a [tool.setuptools_scm] table, merged as setuptools-scm merges them for a build.
+    (tree / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["setuptools-scm"]\n'
+        '[tool.setuptools_scm]\ntag_regex = "^r(?P<version>.+)$"\n')
+    git("tag", "r2.0")
+    (tree / "setup.py").write_text(
+        "from setuptools import setup\nsetup(use_scm_version={'version_scheme': 'post-release'})\n")
+    (tree / "NEWS").write_text("a change since 2.0\n")
+    git("commit", "-q", "-am", "three")
+    assert project.git_version_env(tree, Path(sys.executable), {}, True) == {
+        "SETUPTOOLS_SCM_PRETEND_VERSION": "2.0.post1"}
+
+
+def test_the_named_version_variable_only_where_the_build_reads_it(tmp_path):
+    """setuptools-scm before 8 reads ..._FOR_<NAME> unnormalized (SCM-OPS): a build that
+    may run one gets the plain variable, and a build that took neither fails, named."""
+    tree = tmp_path / "ext"
+    tree.mkdir()
+    pyproject = tree / "pyproject.toml"
+    named, plain = "SETUPTOOLS_SCM_PRETEND_VERSION_FOR_SCM_OPS", "SETUPTOOLS_SCM_PRETEND_VERSION"
+    for requires, builds_here, key in (('"setuptools-scm>=8"', None, named),
+                                       ('"setuptools_scm[toml]>=6.2"', None, plain),
+                                       ('"setuptools-scm"', Path(sys.executable), named),
+                                       ('"setuptools-scm"', Path("/bin/false"), plain)):
+        pyproject.write_text(f'[build-system]\nrequires = [{requires}]\n'
+                             '[project]\nname = "scm-ops"\n')
+        assert project.pretend_version_key(tree, builds_here) == key, requires
+    pyproject.write_text('[build-system]\nrequires = ["setuptools-scm>=8"]\n[project]\n'
+                         'name = "scm-ops"\n[tool.setuptools_scm]\ndist_name = "other"\n')
+    assert project.pretend_version_key(tree) == "SETUPTOOLS_SCM_PRETEND_VERSION_FOR_OTHER"
+    handed = {"SETUPTOOLS_SCM_PRETEND_VERSION_FOR_OTHER": "0.4.0"}
+    project.check_version_taken(tmp_path / "scm_ops-0.4.0-py3-none-any.whl", handed)
+    with pytest.raises(StepFailed, match=r"made version 0.1.dev1, not 0.4.0 .* as "
+                                         "SETUPTOOLS_SCM_PRETEND_VERSION_FOR_OTHER"):
+        project.check_version_taken(tmp_path / "scm_ops-0.1.dev1-py3-none-any.whl", handed)
 
 
 def test_a_project_in_a_subfolder_is_copied_as_deep_in_its_own_repository(tmp_path):
@@ -485,8 +520,17 @@ def test_a_project_in_a_subfolder_is_copied_as_deep_in_its_own_repository(tmp_pa
     copy, inside = project.build_tree(tmp_path / "build", tree)
     assert inside == PurePosixPath("python/ext") and copy == tmp_path / "build" / "python" / "ext"
     workspace.sync_tree(tree, copy)
-    project.mirror_tracked_files(tree, copy)
+    # As recorded, with the folder: the build's fingerprint changes with the layout, so a
+    # wheel built from a copy at another depth is not reused.
+    assert project.mirror_tracked_files(tree, copy) == (
+        b"python/ext/pkg/kernel.cu\0python/ext/pyproject.toml")
     listed = subprocess.run(["git", "-C", str(tmp_path / "build"), "ls-files"], check=True,
                             capture_output=True, text=True).stdout.split()
     assert listed == ["python/ext/pkg/kernel.cu", "python/ext/pyproject.toml"]
-    assert project.build_tree(tmp_path / "b", tmp_path / "b") == (tmp_path / "b", PurePosixPath())
+    (tmp_path / "build" / "stale.txt").write_text("a copy of an earlier layout")
+    assert project.build_tree(tmp_path / "build", tree)[0] == copy
+    assert sorted(p.name for p in (tmp_path / "build").iterdir()) == [".git", "python"]
+    # Not versioned by git, or at its repository's top: the copy is the build folder.
+    assert project.build_tree(tmp_path / "b", repo / "python") == (tmp_path / "b", PurePosixPath())
+    (repo / "pyproject.toml").write_text('[build-system]\nrequires = ["setuptools-scm"]\n')
+    assert project.build_tree(tmp_path / "b", repo) == (tmp_path / "b", PurePosixPath())

@@ -134,7 +134,9 @@ def environment(cell: Cell, extension: Extension, host: Host, python: str,
     inner = {**container_env(cell, host, python), **(build_env or {})}
     excludes = " ".join(f"--exclude {shlex.quote(p)}" for p in REPAIR_EXCLUDES[cell.family])
     # A shell inside the container runs this: every matrix value in it is quoted.
-    tests = "{project}/" + shlex.quote(extension.tests)
+    # {package}: the extension's folder, below {project} where it lies in a folder of its
+    # git repository (project.build_tree).
+    tests = "{package}/" + shlex.quote(extension.tests)
     pytest = (f"python -m pytest {tests} -p no:cacheprovider --rootdir {tests} -q -rs "
               + shlex.join(extension.test_args)).strip()
     return {

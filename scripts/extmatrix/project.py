@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path, PurePosixPath
 
 from packaging.requirements import InvalidRequirement, Requirement
-from packaging.utils import canonicalize_name
+from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 from pyproject_hooks import BuildBackendHookCaller, quiet_subprocess_runner
 
@@ -82,6 +82,13 @@ def versioned_by_git(ext_dir: Path) -> bool:
 # setuptools-scm asked with explicit settings (hatch-vcs's, or setup.py's use_scm_version).
 GET_VERSION_SCRIPT = ("import json, sys, setuptools_scm; "
                       "print(setuptools_scm.get_version(**json.loads(sys.argv[1])))")
+# setup.py's settings over [tool.setuptools_scm], merged as setuptools-scm merges them
+# for a build: get_version() takes neither that table's newer keys (write_to_source,
+# tag.regex) nor the project's folder, which Configuration.from_file does.
+OVER_TABLE_SCRIPT = (
+    "import json, sys, setuptools_scm as scm; "
+    "config = scm.Configuration.from_file('pyproject.toml', **json.loads(sys.argv[1])); "
+    "print(scm._get_version(config, force_write_version_files=False))")
 # setuptools-scm settings that name files (to write, or to find the root from), not how
 # the version is formed: the query runs in the extension's folder and writes nothing.
 SCM_PATH_SETTINGS = {"relative_to", "write_to", "write_to_template", "version_file",
@@ -104,34 +111,39 @@ def _hatch_vcs_settings(ext_dir: Path) -> dict | None:
 
 def _setup_py_scm_settings(ext_dir: Path) -> tuple[dict | None, bool]:
     """setup.py's use_scm_version settings where it spells them out ({} for True), and
-    whether it computes them instead (a name, a call): only a literal can be read
-    without running setup.py. (None, False) where it passes none."""
+    whether it computes them instead (a name, a call, a dict handed on as **kwargs, one
+    of several setup() calls): only a single literal can be read without running
+    setup.py. (None, False) where it passes none."""
     try:
         tree = ast.parse((ext_dir / "setup.py").read_bytes())
     except (OSError, SyntaxError, ValueError):
         return None, False
+    given = []  # use_scm_version=..., and {"use_scm_version": ...} to be passed on
     for node in ast.walk(tree):
-        for keyword in node.keywords if isinstance(node, ast.Call) else []:
-            if keyword.arg != "use_scm_version":
-                continue
-            value = keyword.value
-            if isinstance(value, ast.Constant):
-                return ({} if value.value else None), False
-            if not isinstance(value, ast.Dict) or None in value.keys:
-                return None, True
-            settings = {}
-            for key_node, value_node in zip(value.keys, value.values, strict=True):
-                key = key_node.value if isinstance(key_node, ast.Constant) else None
-                if not isinstance(key, str):
-                    return None, True
-                if key in SCM_PATH_SETTINGS:
-                    continue  # relative_to=__file__: the folder the query runs in
-                try:
-                    settings[key] = ast.literal_eval(value_node)
-                except ValueError:
-                    return None, True
-            return settings, False
-    return None, False
+        if isinstance(node, ast.Call):
+            given += [k.value for k in node.keywords if k.arg == "use_scm_version"]
+        elif isinstance(node, ast.Dict):
+            given += [v for k, v in zip(node.keys, node.values, strict=True)
+                      if isinstance(k, ast.Constant) and k.value == "use_scm_version"]
+    if not given:
+        return None, False
+    value = given[0]
+    if len(given) > 1 or not isinstance(value, ast.Constant | ast.Dict):
+        return None, True
+    if isinstance(value, ast.Constant):
+        return ({} if value.value else None), False
+    settings = {}
+    for key_node, value_node in zip(value.keys, value.values, strict=True):
+        key = key_node.value if isinstance(key_node, ast.Constant) else None
+        if not isinstance(key, str):
+            return None, True  # (a ** inside the dict, or a computed key)
+        if key in SCM_PATH_SETTINGS:
+            continue  # relative_to=__file__: the folder the query runs in
+        try:
+            settings[key] = ast.literal_eval(value_node)
+        except ValueError:
+            return None, True
+    return settings, False
 
 
 def _static_name(ext_dir: Path) -> str | None:
@@ -146,18 +158,62 @@ def _static_name(ext_dir: Path) -> str | None:
         return None
 
 
-def pretend_version_key(ext_dir: Path) -> str:
+def _named_pretend_read(ext_dir: Path, build_python: Path | None) -> bool:
+    """Whether the build's setuptools-scm reads ..._FOR_<NAME> as pretend_version_key
+    writes it: from 8 on (before, the name was not normalized: SCM-OPS, not SCM_OPS).
+    Asked of the build environment where there is one here (build_python); else read from
+    the extension's requirement, which must exclude every release before 8."""
+    if build_python is not None:
+        asked = subprocess.run([str(build_python), "-c", "import importlib.metadata as m; "
+                                "print(m.version('setuptools-scm'))"],
+                               capture_output=True, text=True, timeout=120, check=False)
+        try:
+            return Version(asked.stdout.strip()) >= Version("8")
+        except InvalidVersion:
+            return False
+    for text in build_system(ext_dir)["requires"]:
+        try:
+            wanted = Requirement(text)
+        except InvalidRequirement:
+            continue
+        if canonicalize_name(wanted.name) == "setuptools-scm":
+            return not wanted.specifier.contains("7.999", prereleases=True)
+    return False
+
+
+def pretend_version_key(ext_dir: Path, build_python: Path | None = None) -> str:
     """The variable that hands the version to this extension's build alone.
 
     The plain SETUPTOOLS_SCM_PRETEND_VERSION reaches every project setuptools-scm
     versions in the build, a build requirement built from its sdist included, which then
     gets the extension's version and fails pip's check of it. setuptools-scm also reads
-    ..._FOR_<NAME>; hatch-vcs does not (it asks setuptools-scm without the name), nor can
-    a name that only setup.py computes be known: those keep the plain one."""
-    name = _static_name(ext_dir)
-    if name is None or _hatch_vcs_settings(ext_dir) is not None:
+    ..._FOR_<NAME> (its dist_name, or the project's name); hatch-vcs does not (it asks
+    setuptools-scm without the name), nor can a name that only setup.py computes be
+    known, nor does setuptools-scm before 8 read the name as normalized here: those keep
+    the plain one. check_version_taken catches a build that read neither."""
+    table = pyproject_data(ext_dir).get("tool", {}).get("setuptools_scm", {})
+    name = table.get("dist_name") or _static_name(ext_dir)
+    if (not isinstance(name, str) or _hatch_vcs_settings(ext_dir) is not None
+            or not _named_pretend_read(ext_dir, build_python)):
         return PRETEND_VERSION
     return f"{PRETEND_VERSION}_FOR_{canonicalize_name(name).replace('-', '_').upper()}"
+
+
+def check_version_taken(wheel: Path, handed: Mapping[str, str]) -> None:
+    """Fail where the build did not take the version handed to it (git_version_env): a
+    setuptools-scm that reads no variable of that name versions the copy's repository,
+    0.1.dev1, without a word."""
+    built = parse_wheel_filename(wheel.name)[1]
+    for key, given in handed.items():
+        try:
+            wanted = Version(given)
+        except InvalidVersion:
+            continue  # the user's own, which setuptools-scm judges
+        if built.public != wanted.public:
+            raise StepFailed("compile", f"the build made version {built}, not {wanted} as git "
+                             f"gives it, handed to it as {key}: its setuptools-scm did not "
+                             f"read that variable; set {PRETEND_VERSION} to the version "
+                             "wanted to override")
 
 
 def _why(stderr: str | bytes) -> str:
@@ -189,7 +245,8 @@ def _git(where: Path, *args: str, feed: bytes | None = None,
 
 
 def git_version_env(ext_dir: Path, python: Path, env: dict[str, str], in_git: bool,
-                    note: Callable[[str], None] = lambda line: None) -> dict[str, str]:
+                    note: Callable[[str], None] = lambda line: None,
+                    builds_here: bool = True) -> dict[str, str]:
     """The version git gives the extension's tree, for a build from a copy of it.
 
     The copy's git repository (mirror_tracked_files) has the tree's files, not its
@@ -204,25 +261,26 @@ def git_version_env(ext_dir: Path, python: Path, env: dict[str, str], in_git: bo
     where the copy's own repository would give a wrong version without a word."""
     if not versioned_by_git(ext_dir):
         return {}
-    key = pretend_version_key(ext_dir)
+    key = pretend_version_key(ext_dir, python if builds_here else None)
     for given_key in dict.fromkeys((key, PRETEND_VERSION)):
         if (given := env.get(given_key, os.environ.get(given_key))) is not None:
             note(f"version: {given_key}={given}, as set")
             return {given_key: given}
     if not in_git:
         return {}
-    settings = _hatch_vcs_settings(ext_dir)
-    if settings is None:
+    ask = [str(python), "-m", "setuptools_scm"]
+    if (hatch := _hatch_vcs_settings(ext_dir)) is not None:
+        ask = [str(python), "-c", GET_VERSION_SCRIPT, json.dumps(hatch)]
+    else:
         from_setup_py, computed = _setup_py_scm_settings(ext_dir)
-        if from_setup_py is not None:  # over [tool.setuptools_scm], as setuptools-scm merges
-            table = pyproject_data(ext_dir).get("tool", {}).get("setuptools_scm", {})
-            settings = {"root": ".", **{k: v for k, v in table.items()
-                                        if k not in SCM_PATH_SETTINGS}, **from_setup_py}
+        if from_setup_py and "setuptools_scm" in pyproject_data(ext_dir).get("tool", {}):
+            ask = [str(python), "-c", OVER_TABLE_SCRIPT, json.dumps(from_setup_py)]
+        elif from_setup_py:
+            ask = [str(python), "-c", GET_VERSION_SCRIPT,
+                   json.dumps({"root": ".", **from_setup_py})]
         elif computed:
             note("version: setup.py computes its use_scm_version settings, which cannot be "
                  "read without running it; setuptools-scm is asked with pyproject.toml's")
-    ask = ([str(python), "-c", GET_VERSION_SCRIPT, json.dumps(settings)] if settings is not None
-           else [str(python), "-m", "setuptools_scm"])
     try:
         asked = subprocess.run(ask, cwd=ext_dir, env=_without_git_variables({**os.environ, **env}),
                                capture_output=True, text=True, timeout=300)
@@ -257,15 +315,24 @@ def folder_in_repository(ext_dir: Path) -> PurePosixPath:
 
 def build_tree(top: Path, ext_dir: Path) -> tuple[Path, PurePosixPath]:
     """The extension's copy under a build folder `top`, and where it lies in `top`
-    (folder_in_repository)."""
+    (folder_in_repository). What else `top` holds (a copy of an earlier layout) goes:
+    cibuildwheel copies all of `top` into the container."""
     inside = folder_in_repository(ext_dir)
+    if inside.parts and top.is_dir():
+        for entry in top.iterdir():
+            if entry.name not in (".git", inside.parts[0]):
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry)
+                else:
+                    entry.unlink()
     return top.joinpath(*inside.parts), inside
 
 
 def mirror_tracked_files(ext_dir: Path, copy: Path,
                          note: Callable[[str], None] = lambda line: None) -> bytes:
     """Make the copy a git repository that tracks what git tracks in the tree; returns
-    the list (NUL-separated paths), b"" where nothing was done.
+    the list as recorded there (NUL-separated paths, below the copy's folder in that
+    repository), b"" where nothing was done.
 
     The repository is made at the copy's folder as many levels up as the extension lies
     below its own repository's top (build_tree), with the same paths.
@@ -298,7 +365,6 @@ def mirror_tracked_files(ext_dir: Path, copy: Path,
         note(f"the extension's files: {why}; its package data is what MANIFEST.in and the "
              "build's own settings say")
         return b""
-    tracked = b"\0".join(sorted(files))
     prefix = os.fsencode(inside.as_posix()) + b"/" if inside.parts else b""
     recorded = b"\0".join(prefix + path for path in sorted(files))
 
@@ -324,7 +390,7 @@ def mirror_tracked_files(ext_dir: Path, copy: Path,
                                     f"copy: {_why(done.stderr)}")
     note(f"the build copy tracks the {len(files)} files git tracks in the extension's tree "
          "(setuptools-scm takes package data from them)")
-    return tracked
+    return recorded
 
 
 def dynamic_build_requirements(ext_dir: Path, python: Path, env: dict[str, str]) -> list[str]:

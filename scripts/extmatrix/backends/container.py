@@ -48,7 +48,7 @@ def build(cell: Cell, ctx: Context) -> CellReport:
         tracked = project.mirror_tracked_files(ctx.ext_dir, src, steps.note)  # .git goes too
         # The engine's own setuptools-scm: the container's comes too late to ask the tree.
         from_git = project.git_version_env(ctx.ext_dir, Path(sys.executable), {},
-                                           bool(tracked), steps.note)
+                                           bool(tracked), steps.note, builds_here=False)
         env = {**engine.env, **cibw.environment(cell, ctx.matrix.extension, host, python,
                                                 build_requirements(ctx.ext_dir), from_git)}
         out = ctx.work / cell.id / "wheelhouse-container"
@@ -62,6 +62,7 @@ def build(cell: Cell, ctx: Context) -> CellReport:
                       env=env, cwd=top)
         report.timings.update(cibw_timings(_read_from(steps.log_path, start)))
         report.ccache = toolchain.ccache_delta(before, toolchain.ccache_stats(stats))
+        project.check_version_taken(single_wheel(out), from_git)
         wheel = stamp_wheel(cell, single_wheel(out), report, steps)
         if cell.abi3:
             with steps.timed("abi3audit"):

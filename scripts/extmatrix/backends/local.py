@@ -50,8 +50,9 @@ def build(cell: Cell, ctx: Context) -> CellReport:
         with steps.timed("env"):
             add_dynamic_requirements(cell, venv, src, env, sources, steps)
         # The build environment's own setuptools-scm, with the project's plugins.
-        env.update(project.git_version_env(ctx.ext_dir, envs.python_of(venv), env,
-                                           bool(tracked), steps.note))
+        from_git = project.git_version_env(ctx.ext_dir, envs.python_of(venv), env,
+                                           bool(tracked), steps.note)
+        env.update(from_git)
         out = ctx.work / cell.id / "wheelhouse"
         stamp = fingerprint(cell, env, venv, src, tracked)
         with steps.timed("compile"):
@@ -61,6 +62,7 @@ def build(cell: Cell, ctx: Context) -> CellReport:
                 report.reused = True
             else:
                 compile_wheel(venv, src, out, env, stamp, report, steps)
+        project.check_version_taken(single_wheel(out), from_git)
         with steps.timed("check"):
             wheel = stamp_wheel(cell, single_wheel(out), report, steps)
             check_wheel(cell, ctx, wheel, report, staging, venv)
