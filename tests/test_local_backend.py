@@ -535,3 +535,23 @@ def test_a_project_in_a_subfolder_is_copied_as_deep_in_its_own_repository(tmp_pa
     assert project.build_tree(tmp_path / "b", repo / "python") == (tmp_path / "b", PurePosixPath())
     (repo / "pyproject.toml").write_text('[build-system]\nrequires = ["setuptools-scm"]\n')
     assert project.build_tree(tmp_path / "b", repo) == (tmp_path / "b", PurePosixPath())
+
+
+def test_a_stated_version_is_left_to_the_build(tmp_path):
+    """setuptools-scm listed for its file finder alone, the version stated: nothing is
+    handed on, and no check can fail the build for building the version it states."""
+    tree = tmp_path / "ext"
+    tree.mkdir()
+    (tree / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["setuptools", "setuptools-scm>=8"]\n'
+        '[project]\nname = "stated"\nversion = "1.2.3"\n')
+    for args in (["init", "-q"], ["add", "."], ["commit", "-q", "-m", "one"], ["tag", "v9.0"]):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@example.org", "-C",
+                        str(tree), *args], check=True, capture_output=True)
+    assert project.git_version_env(tree, Path(sys.executable), {}, True) == {}
+    (tree / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["setuptools-scm[simple]>=10"]\n'
+        '[project]\nname = "stated"\ndynamic = ["version"]\n')
+    asked = project.git_version_env(tree, Path(sys.executable), {}, True)
+    assert list(asked) == ["SETUPTOOLS_SCM_PRETEND_VERSION_FOR_STATED"]  # from git again
+    assert asked["SETUPTOOLS_SCM_PRETEND_VERSION_FOR_STATED"].startswith("9.")

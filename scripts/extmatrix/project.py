@@ -146,6 +146,36 @@ def _setup_py_scm_settings(ext_dir: Path) -> tuple[dict | None, bool]:
     return settings, False
 
 
+def _version_from_git(ext_dir: Path) -> bool:
+    """Whether the version itself comes from git, not only the package data: a project
+    that states its version ([project] version) and lists setuptools-scm for its file
+    finder builds that version, whatever git would give."""
+    data = pyproject_data(ext_dir)
+    if _hatch_vcs_settings(ext_dir) is not None:
+        return True
+    if "version" in data.get("project", {}):
+        return False
+    if "setuptools_scm" in data.get("tool", {}):
+        return True
+    if _setup_py_scm_settings(ext_dir) != (None, False):
+        return True
+    if (wanted := _scm_requirement(ext_dir)) is not None and "simple" in wanted.extras:
+        return True  # setuptools-scm 10's switch with no table
+    return "version" in data.get("project", {}).get("dynamic", [])
+
+
+def _scm_requirement(ext_dir: Path) -> Requirement | None:
+    """The extension's [build-system] requirement of setuptools-scm, if any."""
+    for text in build_system(ext_dir)["requires"]:
+        try:
+            wanted = Requirement(text)
+        except InvalidRequirement:
+            continue
+        if canonicalize_name(wanted.name) == "setuptools-scm":
+            return wanted
+    return None
+
+
 def _static_name(ext_dir: Path) -> str | None:
     """The distribution's name where a file states it: [project] name, or setup.cfg's."""
     if isinstance(name := pyproject_data(ext_dir).get("project", {}).get("name"), str):
@@ -171,14 +201,8 @@ def _named_pretend_read(ext_dir: Path, build_python: Path | None) -> bool:
             return Version(asked.stdout.strip()) >= Version("8")
         except InvalidVersion:
             return False
-    for text in build_system(ext_dir)["requires"]:
-        try:
-            wanted = Requirement(text)
-        except InvalidRequirement:
-            continue
-        if canonicalize_name(wanted.name) == "setuptools-scm":
-            return not wanted.specifier.contains("7.999", prereleases=True)
-    return False
+    wanted = _scm_requirement(ext_dir)
+    return wanted is not None and not wanted.specifier.contains("7.999", prereleases=True)
 
 
 def pretend_version_key(ext_dir: Path, build_python: Path | None = None) -> str:
@@ -259,7 +283,7 @@ def git_version_env(ext_dir: Path, python: Path, env: dict[str, str], in_git: bo
     project does not take its version from git, or outside a git tree (an sdist: its
     PKG-INFO says); inside one, no answer fails the build, naming setuptools-scm's reason,
     where the copy's own repository would give a wrong version without a word."""
-    if not versioned_by_git(ext_dir):
+    if not versioned_by_git(ext_dir) or not _version_from_git(ext_dir):
         return {}
     key = pretend_version_key(ext_dir, python if builds_here else None)
     for given_key in dict.fromkeys((key, PRETEND_VERSION)):
