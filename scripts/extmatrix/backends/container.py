@@ -62,8 +62,9 @@ def build(cell: Cell, ctx: Context) -> CellReport:
                       env=env, cwd=top)
         report.timings.update(cibw_timings(_read_from(steps.log_path, start)))
         report.ccache = toolchain.ccache_delta(before, toolchain.ccache_stats(stats))
-        project.check_version_taken(single_wheel(out), from_git)
-        wheel = stamp_wheel(cell, single_wheel(out), report, steps)
+        built = single_wheel(out)
+        project.check_version_taken(built, from_git)
+        wheel = stamp_wheel(cell, built, report, steps)
         if cell.abi3:
             with steps.timed("abi3audit"):
                 steps.run("abi3audit", [sys.executable, "-m", "abi3audit", "--strict", "--report",

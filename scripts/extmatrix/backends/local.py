@@ -62,9 +62,10 @@ def build(cell: Cell, ctx: Context) -> CellReport:
                 report.reused = True
             else:
                 compile_wheel(venv, src, out, env, stamp, report, steps)
-        project.check_version_taken(single_wheel(out), from_git)
+        built = single_wheel(out)
+        project.check_version_taken(built, from_git)
         with steps.timed("check"):
-            wheel = stamp_wheel(cell, single_wheel(out), report, steps)
+            wheel = stamp_wheel(cell, built, report, steps)
             check_wheel(cell, ctx, wheel, report, staging, venv)
     return report
 
