@@ -8,7 +8,7 @@ side in one process on the same inputs, rounds interleaved, against a copy.
     # on the GPU (a copy of /tmp/ab)
     python benchmarks/ab.py run /tmp/ab --cases bfloat16:power:1,float32:short:4
     # one variant's op on one case, untimed, under a profiler
-    ncu --kernel-name regex:tile_gather --launch-skip 2 --launch-count 1 \\
+    ncu --profile-from-start off --kernel-name regex:tile_gather --launch-count 1 \\
         python benchmarks/ab.py profile /tmp/ab --case bfloat16:power:4 --op bwd
 
 A variant is NAME=HEADER[:MACRO[=VALUE]...]: the sources of this folder's
@@ -40,10 +40,13 @@ runs them. Built against a CPU torch, the libraries hold only the CPU kernels,
 which the header does not touch: enough to try the tool with `run --device
 cpu`, not to compare kernels. `profile` calls one variant's op (the first
 built, unless --variant names another) --calls times on one case of the same
-size, untimed, for a profiler to record; its first calls warm up, so skip
-their kernels. `resources` lists each CUDA variant's kernels with their
-registers, shared memory, local and stack (spill) bytes per architecture, read
-from the built libraries by cuobjdump (no GPU needed; `--changed` keeps the
+size, untimed, for a profiler to record, after --warmup calls (a Triton
+variant's first call tunes its tile shapes, launching its kernel hundreds of
+times) outside the profiler's range: `ncu --profile-from-start off` records
+only the --calls (cudaProfilerStart and Stop around them). `resources` lists
+each CUDA variant's kernels with their registers, shared memory, local and
+stack (spill) bytes per architecture, read from the built libraries by
+cuobjdump (no GPU needed; `--changed` keeps the
 kernels where variants differ); for Triton variants, it compiles here (for
 --arch, sm_90 unless named) each launch the variant would make on `--cases`,
 one row per autotuner config kept after pruning, so a change that breaks the
@@ -873,9 +876,10 @@ def profile(
     rows: int,
     calls: int,
     cut: int | None = None,
+    warmup: int = 2,
 ) -> None:
-    """Calls one variant's op `calls` times on one case, untimed: the run a
-    profiler records (skip the first calls, which load and warm up)."""
+    """Calls one variant's op `warmup` times, then `calls` times inside the
+    profiler's range (cudaProfilerStart and Stop), on one case, untimed."""
     name = variant if variant is not None else next(iter(ops))
     if name not in ops:
         raise UsageError(f"--variant {name!r}: not built here; the variants are {', '.join(ops)}")
@@ -886,10 +890,17 @@ def profile(
     dtype_name, law, inner = case
     indptr, src, grad = case_inputs(dtype_name, law, inner, device, rows, cut)
     args = op_args(kind, src, grad, indptr)
+    for _ in range(warmup):
+        call(*args)
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.cudart().cudaProfilerStart()
     for _ in range(calls):
         call(*args)
-    if device.type == "cuda":
+    if cuda:
         torch.cuda.synchronize()
+        torch.cuda.cudart().cudaProfilerStop()
     label = law_label(law, cut)
     print(f"{dtype_name} {label} x{inner} {kind} {name}: {calls} calls, {rows} rows", flush=True)
 
@@ -1025,7 +1036,10 @@ def main(argv=None) -> int:
     p.add_argument("--case", required=True, help="DTYPE:LAW:INNER")
     p.add_argument("--op", default="fwd", help="fwd (the sum) or bwd (the gather)")
     p.add_argument("--variant", help="which variant (the first built by default)")
-    p.add_argument("--calls", type=int, default=5, help="calls of the op")
+    p.add_argument("--calls", type=int, default=5, help="calls of the op the profiler records")
+    p.add_argument(
+        "--warmup", type=int, default=2, help="calls before them, outside the profiler's range"
+    )
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--src-mib", type=int, default=512, help="src size")
     p.add_argument("--rows", type=int, help="rows instead of --src-mib")
@@ -1088,10 +1102,20 @@ def main(argv=None) -> int:
                 raise UsageError(f"--op {kind!r}: expected fwd (the sum) or bwd (the gather)")
             if args.calls < 1:
                 raise UsageError(f"--calls {args.calls}: expected at least 1")
+            if args.warmup < 0:
+                raise UsageError(f"--warmup {args.warmup}: expected 0 or more")
             rows = case_rows(case[0], case[2], args.src_mib, args.rows)
             ops = load(args.dir)
             profile(
-                ops, args.variant, case, kind, torch.device(args.device), rows, args.calls, args.cut
+                ops,
+                args.variant,
+                case,
+                kind,
+                torch.device(args.device),
+                rows,
+                args.calls,
+                args.cut,
+                args.warmup,
             )
         else:
             cases = [parse_case(c) for c in args.cases.split(",") if c]

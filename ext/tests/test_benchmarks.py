@@ -233,16 +233,20 @@ def test_ab_profile_calls_one_op_of_one_variant_and_refuses_others_in_one_line(
     base = ["profile", str(tmp_path), "--device", "cpu", "--rows", "300"]
     args = ["--case", "float32:power:4", "--op", "bwd", "--variant", "b", "--calls", "3"]
     assert ab.main([*base, *args]) == 0
+    assert calls == [("b", "bwd", (300, 4))] * (2 + 3)  # warm-up calls, then the recorded ones
+    calls.clear()
+    assert ab.main([*base, *args, "--warmup", "0"]) == 0
     assert calls == [("b", "bwd", (300, 4))] * 3
     calls.clear()
     assert ab.main([*base, "--case", "bfloat16:short:2"]) == 0  # the first variant's sum
-    assert calls == [("a", "fwd", (300, 2))] * 5
+    assert calls == [("a", "fwd", (300, 2))] * (2 + 5)
     calls.clear()
 
     for bad, message in [
         (["--case", "float32:short:1", "--variant", "c"], "--variant 'c': not built here"),
         (["--case", "float32:short:1", "--op", "grad"], "--op 'grad': expected"),
         (["--case", "float32:short:1", "--calls", "0"], "--calls 0: expected at least 1"),
+        (["--case", "float32:short:1", "--warmup", "-1"], "--warmup -1: expected 0 or more"),
         (["--case", "float32:flat:1"], "case 'float32:flat:1': expected"),
     ]:
         assert ab.main([*base, *bad]) == 2
@@ -306,6 +310,7 @@ def test_ab_cut_keeps_the_rows_and_leaves_no_segment_longer(bench, monkeypatch, 
 
     monkeypatch.setattr(ab, "load", lambda directory: {"a": Recorded()})
     base = ["profile", str(tmp_path), "--device", "cpu", "--rows", "4096", "--calls", "1"]
+    base += ["--warmup", "0"]
     assert ab.main([*base, "--case", "float32:giant:1", "--cut", "100"]) == 0
     assert capsys.readouterr().out.startswith("float32 giant<=100 x1 fwd a:")
     assert ab.main([*base, "--case", "float32:giant:1"]) == 0
