@@ -13,7 +13,7 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 
-from extmatrix import envs, project, report, toolchain, wheels, workspace
+from extmatrix import backends, envs, project, report, toolchain, wheels, workspace
 from extmatrix.backends import Context, local, max_jobs
 from extmatrix.cells import plan_file
 from extmatrix.cli import main
@@ -137,6 +137,14 @@ def test_git_version_is_asked_in_the_tree_only_for_projects_versioned_by_git(tmp
     for given in ({"SETUPTOOLS_SCM_PRETEND_VERSION": "3.0"},
                   {"SETUPTOOLS_SCM_PRETEND_VERSION_FOR_SCM_OPS": "3.1"}):
         assert project.git_version_env(tree, python, given, True) == given  # the user's
+    # Empty is unset, as setuptools-scm reads it: an unfilled CI input does not hand on "".
+    assert project.git_version_env(tree, python, {"SETUPTOOLS_SCM_PRETEND_VERSION": ""},
+                                   True) == asked
+    # The user's named variable, where the engine would hand the plain one (a setuptools-scm
+    # that may predate 8, a name only setup.py gives): theirs, passed on as set.
+    assert project.git_version_env(
+        tree, Path("/bin/false"), {"SETUPTOOLS_SCM_PRETEND_VERSION_FOR_SCM_OPS": "3.2"},
+        True) == {"SETUPTOOLS_SCM_PRETEND_VERSION_FOR_SCM_OPS": "3.2"}
     with pytest.raises(StepFailed, match="setuptools-scm gives no version in"):
         project.git_version_env(tree, Path("/bin/false"), {}, True)  # never a silent 0.1.dev
     (tree / "pyproject.toml").write_text('[project]\nname = "plain"\nversion = "1.0"\n')
@@ -160,6 +168,21 @@ def test_hatch_vcs_settings_reach_the_version_query(tmp_path):
     assert project.git_version_env(tree, Path(sys.executable), {}, True) == {
         "SETUPTOOLS_SCM_PRETEND_VERSION": "5.1"}  # read through hatch-vcs's tag pattern
     # (plain: hatch-vcs asks setuptools-scm without the project's name)
+    assert project.pretend_version_key(tree, Path(sys.executable)) == (
+        "SETUPTOOLS_SCM_PRETEND_VERSION")
+    with (tree / "pyproject.toml").open("a") as f:  # unless its raw options name it
+        f.write('dist_name = "scm-ops"\n')
+    assert project.pretend_version_key(tree, Path(sys.executable)) == (
+        "SETUPTOOLS_SCM_PRETEND_VERSION_FOR_SCM_OPS")
+    assert project.pretend_version_key(tree, Path("/bin/false")) == (
+        "SETUPTOOLS_SCM_PRETEND_VERSION")  # a setuptools-scm that may not read it
+    # A version file named in raw-options is hatch-vcs's build hook's to write, never the
+    # query's: it would land in the user's tree and ship in the next wheel.
+    with (tree / "pyproject.toml").open("a") as f:
+        f.write('write_to = "_version.py"\nversion_file = "_v.py"\n')
+    assert project.git_version_env(tree, Path(sys.executable), {}, True) == {
+        "SETUPTOOLS_SCM_PRETEND_VERSION_FOR_SCM_OPS": "5.2.dev0"}  # (pyproject.toml edited)
+    assert not (tree / "_version.py").exists() and not (tree / "_v.py").exists()
 
 
 def test_the_version_is_named_for_the_extension_where_its_name_is_known(tmp_path):
@@ -438,6 +461,30 @@ def test_stamp_reports_a_wheel_that_contradicts_the_cell(tmp_path):
         "version 1.0 -> 1.0+pt213rocm7.2"]
 
 
+def test_a_runtime_dependency_is_one_rule_for_stamp_and_check(tmp_path):
+    """triton under a marker is not the cell's runtime dependency (stamp and check once
+    disagreed: stamp left it, the check then failed every CUDA cell); a pin the matrix's
+    dependency excludes fails the stamp, as a torch pin that excludes the cell's does."""
+    import dataclasses
+
+    from extmatrix.errors import StepFailed
+
+    cell = PLAN.cell("torch2.14-cu130")
+    marked = built_wheel(tmp_path, "d", "1.0", ['triton; platform_system == "Linux"'])
+    stamped, changes = wheels.stamp(marked, cell)
+    assert "Requires-Dist + triton" in changes
+    assert wheels.inspect(stamped, cell, None).problems == []
+    wanting = dataclasses.replace(cell, runtime_deps=("triton>=3.5",))
+    old = built_wheel(tmp_path, "e", "1.0", ["triton==2.0.0"])
+    with pytest.raises(StepFailed, match="requires triton==2.0.0, which the matrix's runtime "
+                                         "dependency triton>=3.5 excludes"):
+        wheels.stamp(old, wanting)
+    assert wheels.inspect(old, wanting, None).problems[-1] == (
+        "Requires-Dist triton==2.0.0 contradicts the runtime dependency triton>=3.5")
+    ranged = built_wheel(tmp_path, "f", "1.0", ["triton>=3.0"])  # no contradiction to tell
+    assert "Requires-Dist + triton>=3.5" not in wheels.stamp(ranged, wanting)[1]
+
+
 def test_setup_py_use_scm_version_settings_shape_the_version(tmp_path):
     """A setup.py that passes use_scm_version={...} builds with those settings: asked
     with the defaults, a post-release project built between tags got the next release's
@@ -549,9 +596,36 @@ def test_a_stated_version_is_left_to_the_build(tmp_path):
         subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@example.org", "-C",
                         str(tree), *args], check=True, capture_output=True)
     assert project.git_version_env(tree, Path(sys.executable), {}, True) == {}
+    for stated in ('version = {attr = "stated.__version__"}', 'version = {file = "VERSION"}'):
+        (tree / "pyproject.toml").write_text(  # dynamic, but from the tree, not from git
+            '[build-system]\nrequires = ["setuptools", "setuptools-scm>=8"]\n'
+            '[project]\nname = "stated"\ndynamic = ["version"]\n'
+            f'[tool.setuptools.dynamic]\n{stated}\n')
+        assert project.git_version_env(tree, Path(sys.executable), {}, True) == {}, stated
     (tree / "pyproject.toml").write_text(
         '[build-system]\nrequires = ["setuptools-scm[simple]>=10"]\n'
         '[project]\nname = "stated"\ndynamic = ["version"]\n')
     asked = project.git_version_env(tree, Path(sys.executable), {}, True)
     assert list(asked) == ["SETUPTOOLS_SCM_PRETEND_VERSION_FOR_STATED"]  # from git again
     assert asked["SETUPTOOLS_SCM_PRETEND_VERSION_FOR_STATED"].startswith("9.")
+
+
+def test_a_wheel_the_checks_refuse_never_sits_beside_the_last_good_one(tmp_path):
+    """A later build whose wheel fails the checks (another version: another name) leaves the
+    cell's *.whl to the good wheel carried forward; the refused one is kept for a look in
+    rejected/, which the failure names."""
+    ctx, cell = ctx_for(tmp_path), PLAN.cell("torch2.13-cpu")
+    with backends.building(ctx, cell, "local") as (saved, staging, _):
+        good = fake_wheel(tmp_path / "segment_ops-0.4.1.dev1+pt213cpu-py3-none-any.whl",
+                          "0.4.1.dev1+pt213cpu", ["torch==2.13.*"])
+        backends.check_wheel(cell, ctx, good, saved, staging, None)
+    with backends.building(ctx, cell, "local") as (saved, staging, _):
+        bad = fake_wheel(tmp_path / "segment_ops-0.4.1.dev2+pt213cpu-py3-none-any.whl",
+                         "0.4.1.dev2+pt213cpu", [])  # no torch pin
+        backends.check_wheel(cell, ctx, bad, saved, staging, None)
+    final = ctx.dist / cell.id
+    assert workspace.single_wheel(final).name == good.name
+    outcome = CellReport.read(final / "report.json")
+    assert outcome.build == "failed" and outcome.kept["wheel"] == good.name
+    shown = outcome.reason.rsplit("(it is ", 1)[1].rstrip(")")
+    assert Path(shown) == final / "rejected" / bad.name and Path(shown).is_file()

@@ -105,7 +105,10 @@ def _hatch_vcs_settings(ext_dir: Path) -> dict | None:
         settings["tag_regex"] = table["tag-pattern"]
     if "fallback-version" in table:
         settings["fallback_version"] = table["fallback-version"]
-    settings.update(table.get("raw-options", {}))
+    # Less the settings that name files: hatch-vcs drops write_to itself, and
+    # get_version() would write a version file into the user's tree.
+    raw = table.get("raw-options", {})
+    settings.update({k: v for k, v in raw.items() if k not in SCM_PATH_SETTINGS})
     return settings
 
 
@@ -148,8 +151,10 @@ def _setup_py_scm_settings(ext_dir: Path) -> tuple[dict | None, bool]:
 
 def _version_from_git(ext_dir: Path) -> bool:
     """Whether the version itself comes from git, not only the package data: a project
-    that states its version ([project] version) and lists setuptools-scm for its file
-    finder builds that version, whatever git would give."""
+    that lists setuptools-scm for its file finder alone builds the version it states
+    ([project] version, or [tool.setuptools.dynamic]'s attr or file), whatever git would
+    give. setuptools-scm infers a version only where asked: hatch-vcs, a
+    [tool.setuptools_scm] table, setup.py's use_scm_version, or its [simple] extra."""
     data = pyproject_data(ext_dir)
     if _hatch_vcs_settings(ext_dir) is not None:
         return True
@@ -159,9 +164,9 @@ def _version_from_git(ext_dir: Path) -> bool:
         return True
     if _setup_py_scm_settings(ext_dir) != (None, False):
         return True
-    if (wanted := _scm_requirement(ext_dir)) is not None and "simple" in wanted.extras:
-        return True  # setuptools-scm 10's switch with no table
-    return "version" in data.get("project", {}).get("dynamic", [])
+    wanted = _scm_requirement(ext_dir)  # [simple]: setuptools-scm 10's switch with no table
+    return (wanted is not None and "simple" in wanted.extras
+            and "version" in data.get("project", {}).get("dynamic", []))
 
 
 def _scm_requirement(ext_dir: Path) -> Requirement | None:
@@ -188,6 +193,31 @@ def _static_name(ext_dir: Path) -> str | None:
         return None
 
 
+def _named_key(name: str) -> str:
+    """..._FOR_<NAME>, the name normalized as setuptools-scm 8 and later normalize it."""
+    return f"{PRETEND_VERSION}_FOR_{canonicalize_name(name).replace('-', '_').upper()}"
+
+
+def _named_keys(ext_dir: Path) -> list[str]:
+    """..._FOR_<NAME> for every name the project's files give it (a dist_name, its
+    [project] or setup.cfg name, a literal name= in setup.py): one a user set is theirs to
+    pass on, whichever variable the engine would hand."""
+    data = pyproject_data(ext_dir)
+    names = [data.get("tool", {}).get("setuptools_scm", {}).get("dist_name"),
+             (_hatch_vcs_settings(ext_dir) or {}).get("dist_name"), _static_name(ext_dir)]
+    try:
+        tree = ast.parse((ext_dir / "setup.py").read_bytes())
+    except (OSError, SyntaxError, ValueError):
+        tree = None
+    for node in ast.walk(tree) if tree is not None else ():
+        called = getattr(node, "func", None)
+        if isinstance(node, ast.Call) and "setup" in (getattr(called, "id", None),
+                                                      getattr(called, "attr", None)):
+            names += [k.value.value for k in node.keywords
+                      if k.arg == "name" and isinstance(k.value, ast.Constant)]
+    return list(dict.fromkeys(_named_key(n) for n in names if isinstance(n, str) and n))
+
+
 def _named_pretend_read(ext_dir: Path, build_python: Path | None) -> bool:
     """Whether the build's setuptools-scm reads ..._FOR_<NAME> as pretend_version_key
     writes it: from 8 on (before, the name was not normalized: SCM-OPS, not SCM_OPS).
@@ -211,16 +241,19 @@ def pretend_version_key(ext_dir: Path, build_python: Path | None = None) -> str:
     The plain SETUPTOOLS_SCM_PRETEND_VERSION reaches every project setuptools-scm
     versions in the build, a build requirement built from its sdist included, which then
     gets the extension's version and fails pip's check of it. setuptools-scm also reads
-    ..._FOR_<NAME> (its dist_name, or the project's name); hatch-vcs does not (it asks
-    setuptools-scm without the name), nor can a name that only setup.py computes be
-    known, nor does setuptools-scm before 8 read the name as normalized here: those keep
-    the plain one. check_version_taken catches a build that read neither."""
-    table = pyproject_data(ext_dir).get("tool", {}).get("setuptools_scm", {})
-    name = table.get("dist_name") or _static_name(ext_dir)
-    if (not isinstance(name, str) or _hatch_vcs_settings(ext_dir) is not None
-            or not _named_pretend_read(ext_dir, build_python)):
+    ..._FOR_<NAME> (its dist_name, or the project's name). hatch-vcs asks setuptools-scm
+    with no name unless its raw-options give a dist_name; a name that only setup.py
+    computes cannot be known; setuptools-scm before 8 reads the name unnormalized: those
+    keep the plain one. check_version_taken catches a build that read neither."""
+    hatch = _hatch_vcs_settings(ext_dir)
+    if hatch is not None:
+        name = hatch.get("dist_name")
+    else:
+        table = pyproject_data(ext_dir).get("tool", {}).get("setuptools_scm", {})
+        name = table.get("dist_name") or _static_name(ext_dir)
+    if not isinstance(name, str) or not _named_pretend_read(ext_dir, build_python):
         return PRETEND_VERSION
-    return f"{PRETEND_VERSION}_FOR_{canonicalize_name(name).replace('-', '_').upper()}"
+    return _named_key(name)
 
 
 def check_version_taken(wheel: Path, handed: Mapping[str, str]) -> None:
@@ -286,8 +319,9 @@ def git_version_env(ext_dir: Path, python: Path, env: dict[str, str], in_git: bo
     if not versioned_by_git(ext_dir) or not _version_from_git(ext_dir):
         return {}
     key = pretend_version_key(ext_dir, python if builds_here else None)
-    for given_key in dict.fromkeys((key, PRETEND_VERSION)):
-        if (given := env.get(given_key, os.environ.get(given_key))) is not None:
+    # Empty is unset, as setuptools-scm reads it (an unfilled CI input).
+    for given_key in dict.fromkeys((key, *_named_keys(ext_dir), PRETEND_VERSION)):
+        if given := env.get(given_key, os.environ.get(given_key)):
             note(f"version: {given_key}={given}, as set")
             return {given_key: given}
     if not in_git:

@@ -20,6 +20,7 @@ from email.message import Message
 from pathlib import Path
 
 from packaging.requirements import InvalidRequirement, Requirement
+from packaging.specifiers import SpecifierSet
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 from wheel.wheelfile import WheelFile
@@ -81,10 +82,15 @@ def inspect(wheel: Path, cell: Cell, cuobjdump: Path | None) -> WheelFacts:
     if not any(canonicalize_name(r.name) == "torch" and r.specifier == pin.specifier
                for r in parsed):
         facts.problems.append(f"Requires-Dist does not pin {cell.requires_torch}")
-    names = {canonicalize_name(r.name) for r in parsed}
     for dep in cell.runtime_deps:
-        if canonicalize_name(Requirement(dep).name) not in names:
+        wanted = Requirement(dep)
+        found = _unconditional(parsed, wanted.name)
+        if not found:
             facts.problems.append(f"Requires-Dist lacks the runtime dependency {dep}")
+        elif clash := next((r for r in found if _contradicts(r.specifier, wanted.specifier)),
+                           None):
+            facts.problems.append(f"Requires-Dist {clash} contradicts the runtime dependency "
+                                  f"{dep}")
     if cell.family == "cuda":
         _cuda_archs(wheel, cell, cuobjdump, facts)
     if cell.stable:
@@ -206,12 +212,35 @@ def _stamped_requires(requires: list[str], cell: Cell, changes: list[str]) -> li
     if not pinned:
         changes.append(f"Requires-Dist + {pin}")
         out.insert(0, str(pin))
-    names = {canonicalize_name(r.name) for r in _requirements(out) if r is not None}
     for dep in cell.runtime_deps:
-        if canonicalize_name(Requirement(dep).name) not in names:
+        wanted = Requirement(dep)
+        found = _unconditional(_requirements(out), wanted.name)
+        if clash := next((r for r in found if _contradicts(r.specifier, wanted.specifier)), None):
+            raise StepFailed("stamp", f"the wheel requires {clash}, which the matrix's runtime "
+                                      f"dependency {wanted} excludes")
+        if not found:
             changes.append(f"Requires-Dist + {dep}")
             out.append(dep)
     return out
+
+
+def _unconditional(requires: list[Requirement | None], name: str) -> list[Requirement]:
+    """The requirements of `name` that hold wherever the wheel is installed: one under a
+    marker (platform_system == "Linux", an extra) does not give a cell its runtime
+    dependency, so stamp adds the plain one and inspect looks for it."""
+    return [r for r in requires if r is not None and r.marker is None
+            and canonicalize_name(r.name) == canonicalize_name(name)]
+
+
+def _contradicts(a: SpecifierSet, b: SpecifierSet) -> bool:
+    """Whether an exact version one side pins (==X) is one the other side excludes: the
+    contradiction that can be told without listing every release."""
+    for pins, other in ((a, b), (b, a)):
+        for spec in pins:
+            if (spec.operator == "==" and not spec.version.endswith(".*")
+                    and not other.contains(spec.version, prereleases=True)):
+                return True
+    return False
 
 
 def _cuda_archs(wheel: Path, cell: Cell, cuobjdump: Path | None, facts: WheelFacts) -> None:

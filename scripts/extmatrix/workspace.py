@@ -32,6 +32,9 @@ from .errors import StepFailed
 
 LAST_GOOD = "last-good.json"
 REPORT = "report.json"
+# A wheel the checks refused, kept for a look but out of the cell's *.whl: the last good
+# wheel beside it stays the only one there.
+REJECTED = "rejected"
 # Not the extension's sources. Build products live in a cell's copy of the sources and
 # must survive syncs: they keep rebuilds warm. build/ and dist/ are build products only
 # at the extension's top: deeper, a folder of that name is a package of the extension's
