@@ -118,6 +118,8 @@ constexpr int kTileBlocksPerSm = 4;
 // and the code before the cuts (kLeanTileSum). (Not measured: at 4 blocks
 // its 46.5 KB of shared memory a block leave L1 about 60 KB, not 92; fp32's
 // 29.6 KB leave it 124 KB.)
+// With quiet tiles (kQuietTiles), bf16 at 4 blocks (the lean code, 8 bytes
+// spilled) lost again: power law 75.8 -> 74.5.
 // (ROCm keeps 3, and the code before the cuts: the register counts are
 // sm_90's.)
 template <typename T, int W, bool kShort>
@@ -156,6 +158,9 @@ constexpr int64_t kSplitQuantum = 8;
 // same run, power law, 1 column): bf16 66.5 -> 73.7 at 16, 76.4 at 24, 75.2
 // at 32; fp32 82.4 -> 85.1 at 16, 85.0 at 24, 80.3 at 32; at 8 (another run)
 // bf16 65.2 -> 67.3, fp32 81.0 -> 81.2; short segments within 0.1.
+// In a later run, against 24 (bf16 75.8, fp32 85.3): 20 gave 74.6 and 85.5,
+// 28 gave 76.4 and 83.8. One weight for both: bf16's 0.6 at 28 is within the
+// spread between runs, fp32's 1.5 is not.
 #if defined(__HIP_PLATFORM_AMD__)
 template <typename T, int W, bool kShort>
 constexpr bool kQuietTiles = false;  // its fold rides on rake_scan, which ROCm does not take
@@ -2235,6 +2240,11 @@ __device__ __forceinline__ bool long_tailed(const int64_t* __restrict__ indptr, 
 // -> 60.7 and 60.7; fp32, 1 column 82.4 -> 61.8 and 75.0, 87.3 -> 43.0 and
 // 43.0. The tile sum launched plain, not early: bf16 65.5 -> 66.2, fp32 81.8 ->
 // 81.6, short segments 0.2 to 0.5 lower.
+// The gate the other way round, the tile sum first (its blocks sample and
+// record the pick) and the lane sum launched early behind it, lost: fp32, 1
+// column, power law 85.2 -> 84.1, short segments 88.3 -> 85.3; bf16 76.7 ->
+// 76.0 and 82.2 -> 80.9. The tile sum's own blocks taking the sample cost it
+// 3 us (194.1 -> 197.2 us), more than the lane sum's 4.1 us in front had.
 template <typename Acc>
 __device__ __forceinline__ bool gated_out(TailGate gate, const int64_t* __restrict__ indptr,
                                           int64_t segments, int64_t rows,
@@ -2345,6 +2355,12 @@ constexpr int kBigSlots = 64;    // segments a block sums at the end, at most
 //   H200, short segments then power law, fp32, 4 columns 81.1 -> 78.1 and
 //   83.5 -> 83.2; bf16, 8 columns 74.9 -> 56.1 and 72.9 -> 71.5 (the same
 //   registers in fp32; bf16 took 8 bytes of stack).
+// * the lanes' own loads again, on an H200 (ab.py, forward % of copy, same
+//   run, fp32, 4 columns, short segments then power law): 81.9 -> 76.8 and
+//   84.7 -> 81.2 as 16-byte loads; 69.8 and 81.4 as two 8-byte loads a row
+//   (inline PTX, so that they stay two), which 8-byte rows' lanes load at 87 %
+//   of copy (bf16, 4 columns): it is not the width of a scattered load that
+//   the staging saves; long and giant segments within 0.1.
 // ROCm keeps the lane loads (no cp.async, and a team is half a wavefront).
 #if defined(__HIP_PLATFORM_AMD__)
 constexpr bool kStagedLaneSum = false;
@@ -2823,6 +2839,14 @@ __device__ inline int64_t warp_lower_bound(const int64_t* __restrict__ indptr, i
 // forward % of copy, two runs): bf16, 4 columns, power law 64.0 -> 68.7 and
 // 63.8 -> 68.8; short segments 84.5 -> 84.5 and 84.5 -> 84.5; long segments
 // 89.1 -> 89.2. fp16 takes the same path (not timed).
+// Reading both segments two rows per 16-byte load instead (the first pair's
+// row before an odd start zeroed, a last odd row read alone before the loop),
+// 2 pairs of each a step and 4 of the longer one past the shorter ones (the
+// loads and registers of the 8-byte loop, half the steps), lost: H200 (ab.py,
+// forward % of copy, same run): power law 70.2 -> 65.6, short segments 87.3
+// -> 76.5; 4 pairs and 8: 64.3 and 79.0; long within 0.3. Reading an odd
+// start's first row alone before the loop cost the stripe a round trip more:
+// 65.3 and 73.8.
 // The rows go into the same sums in the same order: each segment's rows one
 // by one from +0.0, rows past its end read as +0.0, which leaves a sum that
 // is never -0.0 unchanged (see strided_share); only the count of such zeros
@@ -2924,6 +2948,15 @@ __global__ void __launch_bounds__(kThreads, kLaneBlocksPerSm<T, W>)
   // by 5 lanes while the first was summed (the asm made all 30 indptr loads
   // lose .CONSTANT), lost a little too: bf16, 1 column, short 78.0 -> 77.4 and
   // 77.8 -> 77.5, power law and long within 0.1.
+  // The next stripe claimed at the top of this one, its starts' low words
+  // (exact below 2^32 rows) loaded into 3 registers a lane (a lane's two
+  // starts, lane 31 the stripe's last end; the ends shuffled from the next
+  // lane), so that no stripe waits on indptr, lost more: H200 (ab.py, forward
+  // % of copy, same run, no spills): bf16, 1 column, short 81.8 -> 74.2; in
+  // every lane sum also fp32, 1 column, short 87.0 -> 76.7; 4 columns, bf16
+  // short 85.5 -> 85.0, power law 69.4 -> 68.2, fp32 81.7 -> 80.1 and 84.2 ->
+  // 82.0. The registers held across the stripe are the ones its row loads
+  // kept in flight (see kLaneBlocksPerSm).
   for (;;) {  // (2^32 stripes would take an indptr of 4 TiB)
     unsigned stripe = 0;
     if (lane == 0) stripe = claim_stripe(&sm.next_stripe);
