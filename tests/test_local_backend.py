@@ -137,14 +137,13 @@ def test_git_version_is_asked_in_the_tree_only_for_projects_versioned_by_git(tmp
     for given in ({"SETUPTOOLS_SCM_PRETEND_VERSION": "3.0"},
                   {"SETUPTOOLS_SCM_PRETEND_VERSION_FOR_SCM_OPS": "3.1"}):
         assert project.git_version_env(tree, python, given, True) == given  # the user's
-    # Empty is unset, as setuptools-scm reads it: an unfilled CI input does not hand on "".
-    assert project.git_version_env(tree, python, {"SETUPTOOLS_SCM_PRETEND_VERSION": ""},
-                                   True) == asked
-    # The user's named variable, where the engine would hand the plain one (a setuptools-scm
-    # that may predate 8, a name only setup.py gives): theirs, passed on as set.
-    assert project.git_version_env(
-        tree, Path("/bin/false"), {"SETUPTOOLS_SCM_PRETEND_VERSION_FOR_SCM_OPS": "3.2"},
-        True) == {"SETUPTOOLS_SCM_PRETEND_VERSION_FOR_SCM_OPS": "3.2"}
+    # An empty variable is no version, as setuptools-scm reads it (an unfilled CI input):
+    # git's is handed on instead, under the name, which replaces it. setuptools-scm reads
+    # the first variable set, so an empty named one hides a plain one from it too.
+    for given in ({"SETUPTOOLS_SCM_PRETEND_VERSION": ""},
+                  {"SETUPTOOLS_SCM_PRETEND_VERSION_FOR_SCM_OPS": "",
+                   "SETUPTOOLS_SCM_PRETEND_VERSION": "7.0"}):
+        assert project.git_version_env(tree, python, given, True) == asked, given
     with pytest.raises(StepFailed, match="setuptools-scm gives no version in"):
         project.git_version_env(tree, Path("/bin/false"), {}, True)  # never a silent 0.1.dev
     (tree / "pyproject.toml").write_text('[project]\nname = "plain"\nversion = "1.0"\n')
@@ -155,7 +154,8 @@ def test_hatch_vcs_settings_reach_the_version_query(tmp_path):
     tree = tmp_path / "ext"
     tree.mkdir()
     (tree / "pyproject.toml").write_text(
-        '[build-system]\nrequires = ["hatchling", "hatch-vcs"]\n[tool.hatch.version]\n'
+        '[build-system]\nrequires = ["hatchling", "hatch-vcs"]\n'
+        '[project]\nname = "hv-ops"\ndynamic = ["version"]\n[tool.hatch.version]\n'
         'source = "vcs"\ntag-pattern = "^release-(?P<version>.+)$"\n'
         '[tool.hatch.version.raw-options]\nlocal_scheme = "no-local-version"\n')
     assert project._hatch_vcs_settings(tree) == {
@@ -167,9 +167,13 @@ def test_hatch_vcs_settings_reach_the_version_query(tmp_path):
                         str(tree), *args], check=True)
     assert project.git_version_env(tree, Path(sys.executable), {}, True) == {
         "SETUPTOOLS_SCM_PRETEND_VERSION": "5.1"}  # read through hatch-vcs's tag pattern
-    # (plain: hatch-vcs asks setuptools-scm without the project's name)
+    # (plain: hatch-vcs asks setuptools-scm without the project's name, so a variable
+    # named for it is none of the build's: never handed on as the version)
     assert project.pretend_version_key(tree, Path(sys.executable)) == (
         "SETUPTOOLS_SCM_PRETEND_VERSION")
+    assert project.git_version_env(
+        tree, Path(sys.executable), {"SETUPTOOLS_SCM_PRETEND_VERSION_FOR_HV_OPS": "9.9"},
+        True) == {"SETUPTOOLS_SCM_PRETEND_VERSION": "5.1"}
     with (tree / "pyproject.toml").open("a") as f:  # unless its raw options name it
         f.write('dist_name = "scm-ops"\n')
     assert project.pretend_version_key(tree, Path(sys.executable)) == (
@@ -483,6 +487,13 @@ def test_a_runtime_dependency_is_one_rule_for_stamp_and_check(tmp_path):
         "Requires-Dist triton==2.0.0 contradicts the runtime dependency triton>=3.5")
     ranged = built_wheel(tmp_path, "f", "1.0", ["triton>=3.0"])  # no contradiction to tell
     assert "Requires-Dist + triton>=3.5" not in wheels.stamp(ranged, wanting)[1]
+    # The matrix's own marker (as torch pins triton): written as given, then found.
+    marked_dep = 'triton; platform_machine == "x86_64"'
+    on_x86 = dataclasses.replace(cell, runtime_deps=(marked_dep,))
+    stamped, changes = wheels.stamp(built_wheel(tmp_path, "g", "1.0", []), on_x86)
+    assert f"Requires-Dist + {marked_dep}" in changes
+    assert wheels.inspect(stamped, on_x86, None).problems == []
+    assert wheels.stamp(stamped, on_x86)[1] == []  # already said: nothing added twice
 
 
 def test_setup_py_use_scm_version_settings_shape_the_version(tmp_path):
@@ -507,14 +518,18 @@ def test_setup_py_use_scm_version_settings_shape_the_version(tmp_path):
     (tree / "NEWS").write_text("a change since 1.0\n")
     git("add", "NEWS")
     git("commit", "-q", "-m", "two")
-    assert project.git_version_env(tree, Path(sys.executable), {}, True) == {
-        "SETUPTOOLS_SCM_PRETEND_VERSION": "1.0.post1"}
+    # Named for setup.py's literal name, which the build's setuptools-scm (10) reads; the
+    # user's own variable of that name is theirs, passed on as set.
+    named = "SETUPTOOLS_SCM_PRETEND_VERSION_FOR_SPX"
+    assert project.git_version_env(tree, Path(sys.executable), {}, True) == {named: "1.0.post1"}
+    assert project.git_version_env(tree, Path(sys.executable), {named: "2.0.0"}, True) == {
+        named: "2.0.0"}
     said: list[str] = []
     (tree / "setup.py").write_text(
         "from setuptools import setup\nSCM = {'version_scheme': 'post-release'}\n"
         "setup(name='spx', use_scm_version=SCM)\n")
     assert project.git_version_env(tree, Path(sys.executable), {}, True, said.append) == {
-        "SETUPTOOLS_SCM_PRETEND_VERSION": "1.1.dev1"}  # not readable: the defaults, said so
+        named: "1.1.dev1"}  # not readable: the defaults, said so
     assert "setup.py computes its use_scm_version settings" in said[0]
     # Beside a [tool.setuptools_scm] table, merged as setuptools-scm merges them for a build.
     (tree / "pyproject.toml").write_text(
@@ -602,6 +617,17 @@ def test_a_stated_version_is_left_to_the_build(tmp_path):
             '[project]\nname = "stated"\ndynamic = ["version"]\n'
             f'[tool.setuptools.dynamic]\n{stated}\n')
         assert project.git_version_env(tree, Path(sys.executable), {}, True) == {}, stated
+    (tree / "pyproject.toml").write_text(  # setuptools keeps it beside a setuptools-scm table
+        '[build-system]\nrequires = ["setuptools", "setuptools-scm>=8"]\n'
+        '[project]\nname = "stated"\ndynamic = ["version"]\n'
+        '[tool.setuptools.dynamic]\nversion = {attr = "stated.__version__"}\n'
+        '[tool.setuptools_scm]\n')
+    assert project.git_version_env(tree, Path(sys.executable), {}, True) == {}
+    (tree / "pyproject.toml").write_text(  # setuptools-scm 10 reads this table's settings too
+        '[build-system]\nrequires = ["setuptools", "setuptools-scm>=10"]\n'
+        '[project]\nname = "stated"\ndynamic = ["version"]\n[tool.vcs-versioning]\n')
+    asked = project.git_version_env(tree, Path(sys.executable), {}, True)
+    assert list(asked) == ["SETUPTOOLS_SCM_PRETEND_VERSION_FOR_STATED"]
     (tree / "pyproject.toml").write_text(
         '[build-system]\nrequires = ["setuptools-scm[simple]>=10"]\n'
         '[project]\nname = "stated"\ndynamic = ["version"]\n')
@@ -629,3 +655,13 @@ def test_a_wheel_the_checks_refuse_never_sits_beside_the_last_good_one(tmp_path)
     assert outcome.build == "failed" and outcome.kept["wheel"] == good.name
     shown = outcome.reason.rsplit("(it is ", 1)[1].rstrip(")")
     assert Path(shown) == final / "rejected" / bad.name and Path(shown).is_file()
+    # What the backend found (the container's repair check) refuses a wheel the same way.
+    with backends.building(ctx, cell, "container") as (saved, staging, _):
+        repaired = fake_wheel(tmp_path / "segment_ops-0.4.1.dev3+pt213cpu-py3-none-any.whl",
+                              "0.4.1.dev3+pt213cpu", ["torch==2.13.*"])
+        backends.check_wheel(cell, ctx, repaired, saved, staging, None,
+                             ["the wheel carries its own libc10.so; torch's must be used"])
+    assert workspace.single_wheel(final).name == good.name
+    outcome = CellReport.read(final / "report.json")
+    assert outcome.reason.startswith("the wheel carries its own libc10.so")
+    assert (final / "rejected" / repaired.name).is_file()

@@ -149,18 +149,30 @@ def _setup_py_scm_settings(ext_dir: Path) -> tuple[dict | None, bool]:
     return settings, False
 
 
+# The tables setuptools-scm takes its settings from (10 reads vcs-versioning's too).
+SCM_TABLES = ("setuptools_scm", "vcs-versioning")
+
+
+def _scm_table(ext_dir: Path) -> dict | None:
+    """The project's setuptools-scm settings table, None where it has none."""
+    tool = pyproject_data(ext_dir).get("tool", {})
+    return next((tool[name] for name in SCM_TABLES if isinstance(tool.get(name), dict)), None)
+
+
 def _version_from_git(ext_dir: Path) -> bool:
     """Whether the version itself comes from git, not only the package data: a project
     that lists setuptools-scm for its file finder alone builds the version it states
-    ([project] version, or [tool.setuptools.dynamic]'s attr or file), whatever git would
-    give. setuptools-scm infers a version only where asked: hatch-vcs, a
-    [tool.setuptools_scm] table, setup.py's use_scm_version, or its [simple] extra."""
+    ([project] version, or [tool.setuptools.dynamic]'s attr or file, which setuptools
+    keeps even beside a setuptools-scm table), whatever git would give. setuptools-scm
+    infers a version only where asked: hatch-vcs, a settings table, setup.py's
+    use_scm_version, or its [simple] extra."""
     data = pyproject_data(ext_dir)
     if _hatch_vcs_settings(ext_dir) is not None:
         return True
-    if "version" in data.get("project", {}):
+    dynamic = data.get("tool", {}).get("setuptools", {}).get("dynamic", {})
+    if "version" in data.get("project", {}) or (isinstance(dynamic, dict) and "version" in dynamic):
         return False
-    if "setuptools_scm" in data.get("tool", {}):
+    if _scm_table(ext_dir) is not None:
         return True
     if _setup_py_scm_settings(ext_dir) != (None, False):
         return True
@@ -182,40 +194,31 @@ def _scm_requirement(ext_dir: Path) -> Requirement | None:
 
 
 def _static_name(ext_dir: Path) -> str | None:
-    """The distribution's name where a file states it: [project] name, or setup.cfg's."""
+    """The distribution's name where a file states it: [project] name, setup.cfg's, or a
+    literal setup(name="...") in setup.py."""
     if isinstance(name := pyproject_data(ext_dir).get("project", {}).get("name"), str):
         return name
     setup_cfg = configparser.ConfigParser(interpolation=None)
     try:
         setup_cfg.read(ext_dir / "setup.cfg", encoding="utf-8")
-        return setup_cfg.get("metadata", "name", fallback=None)
+        if name := setup_cfg.get("metadata", "name", fallback=None):
+            return name
     except (configparser.Error, UnicodeDecodeError):
+        pass
+    try:
+        tree = ast.parse((ext_dir / "setup.py").read_bytes())
+    except (OSError, SyntaxError, ValueError):
         return None
+    names = {k.value.value for node in ast.walk(tree) if isinstance(node, ast.Call)
+             and "setup" in (getattr(node.func, "id", None), getattr(node.func, "attr", None))
+             for k in node.keywords if k.arg == "name" and isinstance(k.value, ast.Constant)}
+    found = names.pop() if len(names) == 1 else None
+    return found if isinstance(found, str) else None
 
 
 def _named_key(name: str) -> str:
     """..._FOR_<NAME>, the name normalized as setuptools-scm 8 and later normalize it."""
     return f"{PRETEND_VERSION}_FOR_{canonicalize_name(name).replace('-', '_').upper()}"
-
-
-def _named_keys(ext_dir: Path) -> list[str]:
-    """..._FOR_<NAME> for every name the project's files give it (a dist_name, its
-    [project] or setup.cfg name, a literal name= in setup.py): one a user set is theirs to
-    pass on, whichever variable the engine would hand."""
-    data = pyproject_data(ext_dir)
-    names = [data.get("tool", {}).get("setuptools_scm", {}).get("dist_name"),
-             (_hatch_vcs_settings(ext_dir) or {}).get("dist_name"), _static_name(ext_dir)]
-    try:
-        tree = ast.parse((ext_dir / "setup.py").read_bytes())
-    except (OSError, SyntaxError, ValueError):
-        tree = None
-    for node in ast.walk(tree) if tree is not None else ():
-        called = getattr(node, "func", None)
-        if isinstance(node, ast.Call) and "setup" in (getattr(called, "id", None),
-                                                      getattr(called, "attr", None)):
-            names += [k.value.value for k in node.keywords
-                      if k.arg == "name" and isinstance(k.value, ast.Constant)]
-    return list(dict.fromkeys(_named_key(n) for n in names if isinstance(n, str) and n))
 
 
 def _named_pretend_read(ext_dir: Path, build_python: Path | None) -> bool:
@@ -249,8 +252,7 @@ def pretend_version_key(ext_dir: Path, build_python: Path | None = None) -> str:
     if hatch is not None:
         name = hatch.get("dist_name")
     else:
-        table = pyproject_data(ext_dir).get("tool", {}).get("setuptools_scm", {})
-        name = table.get("dist_name") or _static_name(ext_dir)
+        name = (_scm_table(ext_dir) or {}).get("dist_name") or _static_name(ext_dir)
     if not isinstance(name, str) or not _named_pretend_read(ext_dir, build_python):
         return PRETEND_VERSION
     return _named_key(name)
@@ -319,11 +321,16 @@ def git_version_env(ext_dir: Path, python: Path, env: dict[str, str], in_git: bo
     if not versioned_by_git(ext_dir) or not _version_from_git(ext_dir):
         return {}
     key = pretend_version_key(ext_dir, python if builds_here else None)
-    # Empty is unset, as setuptools-scm reads it (an unfilled CI input).
-    for given_key in dict.fromkeys((key, *_named_keys(ext_dir), PRETEND_VERSION)):
-        if given := env.get(given_key, os.environ.get(given_key)):
+    # setuptools-scm reads the first of these that is set, and an empty one as no
+    # version at all (an unfilled CI input): git's is then handed on under `key`, which
+    # replaces it.
+    for given_key in dict.fromkeys((key, PRETEND_VERSION)):
+        given = env.get(given_key, os.environ.get(given_key))
+        if given:
             note(f"version: {given_key}={given}, as set")
             return {given_key: given}
+        if given is not None:
+            break
     if not in_git:
         return {}
     ask = [str(python), "-m", "setuptools_scm"]
@@ -331,7 +338,7 @@ def git_version_env(ext_dir: Path, python: Path, env: dict[str, str], in_git: bo
         ask = [str(python), "-c", GET_VERSION_SCRIPT, json.dumps(hatch)]
     else:
         from_setup_py, computed = _setup_py_scm_settings(ext_dir)
-        if from_setup_py and "setuptools_scm" in pyproject_data(ext_dir).get("tool", {}):
+        if from_setup_py and _scm_table(ext_dir) is not None:
             ask = [str(python), "-c", OVER_TABLE_SCRIPT, json.dumps(from_setup_py)]
         elif from_setup_py:
             ask = [str(python), "-c", GET_VERSION_SCRIPT,

@@ -77,14 +77,14 @@ def inspect(wheel: Path, cell: Cell, cuobjdump: Path | None) -> WheelFacts:
     facts = WheelFacts(wheel.name, wheel.stat().st_size, version, requires)
     if not version.endswith(f"+{cell.local_version}"):
         facts.problems.append(f"version {version} lacks the local label +{cell.local_version}")
-    parsed = [r for r in _requirements(requires) if r is not None and r.marker is None]
+    parsed = _requirements(requires)
     pin = Requirement(cell.requires_torch)
-    if not any(canonicalize_name(r.name) == "torch" and r.specifier == pin.specifier
-               for r in parsed):
+    if not any(r is not None and r.marker is None and canonicalize_name(r.name) == "torch"
+               and r.specifier == pin.specifier for r in parsed):
         facts.problems.append(f"Requires-Dist does not pin {cell.requires_torch}")
     for dep in cell.runtime_deps:
         wanted = Requirement(dep)
-        found = _unconditional(parsed, wanted.name)
+        found = _providing(parsed, wanted)
         if not found:
             facts.problems.append(f"Requires-Dist lacks the runtime dependency {dep}")
         elif clash := next((r for r in found if _contradicts(r.specifier, wanted.specifier)),
@@ -214,7 +214,7 @@ def _stamped_requires(requires: list[str], cell: Cell, changes: list[str]) -> li
         out.insert(0, str(pin))
     for dep in cell.runtime_deps:
         wanted = Requirement(dep)
-        found = _unconditional(_requirements(out), wanted.name)
+        found = _providing(_requirements(out), wanted)
         if clash := next((r for r in found if _contradicts(r.specifier, wanted.specifier)), None):
             raise StepFailed("stamp", f"the wheel requires {clash}, which the matrix's runtime "
                                       f"dependency {wanted} excludes")
@@ -224,12 +224,14 @@ def _stamped_requires(requires: list[str], cell: Cell, changes: list[str]) -> li
     return out
 
 
-def _unconditional(requires: list[Requirement | None], name: str) -> list[Requirement]:
-    """The requirements of `name` that hold wherever the wheel is installed: one under a
-    marker (platform_system == "Linux", an extra) does not give a cell its runtime
-    dependency, so stamp adds the plain one and inspect looks for it."""
-    return [r for r in requires if r is not None and r.marker is None
-            and canonicalize_name(r.name) == canonicalize_name(name)]
+def _providing(requires: list[Requirement | None], wanted: Requirement) -> list[Requirement]:
+    """The requirements that give the cell the runtime dependency `wanted`: of its name and
+    under its marker (none where it has none). One under another marker (platform_system
+    == "Linux", an extra) does not, so stamp adds `wanted` as the matrix writes it and
+    inspect looks for that."""
+    return [r for r in requires if r is not None
+            and canonicalize_name(r.name) == canonicalize_name(wanted.name)
+            and str(r.marker) == str(wanted.marker)]
 
 
 def _contradicts(a: SpecifierSet, b: SpecifierSet) -> bool:

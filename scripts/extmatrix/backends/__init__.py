@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -107,18 +107,20 @@ def stamp_wheel(cell: Cell, wheel: Path, report: CellReport, steps: Steps) -> Pa
 
 
 def check_wheel(cell: Cell, ctx: Context, wheel: Path, report: CellReport, staging: Path,
-                venv: Path | None) -> None:
-    """Fail the cell unless the wheel holds what the cell promised; keep it in staging (a
-    refused one in its rejected/ folder, away from the last good wheel carried forward)."""
+                venv: Path | None, found: Sequence[str] = ()) -> None:
+    """Fail the cell unless the wheel holds what the cell promised (and the backend `found`
+    nothing wrong with it); keep it in staging, a refused one in its rejected/ folder, away
+    from the last good wheel carried forward."""
     facts = wheels.inspect(wheel, cell, toolchain.cuobjdump(ctx.cache, venv)
                            if cell.family == "cuda" else None)
     report.wheel, report.wheel_size, report.version = facts.name, facts.size, facts.version
     report.requires, report.sass, report.ptx = facts.requires, facts.sass, facts.ptx
-    if facts.problems:
+    problems = ["the wheel " + "; ".join(facts.problems)] if facts.problems else []
+    if problems or found:
         (staging / workspace.REJECTED).mkdir(exist_ok=True)
         shutil.copy2(wheel, staging / workspace.REJECTED / wheel.name)
         shown = ctx.dist / cell.id / workspace.REJECTED / wheel.name
-        raise StepFailed("check", "the wheel " + "; ".join(facts.problems) + f" (it is {shown})")
+        raise StepFailed("check", "; ".join([*problems, *found]) + f" (it is {shown})")
     shutil.copy2(wheel, staging / wheel.name)
 
 

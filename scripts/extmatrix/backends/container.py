@@ -22,7 +22,7 @@ from pathlib import Path
 from .. import cibw, engines, envs, project, toolchain
 from ..cells import Cell
 from ..engines import Engine
-from ..errors import NotBuildable, StepFailed, UserError
+from ..errors import NotBuildable, UserError
 from ..project import build_requirements
 from ..report import CellReport
 from ..workspace import single_wheel, sync_tree
@@ -74,9 +74,7 @@ def build(cell: Cell, ctx: Context) -> CellReport:
                    f"{', '.join(repair.excluded) or 'nothing'}; grafted: "
                    f"{', '.join(repair.vendored) or 'nothing'}")
         report.repair = asdict(repair)
-        check_wheel(cell, ctx, wheel, report, staging, None)
-        if repair.problems:
-            raise StepFailed("check", "; ".join(repair.problems))
+        check_wheel(cell, ctx, wheel, report, staging, None, repair.problems)
     return report
 
 
