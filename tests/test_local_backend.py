@@ -17,7 +17,7 @@ from extmatrix import backends, envs, project, report, toolchain, wheels, worksp
 from extmatrix.backends import Context, local, max_jobs
 from extmatrix.cells import plan_file
 from extmatrix.cli import main
-from extmatrix.errors import NotBuildable, StepFailed
+from extmatrix.errors import NotBuildable, StepFailed, UserError
 from extmatrix.report import CellReport
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -494,6 +494,11 @@ def test_a_runtime_dependency_is_one_rule_for_stamp_and_check(tmp_path):
     assert f"Requires-Dist + {marked_dep}" in changes
     assert wheels.inspect(stamped, on_x86, None).problems == []
     assert wheels.stamp(stamped, on_x86)[1] == []  # already said: nothing added twice
+    # A plain pin applies wherever the marked dependency does: its contradiction counts.
+    marked_range = dataclasses.replace(cell, runtime_deps=('triton>=3.5; platform_system == '
+                                                           '"Linux"',))
+    with pytest.raises(StepFailed, match="requires triton==2.0.0, which the matrix's"):
+        wheels.stamp(built_wheel(tmp_path, "h", "1.0", ["triton==2.0.0"]), marked_range)
 
 
 def test_setup_py_use_scm_version_settings_shape_the_version(tmp_path):
@@ -543,6 +548,29 @@ def test_setup_py_use_scm_version_settings_shape_the_version(tmp_path):
     git("commit", "-q", "-am", "three")
     assert project.git_version_env(tree, Path(sys.executable), {}, True) == {
         "SETUPTOOLS_SCM_PRETEND_VERSION": "2.0.post1"}
+
+
+def test_a_version_check_names_what_the_build_may_have_read_instead(tmp_path, monkeypatch):
+    """A name setup.py computes (setup(name=NAME)) cannot be matched to a variable named
+    for it: where the build took another version than the one handed, a ..._FOR_<NAME>
+    set here is named as what it may have read, not the plain variable it ignored."""
+    monkeypatch.setenv("SETUPTOOLS_SCM_PRETEND_VERSION_FOR_KW_EXT", "5.0")
+    handed = {"SETUPTOOLS_SCM_PRETEND_VERSION": "1.1.dev1"}
+    with pytest.raises(StepFailed, match=r"made version 5.0, not 1.1.dev1 .* "
+                                         r"SETUPTOOLS_SCM_PRETEND_VERSION_FOR_KW_EXT='5.0', "
+                                         "set here, may be what it read"):
+        project.check_version_taken(tmp_path / "kw_ext-5.0-py3-none-any.whl", handed)
+
+
+def test_hatch_vcs_raw_options_that_are_not_a_table_are_one_line(tmp_path):
+    tree = tmp_path / "ext"
+    tree.mkdir()
+    (tree / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["hatchling", "hatch-vcs"]\n'
+        '[tool.hatch.version]\nsource = "vcs"\nraw-options = "x"\n')
+    with pytest.raises(UserError, match=r"pyproject.toml: \[tool.hatch.version\] raw-options "
+                                        "is not a table; write it as"):
+        project.git_version_env(tree, Path(sys.executable), {}, True)
 
 
 def test_the_named_version_variable_only_where_the_build_reads_it(tmp_path):
@@ -622,6 +650,33 @@ def test_a_stated_version_is_left_to_the_build(tmp_path):
         '[project]\nname = "stated"\ndynamic = ["version"]\n'
         '[tool.setuptools.dynamic]\nversion = {attr = "stated.__version__"}\n'
         '[tool.setuptools_scm]\n')
+    assert project.git_version_env(tree, Path(sys.executable), {}, True) == {}
+    setuptools_scm_table = ('[build-system]\nrequires = ["setuptools", "setuptools-scm>=8"]\n'
+                            '[project]\nname = "stated"\ndynamic = ["version"]\n'
+                            '[tool.setuptools_scm]\n')
+    (tree / "pyproject.toml").write_text(setuptools_scm_table)
+    for path, stated in (("setup.cfg", "[metadata]\nversion = 2.5\n"),
+                         ("setup.cfg", "[metadata]\nversion = file: VERSION\n"),
+                         ("setup.py", "from setuptools import setup\nsetup(version='2.5')\n")):
+        (tree / path).write_text(stated)  # setuptools keeps these beside the table too
+        assert project.git_version_env(tree, Path(sys.executable), {}, True) == {}, stated
+        (tree / path).unlink()
+    (tree / "setup.cfg").write_text("[metadata]\nversion = attr: stated.__version__\n")
+    assert project.git_version_env(tree, Path(sys.executable), {}, True)  # attr: is overridden
+    (tree / "setup.cfg").unlink()
+    (tree / "pyproject.toml").write_text(  # hatchling reads a stated version before hatch-vcs
+        '[build-system]\nrequires = ["hatchling", "hatch-vcs"]\nbuild-backend = "hatchling.build"\n'
+        '[project]\nname = "stated"\nversion = "4.0"\n[tool.hatch.version]\nsource = "vcs"\n')
+    assert project.git_version_env(tree, Path(sys.executable), {}, True) == {}
+    skbuild = ('[build-system]\nrequires = ["scikit-build-core", "setuptools-scm"]\n'
+               'build-backend = "scikit_build_core.build"\n'
+               '[project]\nname = "stated"\ndynamic = ["version"]\n'
+               '[tool.scikit-build]\nmetadata.version.provider = "{}"\n')
+    (tree / "pyproject.toml").write_text(  # a backend that asks setuptools-scm itself
+        skbuild.format("scikit_build_core.metadata.setuptools_scm"))
+    assert list(project.git_version_env(tree, Path(sys.executable), {}, True)) == [
+        "SETUPTOOLS_SCM_PRETEND_VERSION_FOR_STATED"]
+    (tree / "pyproject.toml").write_text(skbuild.format("scikit_build_core.metadata.regex"))
     assert project.git_version_env(tree, Path(sys.executable), {}, True) == {}
     (tree / "pyproject.toml").write_text(  # setuptools-scm 10 reads this table's settings too
         '[build-system]\nrequires = ["setuptools", "setuptools-scm>=10"]\n'

@@ -108,6 +108,10 @@ def _hatch_vcs_settings(ext_dir: Path) -> dict | None:
     # Less the settings that name files: hatch-vcs drops write_to itself, and
     # get_version() would write a version file into the user's tree.
     raw = table.get("raw-options", {})
+    if not isinstance(raw, dict):
+        raise UserError(str(ext_dir / "pyproject.toml"),
+                        "[tool.hatch.version] raw-options is not a table",
+                        "write it as [tool.hatch.version.raw-options] (hatch-vcs needs a table)")
     settings.update({k: v for k, v in raw.items() if k not in SCM_PATH_SETTINGS})
     return settings
 
@@ -149,6 +153,8 @@ def _setup_py_scm_settings(ext_dir: Path) -> tuple[dict | None, bool]:
     return settings, False
 
 
+# scikit-build-core's version provider that asks setuptools-scm (others read the tree).
+SKBUILD_SCM_PROVIDER = "scikit_build_core.metadata.setuptools_scm"
 # The tables setuptools-scm takes its settings from (10 reads vcs-versioning's too).
 SCM_TABLES = ("setuptools_scm", "vcs-versioning")
 
@@ -160,25 +166,61 @@ def _scm_table(ext_dir: Path) -> dict | None:
 
 
 def _version_from_git(ext_dir: Path) -> bool:
-    """Whether the version itself comes from git, not only the package data: a project
-    that lists setuptools-scm for its file finder alone builds the version it states
-    ([project] version, or [tool.setuptools.dynamic]'s attr or file, which setuptools
-    keeps even beside a setuptools-scm table), whatever git would give. setuptools-scm
-    infers a version only where asked: hatch-vcs, a settings table, setup.py's
-    use_scm_version, or its [simple] extra."""
+    """Whether the version itself comes from git, not only the package data.
+
+    A version the project states is the one it builds, whatever git would give, even
+    beside setuptools-scm's settings: [project] version (hatchling, too, reads it before
+    asking hatch-vcs), [tool.setuptools.dynamic]'s, setup.cfg's (all but attr:, which
+    setuptools-scm overrides) or a literal setup(version=...). Otherwise setuptools'
+    plugin infers one only where asked: a settings table, setup.py's use_scm_version, or
+    setuptools-scm's [simple] extra; hatch-vcs, and other backends that ask setuptools-scm
+    for a dynamic version themselves (scikit-build-core's provider), always ask."""
     data = pyproject_data(ext_dir)
+    if "version" in data.get("project", {}) or _stated_by_setuptools(ext_dir):
+        return False
     if _hatch_vcs_settings(ext_dir) is not None:
         return True
-    dynamic = data.get("tool", {}).get("setuptools", {}).get("dynamic", {})
-    if "version" in data.get("project", {}) or (isinstance(dynamic, dict) and "version" in dynamic):
-        return False
+    dynamic_version = "version" in data.get("project", {}).get("dynamic", [])
+    if not build_system(ext_dir)["build-backend"].startswith("setuptools.build_meta"):
+        provider = (data.get("tool", {}).get("scikit-build", {}).get("metadata", {})
+                    .get("version", {}).get("provider"))
+        return dynamic_version and provider in (None, SKBUILD_SCM_PROVIDER)
     if _scm_table(ext_dir) is not None:
         return True
     if _setup_py_scm_settings(ext_dir) != (None, False):
         return True
     wanted = _scm_requirement(ext_dir)  # [simple]: setuptools-scm 10's switch with no table
-    return (wanted is not None and "simple" in wanted.extras
-            and "version" in data.get("project", {}).get("dynamic", []))
+    return wanted is not None and "simple" in wanted.extras and dynamic_version
+
+
+def _stated_by_setuptools(ext_dir: Path) -> bool:
+    """Whether setuptools' own settings state the version: [tool.setuptools.dynamic],
+    setup.cfg's [metadata] version (but attr:), or a literal setup(version=...)."""
+    dynamic = pyproject_data(ext_dir).get("tool", {}).get("setuptools", {}).get("dynamic")
+    if isinstance(dynamic, dict) and "version" in dynamic:
+        return True
+    setup_cfg = configparser.ConfigParser(interpolation=None)
+    try:
+        setup_cfg.read(ext_dir / "setup.cfg", encoding="utf-8")
+        stated = setup_cfg.get("metadata", "version", fallback="").strip()
+    except (configparser.Error, UnicodeDecodeError):
+        stated = ""
+    if stated and not stated.startswith("attr:"):
+        return True
+    return _setup_keyword(ext_dir, "version") is not None
+
+
+def _setup_keyword(ext_dir: Path, keyword: str) -> str | None:
+    """A literal string setup.py passes setup() as `keyword`, where it passes one."""
+    try:
+        tree = ast.parse((ext_dir / "setup.py").read_bytes())
+    except (OSError, SyntaxError, ValueError):
+        return None
+    found = {k.value.value for node in ast.walk(tree) if isinstance(node, ast.Call)
+             and "setup" in (getattr(node.func, "id", None), getattr(node.func, "attr", None))
+             for k in node.keywords if k.arg == keyword and isinstance(k.value, ast.Constant)}
+    value = found.pop() if len(found) == 1 else None
+    return value if isinstance(value, str) else None
 
 
 def _scm_requirement(ext_dir: Path) -> Requirement | None:
@@ -205,15 +247,7 @@ def _static_name(ext_dir: Path) -> str | None:
             return name
     except (configparser.Error, UnicodeDecodeError):
         pass
-    try:
-        tree = ast.parse((ext_dir / "setup.py").read_bytes())
-    except (OSError, SyntaxError, ValueError):
-        return None
-    names = {k.value.value for node in ast.walk(tree) if isinstance(node, ast.Call)
-             and "setup" in (getattr(node.func, "id", None), getattr(node.func, "attr", None))
-             for k in node.keywords if k.arg == "name" and isinstance(k.value, ast.Constant)}
-    found = names.pop() if len(names) == 1 else None
-    return found if isinstance(found, str) else None
+    return _setup_keyword(ext_dir, "name")
 
 
 def _named_key(name: str) -> str:
@@ -269,10 +303,17 @@ def check_version_taken(wheel: Path, handed: Mapping[str, str]) -> None:
         except InvalidVersion:
             continue  # the user's own, which setuptools-scm judges
         if built.public != wanted.public:
+            # A variable named for a project, set here, that the build may have read first
+            # (a name setup.py computes cannot be matched to it).
+            named = sorted(k for k in os.environ
+                           if k.startswith(f"{PRETEND_VERSION}_FOR_") and k not in handed)
+            cause = (f"{', '.join(f'{k}={os.environ[k]!r}' for k in named)}, set here, may be "
+                     "what it read: unset it, or state the project's name in pyproject.toml "
+                     "or setup.cfg" if named else
+                     f"set {PRETEND_VERSION} to the version wanted to override")
             raise StepFailed("compile", f"the build made version {built}, not {wanted} as git "
                              f"gives it, handed to it as {key}: its setuptools-scm did not "
-                             f"read that variable; set {PRETEND_VERSION} to the version "
-                             "wanted to override")
+                             f"read that variable; {cause}")
 
 
 def _why(stderr: str | bytes) -> str:

@@ -87,8 +87,7 @@ def inspect(wheel: Path, cell: Cell, cuobjdump: Path | None) -> WheelFacts:
         found = _providing(parsed, wanted)
         if not found:
             facts.problems.append(f"Requires-Dist lacks the runtime dependency {dep}")
-        elif clash := next((r for r in found if _contradicts(r.specifier, wanted.specifier)),
-                           None):
+        elif clash := _clash(parsed, wanted):
             facts.problems.append(f"Requires-Dist {clash} contradicts the runtime dependency "
                                   f"{dep}")
     if cell.family == "cuda":
@@ -215,7 +214,7 @@ def _stamped_requires(requires: list[str], cell: Cell, changes: list[str]) -> li
     for dep in cell.runtime_deps:
         wanted = Requirement(dep)
         found = _providing(_requirements(out), wanted)
-        if clash := next((r for r in found if _contradicts(r.specifier, wanted.specifier)), None):
+        if clash := _clash(_requirements(out), wanted):
             raise StepFailed("stamp", f"the wheel requires {clash}, which the matrix's runtime "
                                       f"dependency {wanted} excludes")
         if not found:
@@ -232,6 +231,17 @@ def _providing(requires: list[Requirement | None], wanted: Requirement) -> list[
     return [r for r in requires if r is not None
             and canonicalize_name(r.name) == canonicalize_name(wanted.name)
             and str(r.marker) == str(wanted.marker)]
+
+
+def _clash(requires: list[Requirement | None], wanted: Requirement) -> Requirement | None:
+    """A requirement that applies wherever `wanted` does (no marker, or the same one) and
+    pins a version that `wanted` excludes, or is pinned out of it."""
+    for r in requires:
+        if (r is not None and canonicalize_name(r.name) == canonicalize_name(wanted.name)
+                and (r.marker is None or str(r.marker) == str(wanted.marker))
+                and _contradicts(r.specifier, wanted.specifier)):
+            return r
+    return None
 
 
 def _contradicts(a: SpecifierSet, b: SpecifierSet) -> bool:
