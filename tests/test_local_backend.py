@@ -499,6 +499,17 @@ def test_a_runtime_dependency_is_one_rule_for_stamp_and_check(tmp_path):
                                                            '"Linux"',))
     with pytest.raises(StepFailed, match="requires triton==2.0.0, which the matrix's"):
         wheels.stamp(built_wheel(tmp_path, "h", "1.0", ["triton==2.0.0"]), marked_range)
+    # A marked pin that holds where the cell's wheel installs (Linux) counts as well.
+    pinned = dataclasses.replace(cell, runtime_deps=("triton==3.5.0",))
+    linux_pin = built_wheel(tmp_path, "i", "1.0", ['triton==3.1.0; platform_system == "Linux"'])
+    assert "contradicts" in wheels.inspect(linux_pin, pinned, None).problems[-1]
+    with pytest.raises(StepFailed, match="requires triton==3.1.0"):
+        wheels.stamp(linux_pin, pinned)
+    windows_pin = built_wheel(tmp_path, "j", "1.0", ['triton==3.1.0; sys_platform == "win32"'])
+    assert "Requires-Dist + triton==3.5.0" in wheels.stamp(windows_pin, pinned)[1]
+    old_torch = built_wheel(tmp_path, "k", "1.0", ['torch<2.10; platform_system == "Linux"'])
+    with pytest.raises(StepFailed, match="excludes the cell's torch 2.14"):
+        wheels.stamp(old_torch, cell)
 
 
 def test_setup_py_use_scm_version_settings_shape_the_version(tmp_path):
@@ -555,11 +566,13 @@ def test_a_version_check_names_what_the_build_may_have_read_instead(tmp_path, mo
     for it: where the build took another version than the one handed, a ..._FOR_<NAME>
     set here is named as what it may have read, not the plain variable it ignored."""
     monkeypatch.setenv("SETUPTOOLS_SCM_PRETEND_VERSION_FOR_KW_EXT", "5.0")
+    (tmp_path / "pyproject.toml").write_text('[build-system]\nrequires = ["setuptools-scm"]\n'
+                                             '[tool.setuptools_scm]\n')
     handed = {"SETUPTOOLS_SCM_PRETEND_VERSION": "1.1.dev1"}
     with pytest.raises(StepFailed, match=r"made version 5.0, not 1.1.dev1 .* "
                                          r"SETUPTOOLS_SCM_PRETEND_VERSION_FOR_KW_EXT='5.0', "
                                          "set here, may be what it read"):
-        project.check_version_taken(tmp_path / "kw_ext-5.0-py3-none-any.whl", handed)
+        project.check_version_taken(tmp_path / "kw_ext-5.0-py3-none-any.whl", handed, tmp_path)
 
 
 def test_hatch_vcs_raw_options_that_are_not_a_table_are_one_line(tmp_path):
@@ -568,8 +581,8 @@ def test_hatch_vcs_raw_options_that_are_not_a_table_are_one_line(tmp_path):
     (tree / "pyproject.toml").write_text(
         '[build-system]\nrequires = ["hatchling", "hatch-vcs"]\n'
         '[tool.hatch.version]\nsource = "vcs"\nraw-options = "x"\n')
-    with pytest.raises(UserError, match=r"pyproject.toml: \[tool.hatch.version\] raw-options "
-                                        "is not a table; write it as"):
+    with pytest.raises(UserError, match=r"pyproject.toml: tool.hatch.version.raw-options is "
+                                        r"not a table; write it as \[tool.hatch.version"):
         project.git_version_env(tree, Path(sys.executable), {}, True)
 
 
@@ -591,10 +604,10 @@ def test_the_named_version_variable_only_where_the_build_reads_it(tmp_path):
                          'name = "scm-ops"\n[tool.setuptools_scm]\ndist_name = "other"\n')
     assert project.pretend_version_key(tree) == "SETUPTOOLS_SCM_PRETEND_VERSION_FOR_OTHER"
     handed = {"SETUPTOOLS_SCM_PRETEND_VERSION_FOR_OTHER": "0.4.0"}
-    project.check_version_taken(tmp_path / "scm_ops-0.4.0-py3-none-any.whl", handed)
+    project.check_version_taken(tmp_path / "scm_ops-0.4.0-py3-none-any.whl", handed, tree)
     with pytest.raises(StepFailed, match=r"made version 0.1.dev1, not 0.4.0 .* as "
                                          "SETUPTOOLS_SCM_PRETEND_VERSION_FOR_OTHER"):
-        project.check_version_taken(tmp_path / "scm_ops-0.1.dev1-py3-none-any.whl", handed)
+        project.check_version_taken(tmp_path / "scm_ops-0.1.dev1-py3-none-any.whl", handed, tree)
 
 
 def test_a_project_in_a_subfolder_is_copied_as_deep_in_its_own_repository(tmp_path):
@@ -628,67 +641,106 @@ def test_a_project_in_a_subfolder_is_copied_as_deep_in_its_own_repository(tmp_pa
 
 
 def test_a_stated_version_is_left_to_the_build(tmp_path):
-    """setuptools-scm listed for its file finder alone, the version stated: nothing is
-    handed on, and no check can fail the build for building the version it states."""
+    """Git's version is handed to every build versioned by git (one that does not ask
+    ignores it), but only a project whose version comes from git must build it: a version
+    the project states is the one it builds, never the build copy's 0.1.dev1."""
     tree = tmp_path / "ext"
     tree.mkdir()
-    (tree / "pyproject.toml").write_text(
-        '[build-system]\nrequires = ["setuptools", "setuptools-scm>=8"]\n'
-        '[project]\nname = "stated"\nversion = "1.2.3"\n')
-    for args in (["init", "-q"], ["add", "."], ["commit", "-q", "-m", "one"], ["tag", "v9.0"]):
+    pyproject = tree / "pyproject.toml"
+    for args in (["init", "-q"], ["commit", "-q", "--allow-empty", "-m", "one"], ["tag", "v9.0"]):
         subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@example.org", "-C",
                         str(tree), *args], check=True, capture_output=True)
-    assert project.git_version_env(tree, Path(sys.executable), {}, True) == {}
-    for stated in ('version = {attr = "stated.__version__"}', 'version = {file = "VERSION"}'):
-        (tree / "pyproject.toml").write_text(  # dynamic, but from the tree, not from git
-            '[build-system]\nrequires = ["setuptools", "setuptools-scm>=8"]\n'
-            '[project]\nname = "stated"\ndynamic = ["version"]\n'
-            f'[tool.setuptools.dynamic]\n{stated}\n')
-        assert project.git_version_env(tree, Path(sys.executable), {}, True) == {}, stated
-    (tree / "pyproject.toml").write_text(  # setuptools keeps it beside a setuptools-scm table
-        '[build-system]\nrequires = ["setuptools", "setuptools-scm>=8"]\n'
-        '[project]\nname = "stated"\ndynamic = ["version"]\n'
-        '[tool.setuptools.dynamic]\nversion = {attr = "stated.__version__"}\n'
-        '[tool.setuptools_scm]\n')
-    assert project.git_version_env(tree, Path(sys.executable), {}, True) == {}
-    setuptools_scm_table = ('[build-system]\nrequires = ["setuptools", "setuptools-scm>=8"]\n'
-                            '[project]\nname = "stated"\ndynamic = ["version"]\n'
-                            '[tool.setuptools_scm]\n')
-    (tree / "pyproject.toml").write_text(setuptools_scm_table)
-    for path, stated in (("setup.cfg", "[metadata]\nversion = 2.5\n"),
-                         ("setup.cfg", "[metadata]\nversion = file: VERSION\n"),
-                         ("setup.py", "from setuptools import setup\nsetup(version='2.5')\n")):
-        (tree / path).write_text(stated)  # setuptools keeps these beside the table too
-        assert project.git_version_env(tree, Path(sys.executable), {}, True) == {}, stated
-        (tree / path).unlink()
-    (tree / "setup.cfg").write_text("[metadata]\nversion = attr: stated.__version__\n")
-    assert project.git_version_env(tree, Path(sys.executable), {}, True)  # attr: is overridden
-    (tree / "setup.cfg").unlink()
-    (tree / "pyproject.toml").write_text(  # hatchling reads a stated version before hatch-vcs
-        '[build-system]\nrequires = ["hatchling", "hatch-vcs"]\nbuild-backend = "hatchling.build"\n'
-        '[project]\nname = "stated"\nversion = "4.0"\n[tool.hatch.version]\nsource = "vcs"\n')
-    assert project.git_version_env(tree, Path(sys.executable), {}, True) == {}
-    skbuild = ('[build-system]\nrequires = ["scikit-build-core", "setuptools-scm"]\n'
-               'build-backend = "scikit_build_core.build"\n'
-               '[project]\nname = "stated"\ndynamic = ["version"]\n'
-               '[tool.scikit-build]\nmetadata.version.provider = "{}"\n')
-    (tree / "pyproject.toml").write_text(  # a backend that asks setuptools-scm itself
-        skbuild.format("scikit_build_core.metadata.setuptools_scm"))
-    assert list(project.git_version_env(tree, Path(sys.executable), {}, True)) == [
-        "SETUPTOOLS_SCM_PRETEND_VERSION_FOR_STATED"]
-    (tree / "pyproject.toml").write_text(skbuild.format("scikit_build_core.metadata.regex"))
-    assert project.git_version_env(tree, Path(sys.executable), {}, True) == {}
-    (tree / "pyproject.toml").write_text(  # setuptools-scm 10 reads this table's settings too
-        '[build-system]\nrequires = ["setuptools", "setuptools-scm>=10"]\n'
-        '[project]\nname = "stated"\ndynamic = ["version"]\n[tool.vcs-versioning]\n')
-    asked = project.git_version_env(tree, Path(sys.executable), {}, True)
-    assert list(asked) == ["SETUPTOOLS_SCM_PRETEND_VERSION_FOR_STATED"]
-    (tree / "pyproject.toml").write_text(
-        '[build-system]\nrequires = ["setuptools-scm[simple]>=10"]\n'
-        '[project]\nname = "stated"\ndynamic = ["version"]\n')
-    asked = project.git_version_env(tree, Path(sys.executable), {}, True)
-    assert list(asked) == ["SETUPTOOLS_SCM_PRETEND_VERSION_FOR_STATED"]  # from git again
-    assert asked["SETUPTOOLS_SCM_PRETEND_VERSION_FOR_STATED"].startswith("9.")
+    wheel = tmp_path / "stated-1.2.3-py3-none-any.whl"
+    copy_version = tmp_path / "stated-0.1.dev1-py3-none-any.whl"
+    scm = ('[build-system]\nrequires = ["setuptools", "setuptools-scm>=8"]\n'
+           '[project]\nname = "stated"\n')
+    dynamic = scm + 'dynamic = ["version"]\n'
+
+    def judged(text: str, extra: tuple[str, str] | None = None) -> bool:
+        pyproject.write_text(text)
+        if extra:
+            (tree / extra[0]).write_text(extra[1])
+        try:
+            handed = project.git_version_env(tree, Path(sys.executable), {}, True)
+            assert list(handed.values()) == ["9.0"], text  # (hatch-vcs: the plain variable)
+            with pytest.raises(StepFailed, match="made version 0.1.dev1"):  # never the copy's
+                project.check_version_taken(copy_version, handed, tree)
+            try:
+                project.check_version_taken(wheel, handed, tree)
+                return False  # its stated version passes
+            except StepFailed:
+                return True
+        finally:
+            if extra:
+                (tree / extra[0]).unlink()
+
+    stated = [  # setuptools keeps each, beside a settings table too
+        (scm + 'version = "1.2.3"\n', None),
+        (dynamic + '[tool.setuptools.dynamic]\nversion = {attr = "stated.__version__"}\n', None),
+        (dynamic + '[tool.setuptools.dynamic]\nversion = {file = "VERSION"}\n'
+         '[tool.setuptools_scm]\n', None),
+        (dynamic + '[tool.setuptools_scm]\n', ("setup.cfg", "[metadata]\nversion = 2.5\n")),
+        (dynamic + '[tool.setuptools_scm]\n', ("setup.cfg", "[metadata]\nversion = file: V\n")),
+        (dynamic + '[tool.setuptools_scm]\n',  # computed, as setup.py may
+         ("setup.py", "from setuptools import setup\nsetup(version=open('V').read())\n")),
+        ('[build-system]\nrequires = ["hatchling", "hatch-vcs"]\nbuild-backend = '
+         '"hatchling.build"\n[project]\nname = "stated"\nversion = "1.2.3"\n'
+         '[tool.hatch.version]\nsource = "vcs"\n', None),  # hatchling reads it first
+        ('[build-system]\nrequires = ["scikit-build-core", "setuptools-scm"]\nbuild-backend = '
+         '"scikit_build_core.build"\n[project]\nname = "stated"\ndynamic = ["version"]\n'
+         '[tool.scikit-build]\nmetadata.version.provider = "scikit_build_core.metadata.regex"\n',
+         None),
+    ]
+    for text, extra in stated:
+        assert not judged(text, extra), (text, extra)
+    from_git = [
+        (dynamic + '[tool.setuptools_scm]\n', None),
+        (dynamic + '[tool.vcs-versioning]\n', None),  # setuptools-scm 10 reads it too
+        (dynamic + '[tool.setuptools_scm]\n',  # attr: is setuptools-scm's to override
+         ("setup.cfg", "[metadata]\nversion = attr: stated.__version__\n")),
+        (scm.replace("setuptools-scm>=8", "setuptools-scm[simple]>=10") + 'dynamic = ["version"]\n',
+         None),
+        ('[build-system]\nrequires = ["scikit-build-core"]\nbuild-backend = '  # it adds scm
+         '"scikit_build_core.build"\n[project]\nname = "stated"\ndynamic = ["version"]\n'
+         '[tool.scikit-build]\n'
+         'metadata.version.provider = "scikit_build_core.metadata.setuptools_scm"\n', None),
+    ]
+    for text, extra in from_git:
+        assert judged(text, extra), (text, extra)
+    # setuptools' files are setuptools' own: a hatch-vcs project's leftover setup.py
+    # version is not its version.
+    assert judged('[build-system]\nrequires = ["hatchling", "hatch-vcs"]\nbuild-backend = '
+                  '"hatchling.build"\n[project]\nname = "stated"\ndynamic = ["version"]\n'
+                  '[tool.hatch.version]\nsource = "vcs"\n',
+                  ("setup.py", "from setuptools import setup\nsetup(version='0.0.0')\n"))
+    # A backend the engine does not judge (a wrapper of setuptools kept in the tree) still
+    # gets git's version: unchecked, but never left to version the copy.
+    pyproject.write_text('[build-system]\nrequires = ["setuptools", "setuptools-scm"]\n'
+                         'build-backend = "backend"\nbackend-path = ["_build"]\n')
+    (tree / "setup.py").write_text("from setuptools import setup\n"
+                                   "setup(name='stated', use_scm_version=True)\n")
+    handed = project.git_version_env(tree, Path(sys.executable), {}, True)
+    assert handed == {"SETUPTOOLS_SCM_PRETEND_VERSION_FOR_STATED": "9.0"}
+    with pytest.raises(StepFailed, match="made version 0.1.dev1"):
+        project.check_version_taken(copy_version, handed, tree)
+
+
+@pytest.mark.parametrize(("text", "said"), [
+    ('[build-system]\nrequires = ["setuptools-scm"]\n[project]\ndynamic = 5\n',
+     "project.dynamic is int; write a list"),
+    ('[build-system]\nbuild-backend = 5\n', "build-system.build-backend is int; write a str"),
+    ('[build-system]\nrequires = [5]\n', "requires holds a value that is not a string"),
+    ('[tool.scikit-build]\nmetadata = "x"\n', "tool.scikit-build.metadata is not a table"),
+    ('[build-system]\nrequires = ["hatch-vcs"]\n[tool]\nhatch = {version = "1"}\n',
+     "tool.hatch.version is not a table"),
+])
+def test_a_malformed_pyproject_value_is_one_line_on_the_file(tmp_path, text, said):
+    tree = tmp_path / "ext"
+    tree.mkdir()
+    (tree / "pyproject.toml").write_text(text)
+    with pytest.raises(UserError, match=f"pyproject.toml: .*{said}"):
+        project.versioned_by_git(tree)
+        project.git_version_env(tree, Path(sys.executable), {}, True)
 
 
 def test_a_wheel_the_checks_refuse_never_sits_beside_the_last_good_one(tmp_path):

@@ -41,12 +41,39 @@ def pyproject_data(ext_dir: Path) -> dict:
                         "fix the file so that pip can build the project") from None
 
 
+def pyproject_table(ext_dir: Path, *keys: str) -> dict:
+    """A table of the extension's pyproject.toml ({} where it has none); a value of another
+    type where a table belongs is the user's mistake, said in one line."""
+    table: object = pyproject_data(ext_dir)
+    for depth, key in enumerate(keys):
+        table = table.get(key, {})
+        if not isinstance(table, dict):
+            name = ".".join(keys[: depth + 1])
+            raise UserError(str(ext_dir / "pyproject.toml"), f"{name} is not a table",
+                            f"write it as [{name}]")
+    return table
+
+
+def pyproject_value(ext_dir: Path, keys: tuple[str, ...], kind: type, default: object) -> object:
+    """A value of the extension's pyproject.toml, checked to be of `kind`."""
+    value = pyproject_table(ext_dir, *keys[:-1]).get(keys[-1], default)
+    if not isinstance(value, kind):
+        raise UserError(str(ext_dir / "pyproject.toml"),
+                        f"{'.'.join(keys)} is {type(value).__name__}",
+                        f"write a {kind.__name__} (see its tool's documentation)")
+    return value
+
+
 def build_system(ext_dir: Path) -> dict:
     """[build-system] of the extension's pyproject.toml, with PEP 517's defaults."""
-    data = pyproject_data(ext_dir).get("build-system", {})
-    return {"requires": data.get("requires", ["setuptools", "wheel"]),
-            "build-backend": data.get("build-backend", LEGACY_BACKEND),
-            "backend-path": data.get("backend-path")}
+    requires = pyproject_value(ext_dir, ("build-system", "requires"), list, ["setuptools", "wheel"])
+    if not all(isinstance(r, str) for r in requires):
+        raise UserError(str(ext_dir / "pyproject.toml"), "[build-system] requires holds a "
+                        "value that is not a string", "write PEP 508 requirements")
+    return {"requires": requires,
+            "build-backend": pyproject_value(ext_dir, ("build-system", "build-backend"), str,
+                                             LEGACY_BACKEND),
+            "backend-path": pyproject_table(ext_dir, "build-system").get("backend-path")}
 
 
 def build_requirements(ext_dir: Path) -> list[str]:
@@ -71,12 +98,19 @@ PRETEND_VERSION = "SETUPTOOLS_SCM_PRETEND_VERSION"
 
 
 def versioned_by_git(ext_dir: Path) -> bool:
-    """Whether the extension's build asks git for its version (a [build-system] require)."""
+    """Whether the extension's build may ask git for its version: a [build-system] require,
+    or scikit-build-core's setuptools-scm provider (which adds setuptools-scm itself)."""
+    if _skbuild_version_provider(ext_dir) == SKBUILD_SCM_PROVIDER:
+        return True
     requires = build_system(ext_dir)["requires"]
     try:
         return any(canonicalize_name(Requirement(r).name) in GIT_VERSIONED_BY for r in requires)
     except InvalidRequirement:
         return False  # build_requirements() says what is wrong, where it matters
+
+
+def _skbuild_version_provider(ext_dir: Path) -> object:
+    return pyproject_table(ext_dir, "tool", "scikit-build", "metadata", "version").get("provider")
 
 
 # setuptools-scm asked with explicit settings (hatch-vcs's, or setup.py's use_scm_version).
@@ -97,7 +131,7 @@ SCM_PATH_SETTINGS = {"relative_to", "write_to", "write_to_template", "version_fi
 
 def _hatch_vcs_settings(ext_dir: Path) -> dict | None:
     """[tool.hatch.version] with source = "vcs", as setuptools-scm keyword arguments."""
-    table = pyproject_data(ext_dir).get("tool", {}).get("hatch", {}).get("version", {})
+    table = pyproject_table(ext_dir, "tool", "hatch", "version")
     if table.get("source") != "vcs":
         return None
     settings: dict = {"root": "."}
@@ -107,11 +141,7 @@ def _hatch_vcs_settings(ext_dir: Path) -> dict | None:
         settings["fallback_version"] = table["fallback-version"]
     # Less the settings that name files: hatch-vcs drops write_to itself, and
     # get_version() would write a version file into the user's tree.
-    raw = table.get("raw-options", {})
-    if not isinstance(raw, dict):
-        raise UserError(str(ext_dir / "pyproject.toml"),
-                        "[tool.hatch.version] raw-options is not a table",
-                        "write it as [tool.hatch.version.raw-options] (hatch-vcs needs a table)")
+    raw = pyproject_table(ext_dir, "tool", "hatch", "version", "raw-options")
     settings.update({k: v for k, v in raw.items() if k not in SCM_PATH_SETTINGS})
     return settings
 
@@ -161,43 +191,45 @@ SCM_TABLES = ("setuptools_scm", "vcs-versioning")
 
 def _scm_table(ext_dir: Path) -> dict | None:
     """The project's setuptools-scm settings table, None where it has none."""
-    tool = pyproject_data(ext_dir).get("tool", {})
-    return next((tool[name] for name in SCM_TABLES if isinstance(tool.get(name), dict)), None)
+    tool = pyproject_table(ext_dir, "tool")
+    return next((pyproject_table(ext_dir, "tool", name) for name in SCM_TABLES if name in tool),
+                None)
 
 
 def _version_from_git(ext_dir: Path) -> bool:
-    """Whether the version itself comes from git, not only the package data.
+    """Whether the wheel's version must be git's (check_version_taken), not only what the
+    build is handed: git_version_env hands it to every project versioned by git, and a
+    build that does not ask ignores it.
 
-    A version the project states is the one it builds, whatever git would give, even
-    beside setuptools-scm's settings: [project] version (hatchling, too, reads it before
-    asking hatch-vcs), [tool.setuptools.dynamic]'s, setup.cfg's (all but attr:, which
-    setuptools-scm overrides) or a literal setup(version=...). Otherwise setuptools'
-    plugin infers one only where asked: a settings table, setup.py's use_scm_version, or
-    setuptools-scm's [simple] extra; hatch-vcs, and other backends that ask setuptools-scm
-    for a dynamic version themselves (scikit-build-core's provider), always ask."""
-    data = pyproject_data(ext_dir)
-    if "version" in data.get("project", {}) or _stated_by_setuptools(ext_dir):
+    A version the project states is the one it builds, even beside setuptools-scm's
+    settings: [project] version (hatchling, too, reads it before asking hatch-vcs) and,
+    with setuptools, [tool.setuptools.dynamic]'s, setup.cfg's (all but attr:, which
+    setuptools-scm overrides) or any setup(version=...). Otherwise setuptools' plugin
+    infers one only where asked: a settings table, setup.py's use_scm_version, or
+    setuptools-scm's [simple] extra; hatch-vcs and scikit-build-core's provider always
+    ask. Other backends are not judged: their builds get the version, unchecked."""
+    if "version" in pyproject_table(ext_dir, "project"):
         return False
     if _hatch_vcs_settings(ext_dir) is not None:
         return True
-    dynamic_version = "version" in data.get("project", {}).get("dynamic", [])
-    if not build_system(ext_dir)["build-backend"].startswith("setuptools.build_meta"):
-        provider = (data.get("tool", {}).get("scikit-build", {}).get("metadata", {})
-                    .get("version", {}).get("provider"))
-        return dynamic_version and provider in (None, SKBUILD_SCM_PROVIDER)
+    dynamic = pyproject_value(ext_dir, ("project", "dynamic"), list, [])
+    backend = build_system(ext_dir)["build-backend"]
+    if backend.startswith("scikit_build_core"):
+        return "version" in dynamic and _skbuild_version_provider(ext_dir) == SKBUILD_SCM_PROVIDER
+    if not backend.startswith("setuptools.build_meta") or _stated_by_setuptools(ext_dir):
+        return False
     if _scm_table(ext_dir) is not None:
         return True
     if _setup_py_scm_settings(ext_dir) != (None, False):
         return True
     wanted = _scm_requirement(ext_dir)  # [simple]: setuptools-scm 10's switch with no table
-    return wanted is not None and "simple" in wanted.extras and dynamic_version
+    return wanted is not None and "simple" in wanted.extras and "version" in dynamic
 
 
 def _stated_by_setuptools(ext_dir: Path) -> bool:
     """Whether setuptools' own settings state the version: [tool.setuptools.dynamic],
-    setup.cfg's [metadata] version (but attr:), or a literal setup(version=...)."""
-    dynamic = pyproject_data(ext_dir).get("tool", {}).get("setuptools", {}).get("dynamic")
-    if isinstance(dynamic, dict) and "version" in dynamic:
+    setup.cfg's [metadata] version (but attr:), or setup(version=...), literal or not."""
+    if "version" in pyproject_table(ext_dir, "tool", "setuptools", "dynamic"):
         return True
     setup_cfg = configparser.ConfigParser(interpolation=None)
     try:
@@ -207,18 +239,27 @@ def _stated_by_setuptools(ext_dir: Path) -> bool:
         stated = ""
     if stated and not stated.startswith("attr:"):
         return True
-    return _setup_keyword(ext_dir, "version") is not None
+    return _setup_passes(ext_dir, "version")
+
+
+def _setup_calls(ext_dir: Path) -> list[ast.Call]:
+    """setup.py's setup(...) calls, [] where it has none or does not parse."""
+    try:
+        tree = ast.parse((ext_dir / "setup.py").read_bytes())
+    except (OSError, SyntaxError, ValueError):
+        return []
+    return [node for node in ast.walk(tree) if isinstance(node, ast.Call)
+            and "setup" in (getattr(node.func, "id", None), getattr(node.func, "attr", None))]
+
+
+def _setup_passes(ext_dir: Path, keyword: str) -> bool:
+    return any(k.arg == keyword for call in _setup_calls(ext_dir) for k in call.keywords)
 
 
 def _setup_keyword(ext_dir: Path, keyword: str) -> str | None:
     """A literal string setup.py passes setup() as `keyword`, where it passes one."""
-    try:
-        tree = ast.parse((ext_dir / "setup.py").read_bytes())
-    except (OSError, SyntaxError, ValueError):
-        return None
-    found = {k.value.value for node in ast.walk(tree) if isinstance(node, ast.Call)
-             and "setup" in (getattr(node.func, "id", None), getattr(node.func, "attr", None))
-             for k in node.keywords if k.arg == keyword and isinstance(k.value, ast.Constant)}
+    found = {k.value.value for call in _setup_calls(ext_dir) for k in call.keywords
+             if k.arg == keyword and isinstance(k.value, ast.Constant)}
     value = found.pop() if len(found) == 1 else None
     return value if isinstance(value, str) else None
 
@@ -238,7 +279,7 @@ def _scm_requirement(ext_dir: Path) -> Requirement | None:
 def _static_name(ext_dir: Path) -> str | None:
     """The distribution's name where a file states it: [project] name, setup.cfg's, or a
     literal setup(name="...") in setup.py."""
-    if isinstance(name := pyproject_data(ext_dir).get("project", {}).get("name"), str):
+    if isinstance(name := pyproject_table(ext_dir, "project").get("name"), str):
         return name
     setup_cfg = configparser.ConfigParser(interpolation=None)
     try:
@@ -292,17 +333,23 @@ def pretend_version_key(ext_dir: Path, build_python: Path | None = None) -> str:
     return _named_key(name)
 
 
-def check_version_taken(wheel: Path, handed: Mapping[str, str]) -> None:
+# What setuptools-scm makes of the build copy's own repository (one commit, no tag).
+COPY_VERSION = Version("0.1.dev1")
+
+
+def check_version_taken(wheel: Path, handed: Mapping[str, str], ext_dir: Path) -> None:
     """Fail where the build did not take the version handed to it (git_version_env): a
     setuptools-scm that reads no variable of that name versions the copy's repository,
-    0.1.dev1, without a word."""
+    0.1.dev1, without a word. A project that states its version (_version_from_git) may
+    build another; never the copy's."""
     built = parse_wheel_filename(wheel.name)[1]
+    checked = _version_from_git(ext_dir)
     for key, given in handed.items():
         try:
             wanted = Version(given)
         except InvalidVersion:
             continue  # the user's own, which setuptools-scm judges
-        if built.public != wanted.public:
+        if built.public != wanted.public and (checked or built.public == str(COPY_VERSION)):
             # A variable named for a project, set here, that the build may have read first
             # (a name setup.py computes cannot be matched to it).
             named = sorted(k for k in os.environ
@@ -359,8 +406,9 @@ def git_version_env(ext_dir: Path, python: Path, env: dict[str, str], in_git: bo
     project does not take its version from git, or outside a git tree (an sdist: its
     PKG-INFO says); inside one, no answer fails the build, naming setuptools-scm's reason,
     where the copy's own repository would give a wrong version without a word."""
-    if not versioned_by_git(ext_dir) or not _version_from_git(ext_dir):
+    if not versioned_by_git(ext_dir):
         return {}
+    checked = _version_from_git(ext_dir)
     key = pretend_version_key(ext_dir, python if builds_here else None)
     # setuptools-scm reads the first of these that is set, and an empty one as no
     # version at all (an unfilled CI input): git's is then handed on under `key`, which
@@ -376,7 +424,7 @@ def git_version_env(ext_dir: Path, python: Path, env: dict[str, str], in_git: bo
         return {}
     ask = [str(python), "-m", "setuptools_scm"]
     if (hatch := _hatch_vcs_settings(ext_dir)) is not None:
-        ask = [str(python), "-c", GET_VERSION_SCRIPT, json.dumps(hatch)]
+        ask = [str(python), "-c", GET_VERSION_SCRIPT, json.dumps(hatch, default=str)]
     else:
         from_setup_py, computed = _setup_py_scm_settings(ext_dir)
         if from_setup_py and _scm_table(ext_dir) is not None:
@@ -394,6 +442,9 @@ def git_version_env(ext_dir: Path, python: Path, env: dict[str, str], in_git: bo
         version = Version(asked.stdout.split()[-1]) if asked.returncode == 0 else None
     except (OSError, subprocess.SubprocessError, IndexError, InvalidVersion) as exc:
         version, reason = None, str(exc)
+    if version is None and not checked:  # the project states its version: nothing to hand
+        note(f"version: setuptools-scm gives none in the tree ({reason}); the build's own")
+        return {}
     if version is None:
         raise StepFailed("env", f"setuptools-scm gives no version in {ext_dir}: {reason}")
     note(f"version from git: {version.public} (setuptools-scm in the extension's tree; the "

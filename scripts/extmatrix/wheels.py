@@ -82,12 +82,16 @@ def inspect(wheel: Path, cell: Cell, cuobjdump: Path | None) -> WheelFacts:
     if not any(r is not None and r.marker is None and canonicalize_name(r.name) == "torch"
                and r.specifier == pin.specifier for r in parsed):
         facts.problems.append(f"Requires-Dist does not pin {cell.requires_torch}")
+    for r in parsed:
+        if (r is not None and r.marker is not None and canonicalize_name(r.name) == "torch"
+                and _excludes_cell_torch(r, cell)):
+            facts.problems.append(f"Requires-Dist {r} excludes the cell's torch {cell.torch}")
     for dep in cell.runtime_deps:
         wanted = Requirement(dep)
         found = _providing(parsed, wanted)
         if not found:
             facts.problems.append(f"Requires-Dist lacks the runtime dependency {dep}")
-        elif clash := _clash(parsed, wanted):
+        if clash := _clash(parsed, wanted, cell):
             facts.problems.append(f"Requires-Dist {clash} contradicts the runtime dependency "
                                   f"{dep}")
     if cell.family == "cuda":
@@ -195,7 +199,13 @@ def _stamped_requires(requires: list[str], cell: Cell, changes: list[str]) -> li
     out: list[str] = []
     pinned = False
     for text, req in zip(requires, _requirements(requires), strict=True):
-        if req is None or canonicalize_name(req.name) != "torch" or req.marker is not None:
+        if req is None or canonicalize_name(req.name) != "torch":
+            out.append(text)
+            continue
+        if req.marker is not None:  # kept as written, unless it holds here and excludes
+            if _excludes_cell_torch(req, cell):
+                raise StepFailed("stamp", f"the wheel requires {req}, which excludes the "
+                                          f"cell's torch {cell.torch}")
             out.append(text)
             continue
         if req.specifier == pin.specifier:
@@ -214,7 +224,7 @@ def _stamped_requires(requires: list[str], cell: Cell, changes: list[str]) -> li
     for dep in cell.runtime_deps:
         wanted = Requirement(dep)
         found = _providing(_requirements(out), wanted)
-        if clash := _clash(_requirements(out), wanted):
+        if clash := _clash(_requirements(out), wanted, cell):
             raise StepFailed("stamp", f"the wheel requires {clash}, which the matrix's runtime "
                                       f"dependency {wanted} excludes")
         if not found:
@@ -233,13 +243,32 @@ def _providing(requires: list[Requirement | None], wanted: Requirement) -> list[
             and str(r.marker) == str(wanted.marker)]
 
 
-def _clash(requires: list[Requirement | None], wanted: Requirement) -> Requirement | None:
-    """A requirement that applies wherever `wanted` does (no marker, or the same one) and
-    pins a version that `wanted` excludes, or is pinned out of it."""
+def _excludes_cell_torch(r: Requirement, cell: Cell) -> bool:
+    return (_applies(r, cell) and bool(r.specifier)
+            and not r.specifier.contains(Version(cell.torch), prereleases=True))
+
+
+def _cell_environment(cell: Cell) -> dict[str, str]:
+    """The marker environment the cell's wheel installs into: Linux, the cell's machine and
+    Python, no extra."""
+    return {"sys_platform": "linux", "platform_system": "Linux", "os_name": "posix",
+            "platform_machine": cell.platform, "implementation_name": "cpython",
+            "platform_python_implementation": "CPython", "python_version": cell.python,
+            "python_full_version": f"{cell.python}.0", "extra": ""}
+
+
+def _applies(r: Requirement, cell: Cell) -> bool:
+    return r.marker is None or r.marker.evaluate(_cell_environment(cell))
+
+
+def _clash(requires: list[Requirement | None], wanted: Requirement,
+           cell: Cell) -> Requirement | None:
+    """A requirement of `wanted`'s name that holds where the cell's wheel installs (no
+    marker, or one true there) and pins a version that `wanted` excludes, or is pinned
+    out of it."""
     for r in requires:
         if (r is not None and canonicalize_name(r.name) == canonicalize_name(wanted.name)
-                and (r.marker is None or str(r.marker) == str(wanted.marker))
-                and _contradicts(r.specifier, wanted.specifier)):
+                and _applies(r, cell) and _contradicts(r.specifier, wanted.specifier)):
             return r
     return None
 
