@@ -510,6 +510,14 @@ def test_a_runtime_dependency_is_one_rule_for_stamp_and_check(tmp_path):
     old_torch = built_wheel(tmp_path, "k", "1.0", ['torch<2.10; platform_system == "Linux"'])
     with pytest.raises(StepFailed, match="excludes the cell's torch 2.14"):
         wheels.stamp(old_torch, cell)
+    # A matrix dependency whose marker does not hold for this cell clashes with nothing here,
+    # and a marker that needs what is not known here (a lock file's extras) is no traceback.
+    elsewhere = dataclasses.replace(cell, runtime_deps=('triton==3.5.0; platform_machine == '
+                                                        '"aarch64"',))
+    other_pin = built_wheel(tmp_path, "l", "1.0", ['triton==3.1.0; sys_platform == "linux"'])
+    assert wheels.stamp(other_pin, elsewhere)[0].exists()
+    lock_marker = built_wheel(tmp_path, "m", "1.0", ['torch<2.10; "cuda" in extras'])
+    assert wheels.inspect(wheels.stamp(lock_marker, cell)[0], cell, None).problems == []
 
 
 def test_setup_py_use_scm_version_settings_shape_the_version(tmp_path):
@@ -651,7 +659,14 @@ def test_a_stated_version_is_left_to_the_build(tmp_path):
         subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@example.org", "-C",
                         str(tree), *args], check=True, capture_output=True)
     wheel = tmp_path / "stated-1.2.3-py3-none-any.whl"
-    copy_version = tmp_path / "stated-0.1.dev1-py3-none-any.whl"
+    copy = tmp_path / "copy"  # the build copy, with a repository of its own (one commit)
+    copy.mkdir()
+    for args in (["init", "-q"], ["commit", "-q", "--allow-empty", "-m", "copy"]):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@example.org", "-C",
+                        str(copy), *args], check=True, capture_output=True)
+    commit = project.copy_commit(copy)
+    copy_version = tmp_path / f"stated-0.1.dev1+g{commit[:9]}-py3-none-any.whl"
+    early = tmp_path / "stated-0.1.dev1-py3-none-any.whl"  # a version a project may state
     scm = ('[build-system]\nrequires = ["setuptools", "setuptools-scm>=8"]\n'
            '[project]\nname = "stated"\n')
     dynamic = scm + 'dynamic = ["version"]\n'
@@ -662,13 +677,15 @@ def test_a_stated_version_is_left_to_the_build(tmp_path):
             (tree / extra[0]).write_text(extra[1])
         try:
             handed = project.git_version_env(tree, Path(sys.executable), {}, True)
-            assert list(handed.values()) == ["9.0"], text  # (hatch-vcs: the plain variable)
-            with pytest.raises(StepFailed, match="made version 0.1.dev1"):  # never the copy's
-                project.check_version_taken(copy_version, handed, tree)
+            assert list(handed.values()) in ([], ["9.0"]), text
+            with pytest.raises(StepFailed, match="from the build copy's own repository"):
+                project.check_version_taken(copy_version, handed, tree, copy)  # never the copy's
             try:
-                project.check_version_taken(wheel, handed, tree)
-                return False  # its stated version passes
+                project.check_version_taken(wheel, handed, tree, copy)
+                project.check_version_taken(early, handed, tree, copy)
+                return False  # its stated version passes, whatever it is
             except StepFailed:
+                assert list(handed.values()) == ["9.0"], text
                 return True
         finally:
             if extra:
@@ -705,6 +722,10 @@ def test_a_stated_version_is_left_to_the_build(tmp_path):
          '[tool.scikit-build]\n'
          'metadata.version.provider = "scikit_build_core.metadata.setuptools_scm"\n', None),
     ]
+    from_git.append(('[build-system]\nrequires = ["scikit-build-core", "setuptools-scm"]\n'
+                     'build-backend = "scikit_build_core.setuptools.build_meta"\n'  # setuptools'
+                     '[project]\nname = "stated"\ndynamic = ["version"]\n[tool.setuptools_scm]\n',
+                     None))
     for text, extra in from_git:
         assert judged(text, extra), (text, extra)
     # setuptools' files are setuptools' own: a hatch-vcs project's leftover setup.py
@@ -721,8 +742,13 @@ def test_a_stated_version_is_left_to_the_build(tmp_path):
                                    "setup(name='stated', use_scm_version=True)\n")
     handed = project.git_version_env(tree, Path(sys.executable), {}, True)
     assert handed == {"SETUPTOOLS_SCM_PRETEND_VERSION_FOR_STATED": "9.0"}
-    with pytest.raises(StepFailed, match="made version 0.1.dev1"):
-        project.check_version_taken(copy_version, handed, tree)
+    with pytest.raises(StepFailed, match="from the build copy's own repository"):
+        project.check_version_taken(copy_version, handed, tree, copy)
+    # The plain variable, which reaches a build's requirements built from sdists too, goes
+    # only to a build whose version must come from git.
+    pyproject.write_text('[build-system]\nrequires = ["setuptools", "setuptools_scm"]\n'
+                         '[project]\nname = "stated"\nversion = "1.4.0"\n')
+    assert project.git_version_env(tree, Path(sys.executable), {}, True, builds_here=False) == {}
 
 
 @pytest.mark.parametrize(("text", "said"), [

@@ -214,6 +214,8 @@ def _version_from_git(ext_dir: Path) -> bool:
         return True
     dynamic = pyproject_value(ext_dir, ("project", "dynamic"), list, [])
     backend = build_system(ext_dir)["build-backend"]
+    if backend.startswith("scikit_build_core.setuptools"):
+        backend = "setuptools.build_meta"  # its setuptools wrapper: setuptools' rules
     if backend.startswith("scikit_build_core"):
         return "version" in dynamic and _skbuild_version_provider(ext_dir) == SKBUILD_SCM_PROVIDER
     if not backend.startswith("setuptools.build_meta") or _stated_by_setuptools(ext_dir):
@@ -333,23 +335,33 @@ def pretend_version_key(ext_dir: Path, build_python: Path | None = None) -> str:
     return _named_key(name)
 
 
-# What setuptools-scm makes of the build copy's own repository (one commit, no tag).
-COPY_VERSION = Version("0.1.dev1")
+def copy_commit(copy: Path) -> str | None:
+    """The commit of the build copy's own repository (mirror_tracked_files), if it has one."""
+    done = _git(copy, "rev-parse", "HEAD", own=True)
+    return done.stdout.decode().strip() if done.returncode == 0 else None
 
 
-def check_version_taken(wheel: Path, handed: Mapping[str, str], ext_dir: Path) -> None:
+def check_version_taken(wheel: Path, handed: Mapping[str, str], ext_dir: Path,
+                        copy: Path | None = None) -> None:
     """Fail where the build did not take the version handed to it (git_version_env): a
     setuptools-scm that reads no variable of that name versions the copy's repository,
     0.1.dev1, without a word. A project that states its version (_version_from_git) may
-    build another; never the copy's."""
+    build another, but never one of the copy's commit (its +g<hash> label)."""
     built = parse_wheel_filename(wheel.name)[1]
+    commit = copy_commit(copy) if copy is not None else None
+    if commit and any(part.startswith("g") and len(part) >= 8 and commit.startswith(part[1:])
+                      for part in (built.local or "").split(".")):
+        raise StepFailed("compile", f"the build made version {built} from the build copy's own "
+                         "repository: its setuptools-scm took no version handed to it "
+                         f"({', '.join(handed) or 'none was'}); state the project's name in "
+                         f"pyproject.toml or setup.cfg, or set {PRETEND_VERSION}")
     checked = _version_from_git(ext_dir)
     for key, given in handed.items():
         try:
             wanted = Version(given)
         except InvalidVersion:
             continue  # the user's own, which setuptools-scm judges
-        if built.public != wanted.public and (checked or built.public == str(COPY_VERSION)):
+        if built.public != wanted.public and checked:
             # A variable named for a project, set here, that the build may have read first
             # (a name setup.py computes cannot be matched to it).
             named = sorted(k for k in os.environ
@@ -421,6 +433,10 @@ def git_version_env(ext_dir: Path, python: Path, env: dict[str, str], in_git: bo
         if given is not None:
             break
     if not in_git:
+        return {}
+    if not checked and key == PRETEND_VERSION:
+        # The plain variable reaches every project setuptools-scm versions in the build (a
+        # requirement built from its sdist too): not for a build that states its version.
         return {}
     ask = [str(python), "-m", "setuptools_scm"]
     if (hatch := _hatch_vcs_settings(ext_dir)) is not None:

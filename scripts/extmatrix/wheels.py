@@ -19,6 +19,7 @@ from email import message_from_bytes
 from email.message import Message
 from pathlib import Path
 
+from packaging.markers import UndefinedEnvironmentName
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
@@ -258,7 +259,12 @@ def _cell_environment(cell: Cell) -> dict[str, str]:
 
 
 def _applies(r: Requirement, cell: Cell) -> bool:
-    return r.marker is None or r.marker.evaluate(_cell_environment(cell))
+    """Whether `r` holds where the cell's wheel installs; a marker that needs what is not
+    known here (extras of a lock file) is taken not to."""
+    try:
+        return r.marker is None or r.marker.evaluate(_cell_environment(cell))
+    except UndefinedEnvironmentName:
+        return False
 
 
 def _clash(requires: list[Requirement | None], wanted: Requirement,
@@ -268,7 +274,8 @@ def _clash(requires: list[Requirement | None], wanted: Requirement,
     out of it."""
     for r in requires:
         if (r is not None and canonicalize_name(r.name) == canonicalize_name(wanted.name)
-                and _applies(r, cell) and _contradicts(r.specifier, wanted.specifier)):
+                and _applies(r, cell) and _applies(wanted, cell)
+                and _contradicts(r.specifier, wanted.specifier)):
             return r
     return None
 
