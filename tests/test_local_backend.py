@@ -639,6 +639,15 @@ def test_a_project_in_a_subfolder_is_copied_as_deep_in_its_own_repository(tmp_pa
     listed = subprocess.run(["git", "-C", str(tmp_path / "build"), "ls-files"], check=True,
                             capture_output=True, text=True).stdout.split()
     assert listed == ["python/ext/pkg/kernel.cu", "python/ext/pyproject.toml"]
+    # The same files make the same commit on every run, so a wheel reused from an earlier
+    # run is judged against the commit it was built from; a wheel versioned by the copy's
+    # repository (+g<commit>) fails, the repository found above the copy.
+    commit = project.copy_commit(tmp_path / "build")
+    project.mirror_tracked_files(tree, copy)
+    assert commit and project.copy_commit(tmp_path / "build") == commit
+    with pytest.raises(StepFailed, match="from the build copy's own repository"):
+        project.check_version_taken(tmp_path / f"ext-0.1.dev1+g{commit[:9]}-py3-none-any.whl",
+                                    {}, tree, tmp_path / "build")
     (tmp_path / "build" / "stale.txt").write_text("a copy of an earlier layout")
     assert project.build_tree(tmp_path / "build", tree)[0] == copy
     assert sorted(p.name for p in (tmp_path / "build").iterdir()) == [".git", "python"]
@@ -744,6 +753,10 @@ def test_a_stated_version_is_left_to_the_build(tmp_path):
     assert handed == {"SETUPTOOLS_SCM_PRETEND_VERSION_FOR_STATED": "9.0"}
     with pytest.raises(StepFailed, match="from the build copy's own repository"):
         project.check_version_taken(copy_version, handed, tree, copy)
+    (tree / "setup.py").write_text("from setuptools import setup\nNAME = 'stated'\n"
+                                   "setup(name=NAME, use_scm_version=True)\n")
+    assert project.git_version_env(tree, Path(sys.executable), {}, True) == {
+        "SETUPTOOLS_SCM_PRETEND_VERSION": "9.0"}  # a name setup.py computes: the plain one
     # The plain variable, which reaches a build's requirements built from sdists too, goes
     # only to a build whose version must come from git.
     pyproject.write_text('[build-system]\nrequires = ["setuptools", "setuptools_scm"]\n'

@@ -197,9 +197,15 @@ def _scm_table(ext_dir: Path) -> dict | None:
 
 
 def _version_from_git(ext_dir: Path) -> bool:
-    """Whether the wheel's version must be git's (check_version_taken), not only what the
-    build is handed: git_version_env hands it to every project versioned by git, and a
-    build that does not ask ignores it.
+    """Whether the wheel's version must be git's (check_version_taken)."""
+    return _version_source(ext_dir) == "git"
+
+
+def _version_source(ext_dir: Path) -> str:
+    """Where the build takes its version: "git", "stated" (the project's files), or
+    "unknown" (a backend not judged here). git_version_env hands git's version to every
+    build that may ask; check_version_taken holds the wheel to it only for "git", and a
+    "stated" build gets no plain variable (it would reach the build's requirements).
 
     A version the project states is the one it builds, even beside setuptools-scm's
     settings: [project] version (hatchling, too, reads it before asking hatch-vcs) and,
@@ -207,25 +213,28 @@ def _version_from_git(ext_dir: Path) -> bool:
     setuptools-scm overrides) or any setup(version=...). Otherwise setuptools' plugin
     infers one only where asked: a settings table, setup.py's use_scm_version, or
     setuptools-scm's [simple] extra; hatch-vcs and scikit-build-core's provider always
-    ask. Other backends are not judged: their builds get the version, unchecked."""
+    ask."""
     if "version" in pyproject_table(ext_dir, "project"):
-        return False
+        return "stated"
     if _hatch_vcs_settings(ext_dir) is not None:
-        return True
+        return "git"
     dynamic = pyproject_value(ext_dir, ("project", "dynamic"), list, [])
     backend = build_system(ext_dir)["build-backend"]
     if backend.startswith("scikit_build_core.setuptools"):
         backend = "setuptools.build_meta"  # its setuptools wrapper: setuptools' rules
     if backend.startswith("scikit_build_core"):
-        return "version" in dynamic and _skbuild_version_provider(ext_dir) == SKBUILD_SCM_PROVIDER
-    if not backend.startswith("setuptools.build_meta") or _stated_by_setuptools(ext_dir):
-        return False
-    if _scm_table(ext_dir) is not None:
-        return True
-    if _setup_py_scm_settings(ext_dir) != (None, False):
-        return True
+        provider = _skbuild_version_provider(ext_dir)
+        return ("git" if provider == SKBUILD_SCM_PROVIDER and "version" in dynamic
+                else "stated" if provider is not None else "unknown")
+    if not backend.startswith("setuptools.build_meta"):
+        return "unknown"
+    if _stated_by_setuptools(ext_dir):
+        return "stated"
+    if _scm_table(ext_dir) is not None or _setup_py_scm_settings(ext_dir) != (None, False):
+        return "git"
     wanted = _scm_requirement(ext_dir)  # [simple]: setuptools-scm 10's switch with no table
-    return wanted is not None and "simple" in wanted.extras and "version" in dynamic
+    return "git" if wanted is not None and "simple" in wanted.extras and "version" in dynamic \
+        else "unknown"
 
 
 def _stated_by_setuptools(ext_dir: Path) -> bool:
@@ -336,7 +345,8 @@ def pretend_version_key(ext_dir: Path, build_python: Path | None = None) -> str:
 
 
 def copy_commit(copy: Path) -> str | None:
-    """The commit of the build copy's own repository (mirror_tracked_files), if it has one."""
+    """The commit of the build copy's own repository, whose top is `copy` (the folder
+    build_tree was given), if it has one."""
     done = _git(copy, "rev-parse", "HEAD", own=True)
     return done.stdout.decode().strip() if done.returncode == 0 else None
 
@@ -387,12 +397,19 @@ def _without_git_variables(env: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if not k.startswith("GIT_")}
 
 
+OWN_COMMIT_DATE = "2000-01-01T00:00:00+0000"
+
+
 def _git(where: Path, *args: str, feed: bytes | None = None,
          own: bool = False) -> subprocess.CompletedProcess:
     """git on the extension's tree (read only) or, `own`, on the copy's repository."""
     env = _without_git_variables(os.environ)
     if own:  # ours: no configuration, hook or signing of the user's takes part
-        env.update(GIT_CONFIG_GLOBAL=os.devnull, GIT_CONFIG_NOSYSTEM="1")
+        env.update(GIT_CONFIG_GLOBAL=os.devnull, GIT_CONFIG_NOSYSTEM="1",
+                   # The same files make the same commit on every run: the version
+                   # setuptools-scm gives the copy (+g<commit>), and check_version_taken's
+                   # view of a reused wheel, stay the same.
+                   GIT_AUTHOR_DATE=OWN_COMMIT_DATE, GIT_COMMITTER_DATE=OWN_COMMIT_DATE)
         cmd = ["git", f"--git-dir={where / '.git'}", f"--work-tree={where}"]
     else:  # the user's, whose owner may not be us (a CI checkout, a container)
         cmd = ["git", "-c", "safe.directory=*", "-C", str(where)]
@@ -420,7 +437,8 @@ def git_version_env(ext_dir: Path, python: Path, env: dict[str, str], in_git: bo
     where the copy's own repository would give a wrong version without a word."""
     if not versioned_by_git(ext_dir):
         return {}
-    checked = _version_from_git(ext_dir)
+    source = _version_source(ext_dir)
+    checked = source == "git"
     key = pretend_version_key(ext_dir, python if builds_here else None)
     # setuptools-scm reads the first of these that is set, and an empty one as no
     # version at all (an unfilled CI input): git's is then handed on under `key`, which
@@ -434,7 +452,7 @@ def git_version_env(ext_dir: Path, python: Path, env: dict[str, str], in_git: bo
             break
     if not in_git:
         return {}
-    if not checked and key == PRETEND_VERSION:
+    if source == "stated" and key == PRETEND_VERSION:
         # The plain variable reaches every project setuptools-scm versions in the build (a
         # requirement built from its sdist too): not for a build that states its version.
         return {}
@@ -546,6 +564,9 @@ def mirror_tracked_files(ext_dir: Path, copy: Path,
         steps += [(("read-tree", "--empty"), None),
                   # Literal paths (no pathspec magic in a name), fast on big trees.
                   (("update-index", "--add", "-z", "--stdin"), recorded),
+                  # A root commit each time: with the fixed dates (_git), the same files
+                  # make the same commit on every run.
+                  (("update-ref", "-d", "HEAD"), None),
                   (("-c", "user.name=extmatrix", "-c", "user.email=extmatrix@localhost",
                     "commit", "-q", "--allow-empty", "--no-verify", "-m",
                     "the extension's sources"), None)]

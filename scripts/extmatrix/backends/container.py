@@ -63,7 +63,7 @@ def build(cell: Cell, ctx: Context) -> CellReport:
         report.timings.update(cibw_timings(_read_from(steps.log_path, start)))
         report.ccache = toolchain.ccache_delta(before, toolchain.ccache_stats(stats))
         built = single_wheel(out)
-        project.check_version_taken(built, from_git, ctx.ext_dir, src)
+        project.check_version_taken(built, from_git, ctx.ext_dir, top)
         wheel = stamp_wheel(cell, built, report, steps)
         if cell.abi3:
             with steps.timed("abi3audit"):

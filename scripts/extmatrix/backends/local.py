@@ -63,7 +63,7 @@ def build(cell: Cell, ctx: Context) -> CellReport:
             else:
                 compile_wheel(venv, src, out, env, stamp, report, steps)
         built = single_wheel(out)
-        project.check_version_taken(built, from_git, ctx.ext_dir, src)
+        project.check_version_taken(built, from_git, ctx.ext_dir, ctx.work / cell.id / "src")
         with steps.timed("check"):
             wheel = stamp_wheel(cell, built, report, steps)
             check_wheel(cell, ctx, wheel, report, staging, venv)
