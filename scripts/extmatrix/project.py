@@ -94,6 +94,8 @@ def build_requirements(ext_dir: Path) -> list[str]:
 
 # Version plugins that ask git for the version: setuptools-scm, and hatch-vcs over it.
 GIT_VERSIONED_BY = {"setuptools-scm", "hatch-vcs"}
+# scikit-build-core's version provider that asks setuptools-scm (others read the tree).
+SKBUILD_SCM_PROVIDER = "scikit_build_core.metadata.setuptools_scm"
 PRETEND_VERSION = "SETUPTOOLS_SCM_PRETEND_VERSION"
 
 
@@ -183,8 +185,6 @@ def _setup_py_scm_settings(ext_dir: Path) -> tuple[dict | None, bool]:
     return settings, False
 
 
-# scikit-build-core's version provider that asks setuptools-scm (others read the tree).
-SKBUILD_SCM_PROVIDER = "scikit_build_core.metadata.setuptools_scm"
 # The tables setuptools-scm takes its settings from (10 reads vcs-versioning's too).
 SCM_TABLES = ("setuptools_scm", "vcs-versioning")
 
@@ -242,15 +242,20 @@ def _stated_by_setuptools(ext_dir: Path) -> bool:
     setup.cfg's [metadata] version (but attr:), or setup(version=...), literal or not."""
     if "version" in pyproject_table(ext_dir, "tool", "setuptools", "dynamic"):
         return True
-    setup_cfg = configparser.ConfigParser(interpolation=None)
-    try:
-        setup_cfg.read(ext_dir / "setup.cfg", encoding="utf-8")
-        stated = setup_cfg.get("metadata", "version", fallback="").strip()
-    except (configparser.Error, UnicodeDecodeError):
-        stated = ""
+    stated = _setup_cfg_metadata(ext_dir, "version")
     if stated and not stated.startswith("attr:"):
         return True
     return _setup_passes(ext_dir, "version")
+
+
+def _setup_cfg_metadata(ext_dir: Path, key: str) -> str:
+    """setup.cfg's [metadata] `key`, "" where it has none (or cannot be read)."""
+    setup_cfg = configparser.ConfigParser(interpolation=None)
+    try:
+        setup_cfg.read(ext_dir / "setup.cfg", encoding="utf-8")
+        return setup_cfg.get("metadata", key, fallback="").strip()
+    except (configparser.Error, UnicodeDecodeError):
+        return ""
 
 
 def _setup_calls(ext_dir: Path) -> list[ast.Call]:
@@ -292,14 +297,7 @@ def _static_name(ext_dir: Path) -> str | None:
     literal setup(name="...") in setup.py."""
     if isinstance(name := pyproject_table(ext_dir, "project").get("name"), str):
         return name
-    setup_cfg = configparser.ConfigParser(interpolation=None)
-    try:
-        setup_cfg.read(ext_dir / "setup.cfg", encoding="utf-8")
-        if name := setup_cfg.get("metadata", "name", fallback=None):
-            return name
-    except (configparser.Error, UnicodeDecodeError):
-        pass
-    return _setup_keyword(ext_dir, "name")
+    return _setup_cfg_metadata(ext_dir, "name") or _setup_keyword(ext_dir, "name")
 
 
 def _named_key(name: str) -> str:

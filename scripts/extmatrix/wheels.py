@@ -196,26 +196,22 @@ def _stamped_version(version: Version, cell: Cell, changes: list[str]) -> Versio
 
 def _stamped_requires(requires: list[str], cell: Cell, changes: list[str]) -> list[str]:
     pin = Requirement(cell.requires_torch)
-    torch_version = Version(cell.torch)
     out: list[str] = []
     pinned = False
     for text, req in zip(requires, _requirements(requires), strict=True):
         if req is None or canonicalize_name(req.name) != "torch":
             out.append(text)
             continue
-        if req.marker is not None:  # kept as written, unless it holds here and excludes
-            if _excludes_cell_torch(req, cell):
-                raise StepFailed("stamp", f"the wheel requires {req}, which excludes the "
-                                          f"cell's torch {cell.torch}")
+        if _excludes_cell_torch(req, cell):
+            raise StepFailed("stamp", f"the wheel requires {req}, which excludes the cell's "
+                                      f"torch {cell.torch}")
+        if req.marker is not None:  # kept as written: it does not exclude the cell's torch
             out.append(text)
             continue
         if req.specifier == pin.specifier:
             pinned = True
             out.append(text)
             continue
-        if req.specifier and not req.specifier.contains(torch_version, prereleases=True):
-            raise StepFailed("stamp", f"the wheel requires {req}, which excludes the cell's "
-                                      f"torch {cell.torch}")
         changes.append(f"Requires-Dist {text} -> {pin}")
         out.append(str(pin))
         pinned = True
@@ -223,9 +219,9 @@ def _stamped_requires(requires: list[str], cell: Cell, changes: list[str]) -> li
         changes.append(f"Requires-Dist + {pin}")
         out.insert(0, str(pin))
     for dep in cell.runtime_deps:
-        wanted = Requirement(dep)
-        found = _providing(_requirements(out), wanted)
-        if clash := _clash(_requirements(out), wanted, cell):
+        wanted, current = Requirement(dep), _requirements(out)
+        found = _providing(current, wanted)
+        if clash := _clash(current, wanted, cell):
             raise StepFailed("stamp", f"the wheel requires {clash}, which the matrix's runtime "
                                       f"dependency {wanted} excludes")
         if not found:

@@ -43,7 +43,8 @@ def build(cell: Cell, ctx: Context) -> CellReport:
         with steps.timed("env"):
             sources = prepare_env(cell, venv, build_requirements(ctx.ext_dir), steps)
         report.sources = list(sources.notes)
-        src, _ = project.build_tree(ctx.work / cell.id / "src", ctx.ext_dir)
+        top = ctx.work / cell.id / "src"
+        src, _ = project.build_tree(top, ctx.ext_dir)
         sync_tree(ctx.ext_dir, src)
         tracked = project.mirror_tracked_files(ctx.ext_dir, src, steps.note)
         env = compile_env(cell, tools, ctx, venv, src)
@@ -63,7 +64,7 @@ def build(cell: Cell, ctx: Context) -> CellReport:
             else:
                 compile_wheel(venv, src, out, env, stamp, report, steps)
         built = single_wheel(out)
-        project.check_version_taken(built, from_git, ctx.ext_dir, ctx.work / cell.id / "src")
+        project.check_version_taken(built, from_git, ctx.ext_dir, top)
         with steps.timed("check"):
             wheel = stamp_wheel(cell, built, report, steps)
             check_wheel(cell, ctx, wheel, report, staging, venv)
