@@ -2245,6 +2245,15 @@ __device__ __forceinline__ bool long_tailed(const int64_t* __restrict__ indptr, 
 // column, power law 85.2 -> 84.1, short segments 88.3 -> 85.3; bf16 76.7 ->
 // 76.0 and 82.2 -> 80.9. The tile sum's own blocks taking the sample cost it
 // 3 us (194.1 -> 197.2 us), more than the lane sum's 4.1 us in front had.
+// What the gate costs, against a build whose lane sum skips the sample and
+// picks the tile sum (H200, ab.py, forward % of copy, same run; results
+// identical): bf16, 1 column, power law 74.9 -> 76.3, fp32 84.3 -> 84.6. On
+// the power law with its tail cut into pieces (`--cut 256`, where every tile
+// holds starts), 38.6 -> 42.6 and 54.9 -> 62.6 (the lane sum forced there:
+// 18.4 and 30.8, so the pick is right). There a call among 20 queued back to
+// back spans 40 us more with the sample (fp32: 310.1 against 270.6 us), a
+// call alone 4.4 us more (294.4 against 290.0), with the same kernel times:
+// not yet explained.
 template <typename Acc>
 __device__ __forceinline__ bool gated_out(TailGate gate, const int64_t* __restrict__ indptr,
                                           int64_t segments, int64_t rows,
@@ -2323,6 +2332,29 @@ constexpr int kLaneSide = 16 / (W * static_cast<int>(sizeof(T))) < kLaneRound
                               ? 16 / (W * static_cast<int>(sizeof(T)))
                               : kLaneRound;
 constexpr int kTeamRows = 2048;  // a team sums segments of up to this many rows, at least
+// A team sums its stripe's long segments alone. Where they come in runs (the
+// power law with its tail cut into pieces of 2048 rows, `ab.py run --cut
+// 2048`, as lengths sorted into buckets would give), one team holds a stripe
+// of them while the block's other warps wait at the barrier after the
+// stripes (Nsight Compute, H200, fp32, 4 columns: 52 % of the stall samples
+// at that barrier, SMs active 52 % of the kernel; 25 % of copy bandwidth).
+// Sharing them with the block paid there but lost on the benchmark's laws,
+// so none is kept (H200, ab.py, forward % of copy, against this kernel in
+// the same run; results identical; fp32 then bf16, 4 columns):
+// * segments of 257 rows to big_rows listed in shared memory (256 slots) and
+//   summed by the teams after the stripes: cut at 2048, 25.1 -> 80.7 and
+//   39.6 -> 66.3; at 1024, 40.5 -> 81.5 and 46.8 -> 55.4; power law 84.4 ->
+//   80.7 and 69.4 -> 65.2; bf16 short segments 85.2 -> 83.9. From 33 rows:
+//   power law 76.2 and 59.3.
+// * only from stripes of more than 2 long segments (64 slots): power law
+//   86.4 -> 83.9 and 69.9 -> 68.5, cut at 2048 67.5 and 38.8 (bf16: the
+//   slots overflow).
+// * the list taken during the stripes (a team takes a listed segment before
+//   it claims a stripe; teams out of stripes help until every team is): cut
+//   at 2048, 79.3 and 63.7; power law 80.3 and 63.2; bf16 short segments
+//   85.4 -> 81.2, with no segment listed: the check per stripe alone.
+// Cut at 256 (one round of loads a segment: 61 and 45 % of copy), the first
+// list gained nothing.
 constexpr int kBigSlots = 64;    // segments a block sums at the end, at most
 
 // Rows of 16 bytes: a stripe whose segments are all short is staged first. Its
@@ -3629,6 +3661,21 @@ __device__ __forceinline__ void tile_gather_block(const T* __restrict__ src,
   // copy, against the kernel in the same run), bf16, 1 column, power law 73.4
   // -> 69.2 (starts alone 69.8), short 81.9 -> 81.7; fp32, 1 column 80.2 ->
   // 78.9 and 79.2 -> 78.0; bf16, 4 columns 78.8 -> 77.6 and 77.9 -> 77.3.
+  // Nor did sm_90's bulk copies, which hold no registers: thread 0 copying
+  // the next tile's starts (8 KB of entries) and values into shared memory
+  // (cp.async.bulk, one mbarrier), where the loads go out now, and every
+  // thread reading its entries from there at the tile's top. It lost
+  // everywhere: H200 (ab.py, backward % of copy, against the kernel in the
+  // same run; results identical), bf16, 1 column, power law 73.7 -> 59.9,
+  // short segments 81.2 -> 66.1; fp32, 1 column 79.8 -> 69.2 and 79.8 ->
+  // 65.9; bf16, 4 columns 77.6 -> 67.0 and 78.4 -> 66.0. Issued beside the
+  // loads and only waited on (the entries still from the registers): bf16,
+  // 1 column 70.0 and 76.0; fp32, 1 column, power law 75.4; bf16, 4 columns
+  // 74.6 and 75.6. The 10 KB more shared memory alone, the same cases: 73.3,
+  // 80.0, 79.1, 77.1 and 78.0. So the copies, issued a tile ahead, had not
+  // landed when the next tile began (4 to 6 % to wait on them), where the
+  // loads had, and reading the entries back from shared memory cost the
+  // rest.
   int64_t cut = kNever;
   bool was_cut = false;
   auto prefetch = [&](int64_t from) {
