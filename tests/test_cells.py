@@ -270,3 +270,31 @@ def test_init_checks_out_the_tags_an_extension_takes_its_version_from(tmp_path, 
     assert ("fetch-depth" in checkout) is full_history
     if full_history:
         assert checkout["fetch-depth"] == 0  # a shallow clone has no tags: version 0.1.devN
+
+
+def test_init_reads_the_name_setup_passes_not_an_extension_module_name(tmp_path):
+    from extmatrix import init
+
+    ext = tmp_path / "ext"
+    (ext / "tests").mkdir(parents=True)
+    (ext / "segment_ops").mkdir()
+    (ext / "segment_ops" / "__init__.py").write_text("")
+    (ext / "setup.py").write_text(
+        "from setuptools import setup\n"
+        "from torch.utils.cpp_extension import CUDAExtension\n"
+        'modules = [CUDAExtension(name="segment_ops._C", sources=["csrc/ops.cu"])]\n'
+        'setup(name="segment-ops", version="0.1", ext_modules=modules)\n')
+    # A tool section setup.cfg's reader refuses: the name still comes from setup.py.
+    (ext / "setup.cfg").write_text("[flake8]\nmax-line-length = 99\nmax-line-length = 100\n")
+    project = init.describe(ext)
+    assert (project.name, project.import_name) == ("segment-ops", "segment_ops")
+
+
+def test_init_without_a_stated_name_says_where_to_state_it(tmp_path):
+    from extmatrix import init
+
+    ext = tmp_path / "ext"
+    (ext / "tests").mkdir(parents=True)
+    (ext / "setup.py").write_text("from setuptools import setup\nsetup(name=NAME)\n")
+    with pytest.raises(UserError, match=r"no distribution name found .* add \[project\] name"):
+        init.describe(ext)

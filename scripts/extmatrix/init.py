@@ -9,11 +9,8 @@ container — and its oldest and newest Python.
 
 from __future__ import annotations
 
-import configparser
 import json
 import os
-import re
-import tomllib
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -22,7 +19,7 @@ from packaging.utils import canonicalize_name
 
 from .compat import Compat, version_key
 from .errors import UserError
-from .project import versioned_by_git
+from .project import static_name, versioned_by_git
 
 ARCHS = ("8.0", "9.0", "10.0", "12.0")  # A100, H100, B200, RTX 50: SASS for each
 SKIP = {"tests", "test", "docs", "doc", "build", "dist", "examples", "benchmarks", "scripts"}
@@ -52,26 +49,10 @@ def describe(ext_dir: Path) -> Project:
 
 
 def _dist_name(ext_dir: Path) -> str:
-    pyproject = ext_dir / "pyproject.toml"
-    if pyproject.is_file():
-        try:
-            name = tomllib.loads(pyproject.read_text()).get("project", {}).get("name")
-        except tomllib.TOMLDecodeError as exc:
-            raise UserError(str(pyproject), f"not valid TOML ({exc})") from None
-        if name:
-            return name
-    setup_cfg = ext_dir / "setup.cfg"
-    if setup_cfg.is_file():
-        parser = configparser.ConfigParser()
-        parser.read(setup_cfg)
-        if parser.has_option("metadata", "name"):
-            return parser.get("metadata", "name")
-    setup_py = ext_dir / "setup.py"
-    if setup_py.is_file():
-        found = re.search(r"""\bname\s*=\s*["']([A-Za-z0-9][A-Za-z0-9._-]*)["']""",
-                          setup_py.read_text(errors="replace"))
-        if found:
-            return found[1]
+    # Read as the engine reads it everywhere else: setup.py's setup(name=...) itself,
+    # not the first name= in the file (an Extension's name often comes first).
+    if name := static_name(ext_dir):
+        return name
     raise UserError(str(ext_dir), "no distribution name found in pyproject.toml, setup.cfg or "
                     "setup.py", "add [project] name to pyproject.toml")
 

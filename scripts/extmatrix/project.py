@@ -292,7 +292,7 @@ def _scm_requirement(ext_dir: Path) -> Requirement | None:
     return None
 
 
-def _static_name(ext_dir: Path) -> str | None:
+def static_name(ext_dir: Path) -> str | None:
     """The distribution's name where a file states it: [project] name, setup.cfg's, or a
     literal setup(name="...") in setup.py."""
     if isinstance(name := pyproject_table(ext_dir, "project").get("name"), str):
@@ -336,7 +336,7 @@ def pretend_version_key(ext_dir: Path, build_python: Path | None = None) -> str:
     if hatch is not None:
         name = hatch.get("dist_name")
     else:
-        name = (_scm_table(ext_dir) or {}).get("dist_name") or _static_name(ext_dir)
+        name = (_scm_table(ext_dir) or {}).get("dist_name") or static_name(ext_dir)
     if not isinstance(name, str) or not _named_pretend_read(ext_dir, build_python):
         return PRETEND_VERSION
     return _named_key(name)
