@@ -298,3 +298,10 @@ def test_init_without_a_stated_name_says_where_to_state_it(tmp_path):
     (ext / "setup.py").write_text("from setuptools import setup\nsetup(name=NAME)\n")
     with pytest.raises(UserError, match=r"no distribution name found .* add \[project\] name"):
         init.describe(ext)
+
+
+def test_the_plan_table_lists_free_threaded_pythons(tmp_path, capsys):
+    text = SMALL.replace("ABI3", "false").replace('python: ["3.10", "3.12"]',
+                                                  'python: ["3.14t", "3.12", "3.13", "3.14"]')
+    assert main(["plan", "--matrix", str(write(tmp_path, text))]) == 0
+    assert "3.14t" in capsys.readouterr().out

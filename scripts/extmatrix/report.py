@@ -88,9 +88,10 @@ def print_plan(cells: list[Cell], dropped: list[Dropped] | None, console: Consol
 
 
 def _span(pythons: tuple[str, ...]) -> str:
-    """3.10 3.11 3.12 -> 3.10–3.12; gaps are listed."""
-    minors = [int(p.split(".")[1]) for p in pythons]
-    if len(minors) > 2 and minors == list(range(minors[0], minors[-1] + 1)):
+    """3.10 3.11 3.12 -> 3.10–3.12; gaps, and free-threaded builds (3.14t), are listed."""
+    minors = [int(minor) if minor.isdigit() else None for p in pythons
+              for minor in [p.split(".")[1]]]
+    if len(minors) > 2 and minors == list(range(minors[0] or 0, (minors[-1] or 0) + 1)):
         return f"{pythons[0]}–{pythons[-1]}"
     return " ".join(pythons)
 
