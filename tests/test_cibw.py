@@ -203,3 +203,21 @@ def test_a_foreign_platform_cell_is_not_buildable_here(tmp_path, monkeypatch):
     report = container.build(PLAN.cell("torch2.14-cpu-aarch64"), ctx_for(tmp_path))
     assert report.build == "not-buildable"
     assert "needs a aarch64 builder" in report.reason
+
+
+def test_free_threaded_cells_in_the_container():
+    assert cibw.abi("3.14t") == "cp314-cp314t" and cibw.abi("3.12") == "cp312-cp312"
+    cell = replace(PLAN.cell("torch2.14-cu130"), abi3=False, python="3.14t",
+                   test_pythons=("3.14t",))
+    site = "/opt/python/cp314-cp314t/lib/python3.14t/site-packages"  # cibuildwheel's own path
+    assert cibw.container_env(cell, offline_host(), "3.14t")["CPATH"] == (
+        f"{site}/nvidia/cu13/include")
+    env = cibw.environment(cell, EXT, ci_host(cell), "3.14t", BUILD_REQUIRES)
+    result = subprocess.run([sys.executable, "-m", "cibuildwheel", "--print-build-identifiers",
+                             "--platform", "linux", EXT.path], capture_output=True, text=True,
+                            cwd=ROOT, env={**os.environ, **env})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["cp314t-manylinux_x86_64"]
+    older = replace(cell, python="3.13t", test_pythons=("3.13t",))
+    with pytest.raises(NotBuildable, match="cibuildwheel 4 builds no Python 3.13t wheel"):
+        cibw.build_python(older, None)

@@ -48,9 +48,14 @@ class Host:
 
 
 def abi(python: str) -> str:
-    """3.11 -> cp311-cp311, the /opt/python folder of that CPython."""
-    tag = "cp" + python.replace(".", "")
-    return f"{tag}-{tag}"
+    """3.11 -> cp311-cp311, the /opt/python folder of that CPython (3.14t -> cp314-cp314t)."""
+    tag = "cp" + python.removesuffix("t").replace(".", "")
+    return f"{tag}-{tag}{'t' if python.endswith('t') else ''}"
+
+
+# Free-threaded CPythons the pinned cibuildwheel (4.x) no longer builds: it refuses their
+# build selector (4.0 dropped 3.13t, whose ABI the 3.14t one replaced).
+UNBUILT_FREE_THREADED = frozenset({"3.13t"})
 
 
 def build_python(cell: Cell, image_abis: list[str] | None) -> str:
@@ -60,6 +65,10 @@ def build_python(cell: Cell, image_abis: list[str] | None) -> str:
     that built it, so any Python the cell supports will do; `image_abis` lists the
     /opt/python builds an image declares (None: a manylinux image, which has all).
     """
+    if cell.python in UNBUILT_FREE_THREADED:
+        raise NotBuildable(f"cell {cell.id}: cibuildwheel 4 builds no Python {cell.python} "
+                           f"wheel; build it with the local backend, or drop {cell.python} "
+                           "from the matrix's Pythons")
     if image_abis is None:
         return cell.python
     candidates = list(cell.test_pythons) if cell.abi3 else [cell.python]
