@@ -305,3 +305,19 @@ def test_the_plan_table_lists_free_threaded_pythons(tmp_path, capsys):
                                                   'python: ["3.14t", "3.12", "3.13", "3.14"]')
     assert main(["plan", "--matrix", str(write(tmp_path, text))]) == 0
     assert "3.14t" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("axes, message", [
+    ('python: ["3.9", "3.10", "3.12"]',
+     r":\d+:\d+: python '3.9' yields no cell: no torch on the axes supports it \(torch 2.11: "
+     r"3.10–3.14; torch 2.14: 3.10–3.14\)"),
+    ('python: ["3.10", "3.12", "3.10"]', r":\d+:\d+: python '3.10' is listed twice; list each"),
+    ('flavor: [cpu, cu130, rocm7.2, cpu]', r"flavor 'cpu' is listed twice"),
+])
+def test_a_python_that_yields_nothing_or_a_value_listed_twice_is_an_error(tmp_path, axes,
+                                                                           message):
+    text = SMALL.replace("ABI3", "true")
+    key = axes.split(":")[0]
+    text = re.sub(rf"{key}: \[.*\]", axes, text)
+    with pytest.raises(UserError, match=message):
+        plan_file(write(tmp_path, text))

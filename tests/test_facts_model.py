@@ -12,6 +12,7 @@ import pytest
 from extmatrix import wheels
 from extmatrix.cells import plan_file
 from extmatrix.cli import main
+from extmatrix.errors import UserError
 
 
 def matrix(tmp_path: Path, torch: str, flavor: str, settings: str, python: str = '"3.12"',
@@ -81,9 +82,13 @@ def test_free_threaded_pythons_are_cells_of_their_own(tmp_path):
         ("torch2.11-cpu", True, ("3.12", "3.13")),
         ("py3.13t-torch2.11-cpu", False, ("3.13t",)),
     ]
-    dropped = plan_file(matrix(tmp_path, "2.14", "cpu", "{}", python='"3.12", "3.13t"'))
-    assert [c.id for c in dropped.cells] == ["torch2.14-cpu"]  # 2.14 ships cp314t only
-    assert any("3.13t" in d.combo for d in dropped.dropped)
+    both = plan_file(matrix(tmp_path, '2.11", "2.14', "cpu", "{}", python='"3.12", "3.13t"'))
+    assert [c.id for c in both.cells] == ["torch2.11-cpu", "py3.13t-torch2.11-cpu",
+                                          "torch2.14-cpu"]  # 2.14 ships cp314t only
+    assert any("3.13t" in d.combo for d in both.dropped)
+    # A Python no torch on the axes ships is a mistake, as a torch or flavor would be.
+    with pytest.raises(UserError, match=r"python '3.13t' yields no cell: no torch on the axes"):
+        plan_file(matrix(tmp_path, "2.14", "cpu", "{}", python='"3.12", "3.13t"'))
 
 
 def test_outdated_proposes_the_new_torch_with_its_flavors_and_pythons(tmp_path, capsys):

@@ -192,6 +192,12 @@ class _Flavor:
 
 
 def expand(matrix: Matrix, src: Source, compat: Compat) -> Plan:
+    for axis in ("torch", "flavor", "python", "platform"):
+        values = getattr(matrix.axes, axis)
+        for i, value in enumerate(values):
+            if value in values[:i]:  # (an abi3 cell would test that Python twice)
+                raise src.error(("axes", axis, i), f"{axis} '{value}' is listed twice",
+                                "list each value once")
     flavors = {name: _resolve_flavor(name, matrix, src, compat) for name in matrix.flavors}
     for i, name in enumerate(matrix.axes.flavor):
         if name not in flavors:
@@ -230,6 +236,7 @@ def expand(matrix: Matrix, src: Source, compat: Compat) -> Plan:
     # others were dropped, so a value that can never yield a cell is reported.
     yielded: set[tuple[str, int]] = set()
     first_drop: dict[tuple[str, int], str] = {}
+    pythons_yielded: set[str] = set()
     for ti, torch in enumerate(torches):
         for fi, fname in enumerate(matrix.axes.flavor):
             flavor = flavors[fname]
@@ -243,10 +250,12 @@ def expand(matrix: Matrix, src: Source, compat: Compat) -> Plan:
                         plan.dropped.append(Dropped(label, f"served by the stable-ABI wheel "
                                                            f"of {stable}"))
                         yielded.update({("torch", ti), ("flavor", fi)})
+                        pythons_yielded.update(group)
                         continue
                     reason = _excluded(matrix.exclude, values, group, src, exclude_hits)
                     if reason:  # the user chose this: not a value that cannot yield cells
                         yielded.update({("torch", ti), ("flavor", fi)})
+                        pythons_yielded.update(group)
                     # Published indexes are named by the flavor (rocm6.2.4, cu129); a
                     # toolkit patch the flavor pins (7.2.1) is still its flavor's.
                     reason = reason or compat.why_not(torch, flavor.family,
@@ -268,6 +277,7 @@ def expand(matrix: Matrix, src: Source, compat: Compat) -> Plan:
                     add(_cell(matrix, src, compat, torch, flavor, plat, usable, archs=archs),
                         ("axes", "torch", ti))
                     yielded.update({("torch", ti), ("flavor", fi)})
+                    pythons_yielded.update(usable)
 
     for i, rule in enumerate(matrix.include):
         for cell in _included(matrix, src, compat, flavors, rule, ("include", i), plan.dropped):
@@ -289,6 +299,14 @@ def expand(matrix: Matrix, src: Source, compat: Compat) -> Plan:
                 why = first_drop.get((axis, i), "")
                 raise src.error(("axes", axis, i), f"{axis} '{value}' yields no cell: {why}",
                                 "remove it or add a combination that exists")
+    pythons_yielded.update(p for cell in plan.cells for p in (cell.python, *cell.test_pythons))
+    for i, python in enumerate(pythons):
+        if python not in pythons_yielded:
+            served = "; ".join(f"torch {series(t)}: {compat.python_range(t).min}–"
+                               f"{compat.python_range(t).max}" for t in dict.fromkeys(torches))
+            raise src.error(("axes", "python", i),
+                            f"python '{python}' yields no cell: no torch on the axes supports "
+                            f"it ({served})", "remove it or add a torch release that ships it")
     _check_subsets(matrix, src, plan.cells)
     return plan
 
