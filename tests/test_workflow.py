@@ -16,7 +16,7 @@ import yaml
 
 from extmatrix import workflow
 from extmatrix.cells import plan_file
-from extmatrix.cli import build_parser
+from extmatrix.cli import build_parser, main
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKFLOWS = ROOT / ".github" / "workflows"
@@ -187,3 +187,14 @@ def test_nox_sessions_and_commands_it_calls_exist():
             assert re.search(rf"def {session.replace('-', '_')}\(", noxfile), session
         for command in set(re.findall(r"extmatrix (\w[\w-]*)", text)):
             assert command in commands, command
+
+
+def test_a_job_matrix_github_would_refuse_is_a_one_line_error(monkeypatch, capsys):
+    cells = PLAN.select(None, None, None)
+    monkeypatch.setattr(workflow, "MAX_JOBS", len(cells) - 1)
+    assert main(["plan", "--json", "--matrix", str(ROOT / "matrix.yaml")]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err == (f"extmatrix: the cells job would have {len(cells)} entries, more than the "
+                   f"{len(cells) - 1} GitHub Actions runs from one matrix; select fewer cells "
+                   "(--subset, -k) or make the extension abi3\n")

@@ -14,11 +14,23 @@ so matrix.yaml stays the one place that says what runs where:
 from __future__ import annotations
 
 from .cells import Cell
+from .errors import UserError
 
 JOBS = ("cells", "gpu", "cross")
+# GitHub Actions refuses a job matrix of more jobs than this when the workflow starts.
+MAX_JOBS = 256
 
 
 def matrix(cells: list[Cell], job: str) -> list[dict]:
+    jobs = _jobs(cells, job)
+    if len(jobs) > MAX_JOBS:
+        raise UserError(None, f"the {job} job would have {len(jobs)} entries, more than the "
+                        f"{MAX_JOBS} GitHub Actions runs from one matrix",
+                        "select fewer cells (--subset, -k) or make the extension abi3")
+    return jobs
+
+
+def _jobs(cells: list[Cell], job: str) -> list[dict]:
     if job == "gpu":
         return [c.to_json() for c in cells if c.gpu_runner]
     if job == "cross":
