@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import json
 import os
+import posixpath
+import shlex
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
 from packaging.utils import canonicalize_name
 
+from .cells import repository
 from .compat import Compat, version_key
 from .errors import UserError
 from .project import static_name, versioned_by_git
@@ -119,9 +122,13 @@ def matrix_text(project: Project, path: str, compat: Compat, torch: str | None,
 
 
 def workflow_text(engine_spec: str, matrix: str, *, versioned_by_git: bool = False) -> str:
+    """`matrix` is the matrix file's path from the repository's root, where steps run; the
+    engine writes each cell's results to dist/ beside the matrix."""
     # A shallow checkout has no tags: setuptools-scm would call every build 0.1.devN.
     history = ("\n          fetch-depth: 0  # the version comes from git tags"
                if versioned_by_git else "")
+    dist = posixpath.join(posixpath.dirname(matrix), "dist")
+    matrix = shlex.quote(matrix)
     return f"""\
 # Written by `extmatrix init`. Builds and tests every cell of {matrix} on GitHub's
 # Linux runners (no GPU: GPU tests skip). The job matrix comes from `extmatrix plan`.
@@ -182,7 +189,7 @@ jobs:
         if: always()
         with:
           name: ${{{{ matrix.cell }}}}
-          path: dist/${{{{ matrix.cell }}}}/
+          path: {dist}/${{{{ matrix.cell }}}}/
           if-no-files-found: error
           overwrite: true
 """
@@ -205,18 +212,32 @@ def installed_engine_spec() -> str | None:
 
 def write(ext_dir: Path, output: Path, *, torch: str | None, pythons: list[str] | None,
           engine_spec: str | None, with_workflow: bool, force: bool) -> list[Path]:
-    """Write the matrix (and the workflow, beside it under .github/); never over a file."""
+    """Write the matrix, and the workflow at the root of the repository that holds it (the
+    only place GitHub reads workflows from); never over a file."""
     engine_spec = engine_spec or installed_engine_spec()
     if with_workflow and engine_spec is None:
         raise UserError(None, "the workflow must install this engine, and it was not installed "
                         "from a git URL", "pass --engine-spec 'extmatrix @ "
                         "git+https://…/extmatrix@TAG', or --no-workflow")
     project = describe(ext_dir)
+    _check_output(output)
+    repo = repository(output)
+    if not ext_dir.resolve().is_relative_to(repo):
+        # `plan` would refuse the matrix: cells build from a copy of that repository.
+        raise UserError(str(output), f"the extension folder {ext_dir} lies outside {repo}, the "
+                        "repository this matrix would build (the nearest folder up holding .git, "
+                        "else the matrix's own)", "write the matrix inside the extension's "
+                        "repository, running 'git init' there first if it has none")
     rel = os.path.relpath(ext_dir.resolve(), output.resolve().parent)
     targets = {output: matrix_text(project, rel, Compat.load(), torch, pythons)}
     if with_workflow:
-        targets[output.parent / WORKFLOW] = workflow_text(
-            engine_spec, output.name, versioned_by_git=versioned_by_git(ext_dir))
+        workflow = repo / WORKFLOW
+        here = Path.cwd().resolve()
+        if workflow.is_relative_to(here):  # named from here, as the matrix was given
+            workflow = workflow.relative_to(here)
+        targets[workflow] = workflow_text(
+            engine_spec, output.resolve().relative_to(repo).as_posix(),
+            versioned_by_git=versioned_by_git(ext_dir))
     for target in targets:
         if target.exists() and not force:
             raise UserError(str(target), "already exists", "pass --force to replace it")
@@ -224,3 +245,15 @@ def write(ext_dir: Path, output: Path, *, torch: str | None, pythons: list[str] 
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(text)
     return list(targets)
+
+
+def _check_output(output: Path) -> None:
+    # Folders missing on the way are created, as for the default output; a file in the way
+    # is a mistake to name, not an OSError from mkdir.
+    if output.is_dir():
+        raise UserError(str(output), "is a folder", f"name the matrix file, e.g. --output "
+                        f"{output / 'matrix.yaml'}")
+    blocking = next(p for p in output.parents if p.exists())
+    if not blocking.is_dir():
+        raise UserError(str(blocking), "is a file, so the matrix cannot be written below it",
+                        "choose another --output")
