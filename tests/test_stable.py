@@ -10,6 +10,7 @@ import pytest
 
 from extmatrix import symbols
 from extmatrix.cells import plan_file
+from extmatrix.index import page_names
 from extmatrix.toolchain import honoured_env
 
 MATRIX = """\
@@ -69,6 +70,14 @@ def test_upper_bound_and_toolkit_major(tmp_path):
     assert cell.serves == ("2.10.0", "2.11.0", "2.12.1", "2.13.0")
     assert "torch2.12-cu128" not in [c.id for c in p.cells]  # 2.12 has no cu128 at all
     assert "torch2.11-cu128" in [c.id for c in p.cells]  # replace: false keeps it
+
+
+def test_index_pages_name_only_published_torch_builds(tmp_path):
+    p = plan(tmp_path, '  - {from: "2.10", below: "2.14", flavors: [cu128], replace: false}')
+    # 2.12 and 2.13 ship CUDA 12 only as 12.6 and 12.9: the wheel serves them, but no
+    # torch 2.12.1+cu128 or 2.13.0+cu128 exists for a page to be named after.
+    assert page_names(p.cell("stable2.10-cu128")) == ["torch-2.10.0+cu128", "torch-2.11.0+cu128"]
+    assert page_names(p.cell("torch2.12-cu130")) == ["torch-2.12.1+cu130"]
 
 
 MANGLED = {

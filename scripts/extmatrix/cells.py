@@ -58,6 +58,10 @@ class Cell:
     # torch release of the matrix the one wheel must load in and pass its tests beside.
     stable: str | None = None
     serves: tuple[str, ...] = ()
+    # Of those, the ones torch publishes a build of this flavor for (2.11.0+cu128): a CUDA
+    # 12.8 wheel also serves 2.12, whose CUDA 12 builds are 12.6 and 12.9, but there is no
+    # 2.12.1+cu128 to name an index page after.
+    serves_builds: tuple[str, ...] = ()
 
     @property
     def target_version(self) -> str | None:
@@ -76,6 +80,12 @@ class Cell:
 class Dropped:
     combo: str
     reason: str
+    # The id its cell would have had (None for part of a cell, such as one arch), and the
+    # rule that dropped it with the cell standing in for it, so a subset naming it is told
+    # why it is missing rather than offered a look-alike.
+    cell: str | None = None
+    rule: tuple[str | int, ...] | None = None
+    instead: str | None = None
 
 
 @dataclass
@@ -224,12 +234,12 @@ def expand(matrix: Matrix, src: Source, compat: Compat) -> Plan:
     # Built before the per-torch cells are expanded, added after them: the ones they
     # replace are dropped with a pointer to them.
     stable_cells: list[tuple[Cell, tuple[str | int, ...]]] = []
-    replaced: dict[tuple[str, str, str], str] = {}
+    replaced: dict[tuple[str, str, str], tuple[str, int]] = {}
     for i, group in enumerate(matrix.stable):
         for cell, served_by in _stable_cells(matrix, src, compat, flavors, torches, group,
                                              ("stable", i), plan.dropped):
             stable_cells.append((cell, ("stable", i)))
-            replaced.update(served_by)
+            replaced.update(dict.fromkeys(served_by, (cell.id, i)))
 
     pythons = matrix.axes.python
     # Axis values that produced a cell (or were excluded on purpose), and why the
@@ -242,17 +252,20 @@ def expand(matrix: Matrix, src: Source, compat: Compat) -> Plan:
             flavor = flavors[fname]
             for plat in matrix.axes.platform:
                 for group in python_groups(pythons, matrix.extension.abi3):
-                    label = _label(torch, fname, plat, group,
-                                   matrix.extension.abi3 and not _free_threaded(group))
+                    abi3 = matrix.extension.abi3 and not _free_threaded(group)
+                    label = _label(torch, fname, plat, group, abi3)
+                    cell_id = _cell_id(series(torch), fname, plat, group, abi3)
                     values = {"torch": torch, "flavor": fname, "platform": plat}
-                    stable = replaced.get((fname, plat, series(torch)))
-                    if stable:
-                        plan.dropped.append(Dropped(label, f"served by the stable-ABI wheel "
-                                                           f"of {stable}"))
+                    if (fname, plat, series(torch)) in replaced:
+                        stable, si = replaced[(fname, plat, series(torch))]
+                        plan.dropped.append(Dropped(
+                            label, f"served by the stable-ABI wheel of {stable}", cell_id,
+                            ("stable", si), stable))
                         yielded.update({("torch", ti), ("flavor", fi)})
                         pythons_yielded.update(group)
                         continue
-                    reason = _excluded(matrix.exclude, values, group, src, exclude_hits)
+                    excluded_by = _excluded_by(matrix.exclude, values, group, exclude_hits)
+                    reason = excluded_by and _exclusion(matrix.exclude, excluded_by, src)
                     if reason:  # the user chose this: not a value that cannot yield cells
                         yielded.update({("torch", ti), ("flavor", fi)})
                         pythons_yielded.update(group)
@@ -270,7 +283,7 @@ def expand(matrix: Matrix, src: Source, compat: Compat) -> Plan:
                         archs, reason = _torch_archs(compat, [torch], flavor, label,
                                                      plan.dropped)
                     if reason:
-                        plan.dropped.append(Dropped(label, reason))
+                        plan.dropped.append(Dropped(label, reason, cell_id, excluded_by))
                         first_drop.setdefault(("torch", ti), reason)
                         first_drop.setdefault(("flavor", fi), reason)
                         continue
@@ -287,8 +300,7 @@ def expand(matrix: Matrix, src: Source, compat: Compat) -> Plan:
 
     for i, hits in enumerate(exclude_hits):
         if not hits:
-            raise src.error(("exclude", i), f"exclude[{i}] matches no combination of the axes",
-                            "fix its patterns or delete it")
+            raise _unmatched_exclude(matrix, src, i, torches, replaced)
     if not plan.cells:
         why = plan.dropped[0].reason if plan.dropped else "no combination"
         raise src.error(("axes",), f"the matrix has no cells (first drop: {why})",
@@ -307,7 +319,7 @@ def expand(matrix: Matrix, src: Source, compat: Compat) -> Plan:
             raise src.error(("axes", "python", i),
                             f"python '{python}' yields no cell: no torch on the axes supports "
                             f"it ({served})", "remove it or add a torch release that ships it")
-    _check_subsets(matrix, src, plan.cells)
+    _check_subsets(matrix, src, plan.cells, plan.dropped)
     return plan
 
 
@@ -380,18 +392,56 @@ def _label(torch: str, flavor: str, platform: str, pythons: list[str], abi3: boo
     return f"{py}torch {torch} × {flavor} × {platform}"
 
 
-def _excluded(rules: list[Rule], values: dict[str, str], pythons: list[str], src: Source,
-              hits: list[int]) -> str | None:
+def _excluded_by(rules: list[Rule], values: dict[str, str], pythons: list[str],
+                 hits: list[int]) -> tuple[str, int] | None:
     for i, rule in enumerate(rules):
         if _matches(rule, values, pythons):
             hits[i] += 1
-            where = src.where(("exclude", i))
-            why = f": {rule.reason}" if rule.reason else ""
-            return f"excluded by exclude[{i}] ({where}){why}"
+            return ("exclude", i)
     return None
 
 
+def _exclusion(rules: list[Rule], at: tuple[str, int], src: Source) -> str:
+    reason = rules[at[1]].reason
+    return f"excluded by exclude[{at[1]}] ({src.where(at)})" + (f": {reason}" if reason else "")
+
+
+def _unmatched_exclude(matrix: Matrix, src: Source, i: int, torches: list[str],
+                       replaced: dict[tuple[str, str, str], tuple[str, int]]) -> UserError:
+    """exclude[i] removed nothing: say why where its patterns are not simply wrong."""
+    rule = matrix.exclude[i]
+    combos = [(f, p, series(t)) for t in torches for f in matrix.axes.flavor
+              for p in matrix.axes.platform
+              if _matches_axes(rule, {"torch": t, "flavor": f, "platform": p})]
+    kept = [c for c in combos if c not in replaced]
+    if combos and not kept:  # a replaced cell is dropped before exclude rules are tried
+        stable, si = replaced[combos[0]]
+        return src.error(("exclude", i), f"exclude[{i}] matches only cells that stable[{si}] "
+                         f"({src.where(('stable', si))}) replaces with {stable}",
+                         f"delete the rule or narrow stable[{si}]")
+    regular = [p for p in matrix.axes.python if not p.endswith("t")]
+    named = [p for p in regular if rule.python and fnmatch.fnmatchcase(p, rule.python)]
+    if kept and named and matrix.extension.abi3:
+        return src.error(("exclude", i, "python"), f"exclude[{i}] names Python "
+                         f"{', '.join(named)}, but the extension is abi3: one wheel per cell "
+                         f"serves Python {', '.join(regular)}, and a rule leaves it out only by "
+                         "naming all of them", "drop 'python' to exclude whole cells")
+    return src.error(("exclude", i), f"exclude[{i}] matches no combination of the axes",
+                     "fix its patterns or delete it")
+
+
 def _matches(rule: Rule, values: dict[str, str], pythons: list[str]) -> bool:
+    if not _matches_axes(rule, values):
+        return False
+    if rule.python is not None:
+        # Python rules only split non-abi3 cells; an abi3 cell is excluded only
+        # when every Python it would test is.
+        return all(fnmatch.fnmatchcase(p, rule.python) for p in pythons)
+    return True
+
+
+def _matches_axes(rule: Rule, values: dict[str, str]) -> bool:
+    """Does the rule take torch × flavor × platform, whatever it says of Python?"""
     for key in ("torch", "flavor", "platform"):
         pattern = getattr(rule, key)
         if pattern is None:
@@ -400,10 +450,6 @@ def _matches(rule: Rule, values: dict[str, str], pythons: list[str]) -> bool:
         candidates = [value, series(value)] if key == "torch" else [value]
         if not any(fnmatch.fnmatchcase(c, pattern) for c in candidates):
             return False
-    if rule.python is not None:
-        # Python rules only split non-abi3 cells; an abi3 cell is excluded only
-        # when every Python it would test is.
-        return all(fnmatch.fnmatchcase(p, rule.python) for p in pythons)
     return True
 
 
@@ -449,7 +495,7 @@ def _included(matrix: Matrix, src: Source, compat: Compat, flavors: dict[str, _F
 def _stable_cells(matrix: Matrix, src: Source, compat: Compat, flavors: dict[str, _Flavor],
                   torches: list[str], group: StableGroup, at: tuple[str | int, ...],
                   dropped: list[Dropped]
-                  ) -> list[tuple[Cell, dict[tuple[str, str, str], str]]]:
+                  ) -> list[tuple[Cell, list[tuple[str, str, str]]]]:
     """One group's cells, each with the per-torch cells it stands in for."""
     torch = _pin_torch(group.from_, at + ("from",), src, compat)
     if not compat.torch(torch).stable_abi:
@@ -492,11 +538,13 @@ def _stable_cells(matrix: Matrix, src: Source, compat: Compat, flavors: dict[str
                 if reason:
                     raise src.error(at + ("flavors", j), f"stable {name} wheels: {reason}",
                                     "list an arch those torch releases are built for")
+                serves = sorted(serves, key=version_key)
+                builds = [f"{t}+{name}" for t in serves
+                          if compat.why_not(t, flavor.family, flavor_toolkit(name), plat) is None]
                 cell = _cell(matrix, src, compat, torch, flavor, plat, pythons,
-                             stable=group, serves=tuple(sorted(serves, key=version_key)),
+                             stable=group, serves=tuple(serves), serves_builds=tuple(builds),
                              archs=archs)
-                served = {(name, plat, series(t)): cell.id for t in serves} if group.replace \
-                    else {}
+                served = [(name, plat, series(t)) for t in serves] if group.replace else []
                 results.append((cell, served))
     return results
 
@@ -560,16 +608,13 @@ def _torch_archs(compat: Compat, torches: list[str], flavor: _Flavor, label: str
 
 def _cell(matrix: Matrix, src: Source, compat: Compat, torch: str, flavor: _Flavor,
           platform: str, pythons: list[str], stable: StableGroup | None = None,
-          serves: tuple[str, ...] = (), archs: tuple[str, ...] | None = None) -> Cell:
+          serves: tuple[str, ...] = (), serves_builds: tuple[str, ...] = (),
+          archs: tuple[str, ...] | None = None) -> Cell:
     abi3 = matrix.extension.abi3 and not _free_threaded(pythons)
     torch_series = series(torch)
     s = flavor.settings
     pythons = sorted(pythons, key=version_key)
-    cell_id = f"{'stable' if stable else 'torch'}{torch_series}-{flavor.name}"
-    if not abi3:
-        cell_id = f"py{pythons[0]}-{cell_id}"
-    if platform != DEFAULT_PLATFORM:
-        cell_id += f"-{platform}"
+    cell_id = _cell_id(torch_series, flavor.name, platform, pythons, abi3, stable is not None)
     archs = tuple(s.archs or ()) if archs is None else archs
     ptx = tuple(s.ptx or ())
     if flavor.family == "cuda":
@@ -622,15 +667,42 @@ def _cell(matrix: Matrix, src: Source, compat: Compat, torch: str, flavor: _Flav
         runtime_deps=tuple(expand_text("runtime_deps", d) for d in (s.runtime_deps or ())),
         stable=torch_series if stable else None,
         serves=serves,
+        serves_builds=serves_builds,
     )
 
 
-def _check_subsets(matrix: Matrix, src: Source, cells: list[Cell]) -> None:
+def _cell_id(torch_series: str, flavor: str, platform: str, pythons: list[str], abi3: bool,
+             stable: bool = False) -> str:
+    cell_id = f"{'stable' if stable else 'torch'}{torch_series}-{flavor}"
+    if not abi3:
+        cell_id = f"py{min(pythons, key=version_key)}-{cell_id}"
+    if platform != DEFAULT_PLATFORM:
+        cell_id += f"-{platform}"
+    return cell_id
+
+
+def _check_subsets(matrix: Matrix, src: Source, cells: list[Cell],
+                   dropped: list[Dropped]) -> None:
     ids = [c.id for c in cells]
     for name, globs in matrix.subsets.items():
         for i, glob in enumerate(globs):
-            if not any(fnmatch.fnmatchcase(cid, glob) for cid in ids):
-                close = difflib.get_close_matches(glob, ids, n=1, cutoff=0.5)
-                fix = f"did you mean '{close[0]}'?" if close else "run 'extmatrix plan' for ids"
-                raise src.error(("subsets", name, i), f"subset '{name}': '{glob}' matches no cell",
-                                fix)
+            if any(fnmatch.fnmatchcase(cid, glob) for cid in ids):
+                continue
+            at = ("subsets", name, i)
+            # A cell the plan left out on purpose is no typo: a look-alike would mislead.
+            gone = next((d for d in dropped if d.cell and fnmatch.fnmatchcase(d.cell, glob)),
+                        None)
+            if gone and gone.instead and gone.rule:
+                raise src.error(at, f"subset '{name}' names {gone.cell}, which stable"
+                                f"[{gone.rule[1]}] ({src.where(gone.rule)}) replaces",
+                                f"name '{gone.instead}' instead")
+            if gone and gone.rule:
+                raise src.error(at, f"subset '{name}' names {gone.cell}, which exclude"
+                                f"[{gone.rule[1]}] ({src.where(gone.rule)}) removes",
+                                "drop it from the subset or narrow the rule")
+            if gone:
+                raise src.error(at, f"subset '{name}' names {gone.cell}, which cannot be "
+                                f"built: {gone.reason}", "drop it from the subset")
+            close = difflib.get_close_matches(glob, ids, n=1, cutoff=0.5)
+            fix = f"did you mean '{close[0]}'?" if close else "run 'extmatrix plan' for ids"
+            raise src.error(at, f"subset '{name}': '{glob}' matches no cell", fix)

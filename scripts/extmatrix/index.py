@@ -32,8 +32,10 @@ class Entry:
 
 def page_names(cell: Cell) -> list[str]:
     """torch's own version string for each build the wheel serves: torch-2.14.1+cu130; a
-    stable-ABI wheel is on the page of every release it was built to serve."""
-    return [f"torch-{release}+{cell.flavor}" for release in (cell.serves or (cell.torch,))]
+    stable-ABI wheel is on the page of every published build of its flavor it serves."""
+    if cell.stable:
+        return [f"torch-{build}" for build in cell.serves_builds]
+    return [f"torch-{cell.torch}+{cell.flavor}"]
 
 
 def collect(dist: Path, cells: list[Cell]) -> list[Entry]:
