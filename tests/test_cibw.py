@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -14,10 +15,12 @@ from pathlib import Path
 
 import pytest
 from cibuildwheel.environment import parse_environment
+from cibuildwheel.util.helpers import prepare_command
 
 from extmatrix import cibw, engines
-from extmatrix.backends import Context, container
+from extmatrix.backends import Context, container, local
 from extmatrix.cells import plan_file
+from extmatrix.config import Extension
 from extmatrix.engines import Engine
 from extmatrix.envs import Sources
 from extmatrix.report import CellReport
@@ -221,3 +224,70 @@ def test_free_threaded_cells_in_the_container():
     older = replace(cell, python="3.13t", test_pythons=("3.13t",))
     with pytest.raises(NotBuildable, match="cibuildwheel 4 builds no Python 3.13t wheel"):
         cibw.build_python(older, None)
+
+
+# ------------------------------------------------------------------- the in-image tests
+
+
+def with_extension(**settings) -> Extension:
+    return Extension.model_validate({**EXT.model_dump(by_alias=True), **settings})
+
+
+def in_image_argv(command: str, tmp_path: Path) -> list[str]:
+    """The arguments the test command's program gets: cibuildwheel fills its placeholders
+    (its own function), then sh runs the line, where `python` is the test venv's."""
+    line = prepare_command(command, project="/project", package="/project/ext",
+                           wheel="/repaired/segment_ops.whl")
+    venv_bin = tmp_path / "bin"
+    venv_bin.mkdir()
+    (venv_bin / "python").symlink_to(sys.executable)
+    path = f"{venv_bin}{os.pathsep}{os.environ['PATH']}"
+    result = subprocess.run(["sh", "-c", line], capture_output=True, text=True, cwd=tmp_path,
+                            env={**os.environ, "PATH": path}, check=True)
+    return json.loads(result.stdout)
+
+
+def test_the_in_image_tests_run_the_matrixs_test_command(tmp_path):
+    show_argv = "import json, sys; print(json.dumps(sys.argv[1:]))"
+    ext = with_extension(test_command=[
+        "{python}", "-c", show_argv, "{tests}", "--junitxml={junit}", "a b", "it's", "$HOME",
+        "", "{{project}}", "#{{package}}", "{{wheel}}{{tests}}", "x{tests}"])
+    cell = PLAN.cell("torch2.13-cpu")
+    env = cibw.environment(cell, ext, ci_host(cell), cell.python, BUILD_REQUIRES)
+    assert env["CIBW_TEST_REQUIRES"] == ""  # pytest only where the engine runs pytest
+    junit = tmp_path.resolve() / "junit.xml"  # where the test command runs
+    argv = in_image_argv(env["CIBW_TEST_COMMAND"], tmp_path)
+    assert argv == ["/project/ext/tests", f"--junitxml={junit}", "a b", "it's", "$HOME", "",
+                    "{project}", "#{package}", "{wheel}{tests}", "x/project/ext/tests"]
+    # The local backend fills the same command the same way, with its own paths.
+    ctx = Context(PLAN.matrix.model_copy(update={"extension": ext}), Path("/project"),
+                  tmp_path / "dist", tmp_path / "work", tmp_path / "cache", 2)
+    assert local.test_cmd(ctx, tmp_path / "venv", tmp_path, junit)[0][3:] == argv
+
+
+def test_the_default_in_image_tests_keep_literal_braces_of_test_args(tmp_path):
+    ext = with_extension(test_args=["-k", "{project} or {wheel}"])
+    cell = PLAN.cell("torch2.13-cpu")
+    command = cibw.environment(cell, ext, ci_host(cell), cell.python, [])["CIBW_TEST_COMMAND"]
+    assert command.startswith("python -m pytest {package}/tests ")
+    assert command.endswith(" -k '#{project} or #{wheel}'")
+    assert prepare_command(command, project="/p", package="/p", wheel="/w").endswith(
+        " -k '{project} or {wheel}'")
+
+
+@pytest.mark.parametrize(("settings", "wanted"), [
+    ({}, ["pytest"]),
+    ({"test_requires": ["pytest>=8", "numpy"]}, ["pytest>=8", "numpy"]),
+    ({"test_requires": ["numpy"], "test_command": ["{python}", "{tests}/run.py"]}, ["numpy"]),
+])
+def test_both_backends_install_the_same_test_requirements(settings, wanted, tmp_path):
+    ext = with_extension(**settings)
+    cell = PLAN.cell("torch2.13-cpu")
+    env = cibw.environment(cell, ext, ci_host(cell), cell.python, [])
+    assert shlex.split(env["CIBW_TEST_REQUIRES"]) == wanted
+    ctx = Context(PLAN.matrix.model_copy(update={"extension": ext}), ROOT, tmp_path / "dist",
+                  tmp_path / "work", tmp_path / "cache", 2)
+    wheel = tmp_path / "segment_ops-0.1.0-cp310-abi3-linux_x86_64.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        zf.writestr("segment_ops-0.1.0.dist-info/METADATA", "Name: segment-ops\n")
+    assert local.test_requirements(ctx, wheel, cell)[2:] == wanted

@@ -13,6 +13,7 @@ from __future__ import annotations
 import fnmatch
 import re
 import shlex
+import string
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +31,8 @@ REPAIR_EXCLUDES = {
     "cuda": ("libtorch*.so", "libc10*.so", "libcudart.so.*"),
     "rocm": ("libtorch*.so", "libc10*.so", "libamdhip64.so.*"),
 }
+# What cibuildwheel fills in a test command itself; '#{project}' is its escape for a literal.
+CIBW_PLACEHOLDERS = re.compile(r"\{(?:project|package|wheel)\}")
 HOST_MOUNT = "/host"  # cibuildwheel mounts the host's / there
 CCACHE_MOUNT = "/ccache"  # the images' CCACHE_DIR
 PIP_CACHE_MOUNT = "/pip-cache"
@@ -142,12 +145,6 @@ def environment(cell: Cell, extension: Extension, host: Host, python: str,
               f"--volume={host.pip_cache_dir}:{PIP_CACHE_MOUNT}"]
     inner = {**container_env(cell, host, python), **(build_env or {})}
     excludes = " ".join(f"--exclude {shlex.quote(p)}" for p in REPAIR_EXCLUDES[cell.family])
-    # A shell inside the container runs this: every matrix value in it is quoted.
-    # {package}: the extension's folder, below {project} where it lies in a folder of its
-    # git repository (project.build_tree).
-    tests = "{package}/" + shlex.quote(extension.tests)
-    pytest = (f"python -m pytest {tests} -p no:cacheprovider --rootdir {tests} -q -rs "
-              + shlex.join(extension.test_args)).strip()
     return {
         "CIBW_CONTAINER_ENGINE": f"{host.engine}; create_args: {' '.join(mounts)}",
         "CIBW_ARCHS_LINUX": cell.platform,
@@ -163,10 +160,42 @@ def environment(cell: Cell, extension: Extension, host: Host, python: str,
         # The test venv would otherwise take the newest torch of the series.
         "CIBW_BEFORE_TEST": "pip install " + shlex.quote(cell.torch_spec),
         "CIBW_TEST_EXTRAS": "test",
-        "CIBW_TEST_REQUIRES": shlex.join(dict.fromkeys(["pytest", *extension.test_requires])),
-        "CIBW_TEST_COMMAND": pytest,
+        "CIBW_TEST_REQUIRES": shlex.join(extension.test_requirements),
+        "CIBW_TEST_COMMAND": test_command(extension),
         "CIBW_BUILD_VERBOSITY": "1",
     }
+
+
+def literal(text: str) -> str:
+    """`text` as one shell word that cibuildwheel's placeholder filling leaves as it is."""
+    return shlex.quote(CIBW_PLACEHOLDERS.sub(r"#\g<0>", text))
+
+
+def test_command(extension: Extension) -> str:
+    """The shell line cibuildwheel runs the tests with, in its test venv (`python` is the
+    venv's, first on PATH); every matrix value in it is quoted."""
+    # {package}: the extension's folder, below {project} where it lies in a folder of its
+    # git repository (project.build_tree).
+    tests = "{package}/" + shlex.quote(extension.tests)
+    if extension.test_command is None:
+        return (f"python -m pytest {tests} -p no:cacheprovider --rootdir {tests} -q -rs "
+                + " ".join(map(literal, extension.test_args))).strip()
+    # Nobody reads the in-image tests' JUnit (test-matrix reports the cell's tests): it goes
+    # to the scratch folder cibuildwheel runs the tests in, and deletes after.
+    fill = {"python": "python", "tests": tests, "junit": '"$PWD"/junit.xml'}
+    return " ".join(shell_word(arg, fill) for arg in extension.test_command)
+
+
+def shell_word(arg: str, fill: dict[str, str]) -> str:
+    """One test_command item as one shell word: its placeholders as `fill` writes them,
+    the rest (with '{{' and '}}' unescaped) as literal text."""
+    word = text = ""
+    for literal_text, name, _, _ in string.Formatter().parse(arg):
+        text += literal_text
+        if name is not None:
+            word += (literal(text) if text else "") + fill[name]
+            text = ""
+    return word + (literal(text) if text or not word else "")
 
 
 @dataclass

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import difflib
 import re
+import string
 import types
 import typing
 from pathlib import Path, PurePosixPath
 from typing import Annotated, Any, Literal
 
 from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from . import source as yaml_source
@@ -42,6 +44,9 @@ _IMAGE = re.compile(
 _TESTS = re.compile(r"[A-Za-z0-9._/-]+")
 # What each placeholder stands in for while a value is checked, before a cell fills it.
 _SAMPLES = {"flavor": "cu130", "toolkit": "13.0", "torch": "2.11.0", "platform": "x86_64"}
+# One image serves every torch release of a flavor (it is tagged by toolkit): no {torch}.
+_IMAGE_PLACEHOLDERS = ("flavor", "toolkit", "platform")
+_TEST_PLACEHOLDERS = ("python", "tests", "junit")
 
 
 def flavor_family(name: str) -> Family:
@@ -104,6 +109,12 @@ def _check_index(value: str) -> str:
 
 
 def _check_image(value: str) -> str:
+    for name in _PLACEHOLDER.findall(value):
+        if name not in _IMAGE_PLACEHOLDERS:
+            why = (" (one image serves every torch release of a flavor)" if name == "torch"
+                   else "")
+            raise ValueError(f"bad placeholder {{{name}}} in '{value}'{why}; base_image "
+                             "placeholders are {flavor}, {toolkit} and {platform}")
     if not _IMAGE.fullmatch(_with_samples(value)):
         raise ValueError(f"'{value}' is not an image reference; write "
                          "[registry/]name[:tag][@sha256:digest] in lowercase, e.g. "
@@ -155,6 +166,30 @@ def _check_argument(value: str) -> str:
     return value
 
 
+def _check_test_requirement(value: str) -> str:
+    # Nothing fills placeholders here: test_requires is one list for every cell.
+    if _PLACEHOLDER.search(value):
+        raise ValueError(f"'{value}' holds a placeholder, but test_requires is the same for "
+                         "every cell; write a plain requirement, e.g. numpy>=1.26")
+    return _check_requirement(value)
+
+
+def _check_command_argument(value: str) -> str:
+    allowed = "{python}, {tests} or {junit}"
+    try:
+        fields = [(name, conversion, spec) for _, name, spec, conversion
+                  in string.Formatter().parse(value) if name is not None]
+    except ValueError:
+        raise ValueError(f"unmatched brace in test command argument '{value}'; write "
+                         f"{{{{ or }}}} for a literal brace, {allowed} for a placeholder") from None
+    for name, conversion, spec in fields:
+        if name not in _TEST_PLACEHOLDERS or conversion or spec:
+            field = name + (f"!{conversion}" if conversion else "") + (f":{spec}" if spec else "")
+            raise ValueError(f"bad placeholder {{{field}}} in test command argument '{value}'; "
+                             f"use {allowed}, and {{{{ or }}}} for a literal brace")
+    return value
+
+
 FlavorName = Annotated[str, AfterValidator(_check_flavor)]
 TorchVersion = Annotated[str, AfterValidator(_check_torch)]
 PythonVersion = Annotated[str, AfterValidator(_check_python)]
@@ -164,9 +199,11 @@ IndexUrl = Annotated[str, AfterValidator(_check_index)]
 ImageRef = Annotated[str, AfterValidator(_check_image)]
 ImageName = Annotated[str, AfterValidator(_check_image_name)]
 RequirementText = Annotated[str, AfterValidator(_check_requirement)]
+TestRequirement = Annotated[str, AfterValidator(_check_test_requirement)]
 RelativePath = Annotated[str, AfterValidator(_check_relative)]
 TestsPath = Annotated[str, AfterValidator(_check_tests)]
 TestArgument = Annotated[str, AfterValidator(_check_argument)]
+CommandArgument = Annotated[TestArgument, AfterValidator(_check_command_argument)]
 
 
 class _Model(BaseModel):
@@ -200,16 +237,16 @@ class Extension(_Model):
     test_args: list[TestArgument] = Field(
         default_factory=list, description="Extra pytest arguments for the matrix tests."
     )
-    test_requires: list[RequirementText] = Field(
+    test_requires: list[TestRequirement] = Field(
         default_factory=list,
         description="Installed beside the wheel for its tests (the wheel's own `test` extra "
         "is installed too when it has one).",
     )
-    test_command: list[TestArgument] | None = Field(
+    test_command: Annotated[list[CommandArgument], Field(min_length=1)] | None = Field(
         None,
         description="The test command, one argument per item, run in the test environment; "
-        "{python}, {tests} and {junit} are filled in. Default: pytest on `tests` (with the "
-        "engine's plugin, so --require-gpu works for any suite).",
+        "{python}, {tests} and {junit} are filled in ({{ and }} for a literal brace). Default: "
+        "pytest on `tests` (with the engine's plugin, so --require-gpu works for any suite).",
     )
     cross_torch: Literal["refuse", "report"] = Field(
         "report",
@@ -222,6 +259,13 @@ class Extension(_Model):
         description="Text the ImportError must contain when a wheel is imported beside "
         "another torch (the cross-cell check).",
     )
+
+    @property
+    def test_requirements(self) -> list[str]:
+        """test_requires, and pytest when the engine runs the tests with pytest."""
+        named = {canonicalize_name(Requirement(r).name) for r in self.test_requires}
+        runs_pytest = self.test_command is None and "pytest" not in named
+        return [*self.test_requires, *(["pytest"] if runs_pytest else [])]
 
 
 class FlavorSettings(_Model):
@@ -240,7 +284,8 @@ class FlavorSettings(_Model):
     )
     base_image: ImageRef | None = Field(
         None, description="Upstream image the build image starts from: "
-        "[registry/]name[:tag][@sha256:digest]; placeholders as in `index`."
+        "[registry/]name[:tag][@sha256:digest]; placeholders {flavor}, {toolkit}, {platform} "
+        "(not {torch}: one image serves every torch release of a flavor)."
     )
     runner: Name | None = Field(
         None, description="GitHub Actions runner label that builds this flavor's x86_64 cells "
@@ -290,7 +335,7 @@ class StableGroup(_Model):
 
 
 class PlatformSettings(_Model):
-    runner: str = Field(description="GitHub Actions runner label that builds this platform.")
+    runner: Name = Field(description="GitHub Actions runner label that builds this platform.")
 
 
 class Images(_Model):

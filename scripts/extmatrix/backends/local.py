@@ -17,9 +17,6 @@ import signal
 import subprocess
 from pathlib import Path
 
-from packaging.requirements import Requirement
-from packaging.utils import canonicalize_name
-
 from .. import envs, project, toolchain, wheels, workspace
 from ..cells import Cell
 from ..compat import same_series
@@ -353,11 +350,7 @@ def test_requirements(ctx: Context, wheel: Path, cell: Cell) -> list[str]:
     test_requires, and pytest when the engine runs the tests with pytest."""
     ext = ctx.matrix.extension
     extras = "[test]" if "test" in wheels.extras(wheel) else ""
-    wanted = [cell.torch_spec, f"{ext.name}{extras} @ {wheel.as_uri()}", *ext.test_requires]
-    if ext.test_command is None and not any(
-            canonicalize_name(Requirement(r).name) == "pytest" for r in ext.test_requires):
-        wanted.append("pytest")
-    return wanted
+    return [cell.torch_spec, f"{ext.name}{extras} @ {wheel.as_uri()}", *ext.test_requirements]
 
 
 def test_cmd(ctx: Context, venv: Path, cell_dist: Path,
