@@ -4,7 +4,8 @@ it, and every path in what init writes leads where the engine looks."""
 from __future__ import annotations
 
 import json
-import shlex
+import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -19,6 +20,7 @@ from extmatrix.cli import main
 EXTENSION = Path(__file__).resolve().parent / "extensions" / "classic-cuda"
 SPEC = "extmatrix @ git+https://example.org/extmatrix@v1"
 CELL = "py3.11-torch2.13-cpu"
+EVENT_TEST = r"\$\{\{ github\.event_name == '(\w+)' && '(\w*)' \|\| '(\w*)' \}\}"
 
 
 def init(*args: str) -> int:
@@ -36,12 +38,24 @@ def repo(tmp_path, monkeypatch):
     return root
 
 
-def commands(workflow: Path) -> list[list[str]]:
-    """Every extmatrix command the workflow runs, split as the runner's shell splits it."""
+def commands(workflow: Path, event: str = "push") -> list[list[str]]:
+    """Every extmatrix command the workflow runs, split as the runner's bash splits it with
+    the step's env, whose `event_name == 'X' && 'A' || 'B'` expressions are read for
+    `event`."""
     steps = [s for job in yaml.safe_load(workflow.read_text())["jobs"].values()
              for s in job["steps"]]
-    return [shlex.split(line) for s in steps for line in s.get("run", "").splitlines()
-            if line.strip().startswith("extmatrix ")]
+    found = []
+    for step in steps:
+        env = {"PATH": os.environ["PATH"]}
+        for name, value in step.get("env", {}).items():
+            test = re.fullmatch(EVENT_TEST, value)
+            env[name] = (test[2] if test[1] == event else test[3]) if test else value
+        for line in step.get("run", "").splitlines():
+            if line.strip().startswith("extmatrix "):
+                split = subprocess.run(["bash", "-c", f'set -- {line}; printf "%s\\0" "$@"'],
+                                       env=env, capture_output=True, text=True, check=True)
+                found.append(split.stdout.split("\0")[:-1])
+    return found
 
 
 @pytest.mark.parametrize("cwd, args, matrix", [
@@ -67,6 +81,12 @@ def test_the_workflow_sits_at_the_repository_root_and_names_real_paths(
         assert argv[argv.index("--matrix") + 1] == matrix
     assert main(ran[0][1:]) == 0, capsys.readouterr().err  # the plan job, as CI runs it
     assert CELL in [c["cell"] for c in json.loads(capsys.readouterr().out)["include"]]
+    # A pull request plans the pr subset the matrix names.
+    pr = commands(workflow, "pull_request")[0]
+    assert pr[pr.index("--subset") + 1] == "pr" and "--subset" not in ran[0]
+    assert main(pr[1:]) == 0, capsys.readouterr().err
+    assert [c["cell"] for c in json.loads(capsys.readouterr().out)["include"]] == [
+        CELL, "py3.11-torch2.13-cu132"]
 
     # The artifact is the folder a build writes its results to.
     ctx = run.context(plan_file(matrix), dist=None, parallel=1)

@@ -1,32 +1,47 @@
 """`extmatrix init`: a first matrix.yaml (and CI workflow) for an extension that has none.
 
-What can be read from the project is read (distribution name, import package,
-tests folder, abi3 or not); what cannot be known is chosen the way the compat
-facts allow: the newest torch (or the one asked for), its CPU flavor and every
-CUDA 13.x flavor it ships — the flavors a GPU-less builder can compile without a
-container — and its oldest and newest Python.
+What can be read from the project is read (distribution name, import package, tests
+folder, the Pythons it accepts, abi3 or not, Triton kernels or not); the rest is what
+`plan --outdated` would ask for: the newest torch (or the one asked for) with every
+flavor and every living Python it ships. The flavors a GPU-less builder cannot compile
+without a container (ROCm, CUDA without nvcc on PyPI) are listed but excluded, saying why.
 """
 
 from __future__ import annotations
 
+import ast
+import datetime
 import json
 import os
 import posixpath
 import shlex
-from dataclasses import dataclass
+import sys
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.utils import canonicalize_name
 
 from .cells import repository
-from .compat import Compat, version_key
+from .compat import Compat, TorchFacts, version_key
 from .errors import UserError
-from .project import static_name, versioned_by_git
+from .outdated import python_end_of_life
+from .project import (
+    not_ignored,
+    pyproject_value,
+    static_name,
+    static_requires_python,
+    versioned_by_git,
+)
+from .toolchain import FIRST_PYPI_CUDA
 
 ARCHS = ("8.0", "9.0", "10.0", "12.0")  # A100, H100, B200, RTX 50: SASS for each
+# MI200, MI300, MI350, RX 7900, RX 9070: where torch's wheels of the flavor have them.
+ROCM_ARCHS = ("gfx90a", "gfx942", "gfx950", "gfx1100", "gfx1201")
 SKIP = {"tests", "test", "docs", "doc", "build", "dist", "examples", "benchmarks", "scripts"}
 WORKFLOW = Path(".github") / "workflows" / "extmatrix.yml"
+INDEX = "https://download.pytorch.org/whl/"
 
 
 @dataclass(frozen=True)
@@ -35,6 +50,16 @@ class Project:
     import_name: str
     tests: str
     abi3: bool
+    # requires-python and the file that states it; SpecifierSet() accepts every Python.
+    requires_python: SpecifierSet = field(default_factory=SpecifierSet)
+    requires_python_in: str = ""
+    py_api: str = ""  # scikit-build-core's wheel.py-api
+    triton: bool = False  # the package imports triton: its GPU wheels require it
+
+    def accepts(self, python: str) -> bool:
+        # pip compares the interpreter's full version, and a runner has each minor's newest
+        # patch: a high one stands for it (>=3.10.2 takes 3.10; <=3.12 only 3.12.0).
+        return self.requires_python.contains(f"{python}.99")
 
 
 def describe(ext_dir: Path) -> Project:
@@ -46,9 +71,45 @@ def describe(ext_dir: Path) -> Project:
     if tests is None:
         raise UserError(str(ext_dir), "no tests/ or test/ folder",
                         "add the extension's tests there, then run init again")
+    # scikit-build-core's cp3X tags the wheel cp3X-abi3; its py3 (a library that
+    # torch.ops.load_library loads, no libpython) also serves every Python, untagged abi3.
+    py_api = pyproject_value(ext_dir, ("tool", "scikit-build", "wheel", "py-api"), str, "")
     setup_py = ext_dir / "setup.py"
-    abi3 = setup_py.is_file() and "py_limited_api" in setup_py.read_text(errors="replace")
-    return Project(name, _import_name(ext_dir, name), tests, abi3)
+    abi3 = py_api.startswith("cp") if py_api else (
+        setup_py.is_file() and "py_limited_api" in setup_py.read_text(errors="replace"))
+    import_name = _import_name(ext_dir, name)
+    package = next(d for d in (ext_dir / "src" / import_name, ext_dir / import_name)
+                   if d.is_dir())
+    specifier, stated_in = SpecifierSet(), ""
+    if stated := static_requires_python(ext_dir):
+        text, stated_in = stated
+        try:
+            specifier = SpecifierSet(text)
+        except InvalidSpecifier:
+            raise UserError(str(ext_dir / stated_in), f"requires-python '{text}' is not a "
+                            "version specifier", "write one such as '>=3.10'") from None
+    return Project(name, import_name, tests, abi3, specifier,
+                   str(ext_dir / stated_in) if stated_in else "", py_api,
+                   _imports_triton(package))
+
+
+def _imports_triton(package: Path) -> bool:
+    """Whether the package's own modules import triton (its tests' imports do not count)."""
+    for path in sorted(package.rglob("*.py")):
+        try:
+            tree = ast.parse(path.read_bytes())
+        except (OSError, SyntaxError, ValueError):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            else:
+                continue
+            if any(n.split(".")[0] == "triton" for n in names):
+                return True
+    return False
 
 
 def _dist_name(ext_dir: Path) -> str:
@@ -75,49 +136,127 @@ def _import_name(ext_dir: Path, dist: str) -> str:
                     "name it with 'import:' in the matrix by hand")
 
 
+def _pythons(project: Project, facts: TorchFacts, series: str,
+             today: datetime.date) -> list[str]:
+    """The Pythons the torch ships for and the project accepts, but those past their end
+    of life: what `plan --outdated` would neither add nor drop."""
+    low, high = (int(v.split(".")[1]) for v in (facts.python.min, facts.python.max))
+    accepted = [p for p in (f"3.{m}" for m in range(low, high + 1)) if project.accepts(p)]
+    if not accepted:
+        raise UserError(project.requires_python_in, f"requires-python "
+                        f"'{project.requires_python}' takes none of Python {facts.python.min}"
+                        f"–{facts.python.max}, which torch {series} ships for",
+                        "pass --torch with a release that ships a Python the project takes")
+    return [p for p in accepted if python_end_of_life(p) > today] or accepted
+
+
 def matrix_text(project: Project, path: str, compat: Compat, torch: str | None,
-                pythons: list[str] | None = None) -> str:
+                pythons: list[str] | None = None, today: datetime.date | None = None) -> str:
     series = torch or max(compat.facts.torch, key=version_key)
     facts = compat.facts.torch.get(series)
     if facts is None:
         known = ", ".join(sorted(compat.facts.torch, key=version_key))
         raise UserError(None, f"torch {series} is not in the compatibility facts",
                         f"choose one of {known}")
-    cuda13 = [v for v in facts.cuda if version_key(v)[:1] == (13,)]
-    flavors = ["cpu", *(f"cu{v.replace('.', '')}" for v in cuda13)]
+    for python in pythons or ():
+        if not project.accepts(python):
+            raise UserError(f"--python {python}", f"{project.requires_python_in} requires "
+                            f"Python {project.requires_python}", "pass a Python it takes")
+    pythons = sorted(pythons or _pythons(project, facts, series,
+                                         today or datetime.date.today()), key=version_key)
+    cuda = {f"cu{v.replace('.', '')}": v for v in facts.cuda}
+    built = ["cpu", *(f for f, v in cuda.items() if version_key(v) >= FIRST_PYPI_CUDA)]
+    rocm = [f"rocm{v}" for v in facts.rocm]
+    # The flavors the workflow's local backend cannot build, and why: exclude rules.
+    unbuilt = {f"cu{major}*": f"NVIDIA's PyPI wheels have no CUDA {major} nvcc: build in a "
+               f"container or where CUDA {major} is installed"
+               for major in (version_key(v)[0] for v in facts.cuda
+                             if version_key(v) < FIRST_PYPI_CUDA)}
+    if rocm:
+        unbuilt["rocm*"] = "ROCm builds need a container or ROCm installed"
     lines = [
-        f"# Written by `extmatrix init` for {project.name}: torch {series}, its CPU flavor and the",
-        "# CUDA 13 flavors a builder without a GPU compiles with NVIDIA's PyPI toolkit. Add torch",
-        "# releases, CUDA 12 or ROCm flavors (built in containers: --backend container) as needed;",
-        "# `extmatrix plan --explain` shows what each change gives.",
+        f"# Written by `extmatrix init` for {project.name}: torch {series} with every flavor",
+        "# and Python it ships for. Cells build on a machine without a GPU, as GitHub's runners",
+        "# are; the exclude rules say which flavors need more. `extmatrix plan --explain` shows",
+        "# the cells, and `extmatrix plan --outdated` what a newer torch or Python would add.",
         "",
         "extension:",
         f"  path: {path}",
         f"  name: {project.name}",
         f"  import: {project.import_name}",
         f"  tests: {project.tests}",
+    ]
+    if project.py_api.startswith("py"):
+        lines += [
+            f'  # wheel.py-api = "{project.py_api}": one {project.py_api}-none wheel would serve '
+            "every Python,",
+            "  # but it is not tagged abi3, and the container backend's abi3audit refuses an",
+            "  # abi3 cell's wheel without the tag: each Python builds its own copy.",
+        ]
+    lines += [
         f"  abi3: {'true' if project.abi3 else 'false'}",
         "",
         "axes:",
         f'  torch: ["{series}"]',
-        f"  flavor: [{', '.join(flavors)}]",
-        f"  python: [{', '.join(f'{p!r}' for p in pythons)}]".replace("'", '"') if pythons
-        else f'  python: ["{facts.python.min}", "{facts.python.max}"]',
+        f"  flavor: [{', '.join([*built, *(f for f in cuda if f not in built), *rocm])}]",
+        f"  python: [{', '.join(f'{p!r}' for p in pythons)}]".replace("'", '"'),
         "",
+        "# Settings shared by every flavor of a family. PyTorch's index of the flavor serves",
+        "# its torch (torch==X+cpu, X+cu130): PyPI's Linux torch is one CUDA build.",
         "defaults:",
+        "  cpu:",
+        f"    index: {INDEX}cpu",
         "  cuda:",
-        "    runtime_deps: [triton]",
-        "",
-        "# GPU archs are named here, never detected: a builder has no GPU.",
-        "flavors:",
-        "  cpu: {}",
+        f"    index: {INDEX}{{flavor}}",
+        *(["    runtime_deps: [triton]"] if project.triton else []),
     ]
-    for version in cuda13:
+    if rocm:
+        lines += [
+            "  rocm:",
+            f"    index: {INDEX}{{flavor}}",
+            "    # PyTorch's own ROCm wheel builder: ROCm and every CPython inside.",
+            "    base_image: docker.io/pytorch/manylinux2_28-builder:rocm{toolkit}",
+            *(["    runtime_deps: [pytorch-triton-rocm]"] if project.triton else []),
+        ]
+    lines += ["", "# GPU archs are named here, never detected: a builder has no GPU.",
+              "flavors:", "  cpu: {}"]
+    for name, version in cuda.items():
         toolkit = compat.toolkit("cuda", version)
         archs = [a for a in ARCHS if toolkit is None or a in toolkit.archs]
-        lines.append(f"  cu{version.replace('.', '')}: "
-                     f"{{archs: [{', '.join(map(repr, archs))}], ptx: [{archs[-1]!r}]}}"
-                     .replace("'", '"'))
+        # NVIDIA's PyPI wheels carry no nvcc before CUDA 13: an image that has one does.
+        image = ("" if name in built else
+                 ", base_image: 'docker.io/pytorch/manylinux2_28-builder:cuda{toolkit}'")
+        lines.append(f"  {name}: {{archs: [{', '.join(map(repr, archs))}], "
+                     f"ptx: [{archs[-1]!r}]{image}}}".replace("'", '"'))
+    for version in facts.rocm:
+        published = compat.rocm_archs(series, version)
+        archs = [a for a in ROCM_ARCHS if a in published] or published
+        lines.append(f"  rocm{version}: {{archs: [{', '.join(archs)}]}}")
+    if unbuilt:
+        lines += [
+            "",
+            "# Listed, so that `plan --outdated` counts them, but not built: the workflow's",
+            "# local backend takes nvcc from NVIDIA's PyPI wheels (CUDA 13 on) and ROCm from",
+            "# the machine. Drop a rule to build its cells with --backend container, or on a",
+            "# runner with that toolkit.",
+            "exclude:",
+            *(f'  - {{flavor: "{glob}", reason: "{why}"}}' for glob, why in unbuilt.items()),
+        ]
+
+    def cell(python: str, flavor: str) -> str:
+        return f"{'' if project.abi3 else f'py{python}-'}torch{series}-{flavor}"
+
+    here = f"{sys.version_info.major}.{sys.version_info.minor}"
+    pr = dict.fromkeys([cell(pythons[0], "cpu"), cell(pythons[-1], built[-1])])
+    lines += [
+        "",
+        "subsets:",
+        "  # What `build` and `test-matrix` take by default: a Linux box without a GPU or a",
+        "  # container builds it, with the Python `extmatrix init` ran on where it is listed.",
+        f"  local: [{cell(here if here in pythons else pythons[0], 'cpu')}]",
+        "  # Pull requests: CPU with the oldest Python, the newest CUDA with the newest.",
+        f"  pr: [{', '.join(pr)}]",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -130,8 +269,9 @@ def workflow_text(engine_spec: str, matrix: str, *, versioned_by_git: bool = Fal
     dist = posixpath.join(posixpath.dirname(matrix), "dist")
     matrix = shlex.quote(matrix)
     return f"""\
-# Written by `extmatrix init`. Builds and tests every cell of {matrix} on GitHub's
-# Linux runners (no GPU: GPU tests skip). The job matrix comes from `extmatrix plan`.
+# Written by `extmatrix init`. Builds and tests the cells of {matrix} on GitHub's
+# Linux runners (no GPU: GPU tests skip): every cell on a push, the `pr` subset on a pull
+# request. The job matrix comes from `extmatrix plan`.
 name: extmatrix
 
 on:
@@ -158,10 +298,12 @@ jobs:
           python-version: "3.11"
       - run: python -m pip install "{engine_spec}"
       - id: plan
+        env:  # pull requests build the matrix's pr subset; pushes, every cell
+          SUBSET: ${{{{ github.event_name == 'pull_request' && 'pr' || '' }}}}
         run: |
           {{
             echo "matrix<<PLAN_EOF"
-            extmatrix plan --matrix {matrix} --json
+            extmatrix plan --matrix {matrix} --json ${{SUBSET:+--subset "$SUBSET"}}
             echo "PLAN_EOF"
           }} >> "$GITHUB_OUTPUT"
 
@@ -244,7 +386,22 @@ def write(ext_dir: Path, output: Path, *, torch: str | None, pythons: list[str] 
     for target, text in targets.items():
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(text)
+    _hint_ignores(repo, output)
     return list(targets)
+
+
+def _hint_ignores(repo: Path, output: Path) -> None:
+    """Runs write dist/ and .extmatrix/ beside the matrix: say so where git would commit
+    them. The repository's .gitignore is its maintainer's to change, not init's."""
+    folder = output.resolve().parent.relative_to(repo).as_posix()
+    prefix = "" if folder == "." else f"{folder}/"
+    missing = not_ignored(repo, [f"{prefix}dist/", f"{prefix}.extmatrix/"])
+    if missing:
+        gitignore, here = repo / ".gitignore", Path.cwd().resolve()
+        shown = gitignore.relative_to(here) if gitignore.is_relative_to(here) else gitignore
+        print(f"hint: git does not ignore {' and '.join(missing)}, which extmatrix runs fill "
+              f"beside the matrix: add {' and '.join(f'/{m}' for m in missing)} to {shown}",
+              file=sys.stderr)
 
 
 def _check_output(output: Path) -> None:

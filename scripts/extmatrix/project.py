@@ -248,12 +248,13 @@ def _stated_by_setuptools(ext_dir: Path) -> bool:
     return _setup_passes(ext_dir, "version")
 
 
-def _setup_cfg_metadata(ext_dir: Path, key: str) -> str:
-    """setup.cfg's [metadata] `key`, "" where it has none (or cannot be read)."""
+def _setup_cfg_metadata(ext_dir: Path, key: str, section: str = "metadata") -> str:
+    """setup.cfg's [metadata] (or other `section`) `key`, "" where it has none (or cannot be
+    read)."""
     setup_cfg = configparser.ConfigParser(interpolation=None)
     try:
         setup_cfg.read(ext_dir / "setup.cfg", encoding="utf-8")
-        return setup_cfg.get("metadata", key, fallback="").strip()
+        return setup_cfg.get(section, key, fallback="").strip()
     except (configparser.Error, UnicodeDecodeError):
         return ""
 
@@ -298,6 +299,29 @@ def static_name(ext_dir: Path) -> str | None:
     if isinstance(name := pyproject_table(ext_dir, "project").get("name"), str):
         return name
     return _setup_cfg_metadata(ext_dir, "name") or _setup_keyword(ext_dir, "name")
+
+
+def static_requires_python(ext_dir: Path) -> tuple[str, str] | None:
+    """The Pythons the project accepts where a file states them, with that file's name:
+    [project] requires-python, setup.cfg's python_requires, or a literal one in setup.py."""
+    if isinstance(text := pyproject_table(ext_dir, "project").get("requires-python"), str):
+        return text, "pyproject.toml"
+    if text := _setup_cfg_metadata(ext_dir, "python_requires", section="options"):
+        return text, "setup.cfg"
+    if text := _setup_keyword(ext_dir, "python_requires"):
+        return text, "setup.py"
+    return None
+
+
+def not_ignored(repo: Path, paths: list[str]) -> list[str]:
+    """Those of `paths` (relative to repo; a folder ends in /) that git would not ignore;
+    none where repo is no git work tree, or git cannot say."""
+    done = _git(repo, "check-ignore", "-z", "--stdin",
+                feed=b"".join(p.encode() + b"\0" for p in paths))
+    if done.returncode not in (0, 1):  # 1: none ignored
+        return []
+    ignored = set(done.stdout.decode(errors="replace").split("\0"))
+    return [p for p in paths if p not in ignored]
 
 
 def _named_key(name: str) -> str:

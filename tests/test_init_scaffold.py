@@ -1,0 +1,161 @@
+"""What `extmatrix init` writes for extensions written the way others write them: a matrix
+whose cells install the right torch, that `plan --outdated` finds current, that lists only
+Pythons the project takes, and whose default subsets exist."""
+
+from __future__ import annotations
+
+import datetime
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from extmatrix import init
+from extmatrix.cells import plan_file
+from extmatrix.cli import main
+from extmatrix.compat import Compat, version_key
+
+EXTENSIONS = Path(__file__).resolve().parent / "extensions"
+SPEC = "extmatrix @ git+https://example.org/extmatrix@v1"
+NEWEST = max(Compat.load().facts.torch, key=version_key)
+
+
+def replace(file: str, old: str, new: str):
+    """An edit of the extension: `old`, which `file` has, becomes `new`."""
+    def edit(repo: Path) -> None:
+        path = repo / file
+        assert old in path.read_text()
+        path.write_text(path.read_text().replace(old, new, 1))
+    return edit
+
+
+ABI3 = replace("pyproject.toml", 'wheel.py-api = "py3"', 'wheel.py-api = "cp39"')  # cmake-op
+
+
+def extension(tmp_path: Path, monkeypatch, name: str, edit=None) -> Path:
+    """tests/extensions/NAME as a git repository, changed by `edit`, entered."""
+    repo = tmp_path / "repo"
+    shutil.copytree(EXTENSIONS / name, repo)
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    if edit:
+        edit(repo)
+    monkeypatch.chdir(repo)
+    return repo
+
+
+def scaffold(tmp_path: Path, monkeypatch, name: str, edit=None):
+    """The plan of the matrix init writes at the root of the extension."""
+    extension(tmp_path, monkeypatch, name, edit)
+    assert main(["init", "--engine-spec", SPEC]) == 0
+    return plan_file("matrix.yaml")
+
+
+def test_every_cell_takes_torch_from_its_flavors_index(tmp_path, monkeypatch):
+    # PyPI's Linux torch is a CUDA build: torch==X+cpu, and the CUDA flavors PyPI's is not,
+    # exist only on PyTorch's index of the flavor.
+    plan = scaffold(tmp_path, monkeypatch, "classic-cuda")
+    assert {c.family for c in plan.cells} == {"cpu", "cuda"}
+    for cell in plan.cells:
+        assert cell.index == f"https://download.pytorch.org/whl/{cell.flavor}", cell.id
+    assert next(c for c in plan.cells if c.family == "cpu").torch_spec.endswith("+cpu")
+    assert plan.matrix.defaults["rocm"].index == "https://download.pytorch.org/whl/{flavor}"
+
+
+@pytest.mark.parametrize("name, edit, abi3", [("classic-cuda", None, False),
+                                              ("cmake-op", ABI3, True)])
+def test_a_fresh_matrix_is_what_plan_outdated_asks_for(tmp_path, monkeypatch, capsys, name,
+                                                       edit, abi3):
+    plan = scaffold(tmp_path, monkeypatch, name, edit)
+    assert plan.matrix.extension.abi3 is abi3
+    capsys.readouterr()
+    assert main(["plan", "--outdated", "--check"]) == 0, capsys.readouterr().out
+    # The flavors GitHub's runners cannot build are listed for it, and excluded, saying why.
+    rocm = [d for d in plan.dropped if "rocm" in d.combo]
+    assert rocm and all("excluded by exclude" in d.reason for d in rocm)
+
+
+def test_the_pythons_are_every_living_one_the_torch_ships_for():
+    project = init.describe(EXTENSIONS / "classic-cuda")
+
+    def pythons(today: datetime.date) -> list[str]:
+        text = init.matrix_text(project, ".", Compat.load(), "2.14", today=today)
+        return yaml.safe_load(text)["axes"]["python"]
+
+    assert pythons(datetime.date(2026, 6, 1)) == ["3.10", "3.11", "3.12", "3.13", "3.14"]
+    # 3.10 reaches its end of life on 2026-10-31: `plan --outdated` would drop it.
+    assert pythons(datetime.date(2026, 12, 1)) == ["3.11", "3.12", "3.13", "3.14"]
+
+
+@pytest.mark.parametrize("name, edit", [
+    ("cmake-op", replace("pyproject.toml", '">=3.10"', '">=3.13"')),
+    ("classic-cuda", lambda repo: (repo / "setup.cfg").write_text(
+        "[options]\npython_requires = >=3.13\n")),
+    ("classic-cuda", replace("setup.py", "setup(", "setup(python_requires='>=3.13', ")),
+])
+def test_only_pythons_the_project_takes_are_listed(tmp_path, monkeypatch, name, edit):
+    plan = scaffold(tmp_path, monkeypatch, name, edit)
+    assert min(plan.matrix.axes.python, key=version_key) == "3.13"
+
+
+def test_a_python_the_project_refuses_is_a_one_line_error(tmp_path, monkeypatch, capsys):
+    repo = extension(tmp_path, monkeypatch, "cmake-op")
+    assert main(["init", "--engine-spec", SPEC, "--python", "3.9"]) == 2
+    assert capsys.readouterr().err == ("--python 3.9: pyproject.toml requires Python >=3.10; "
+                                       "pass a Python it takes\n")
+    replace("pyproject.toml", '">=3.10"', '"<3.9"')(repo)
+    assert main(["init", "--engine-spec", SPEC]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "takes none of Python" in err and "pass --torch" in err
+    replace("pyproject.toml", '"<3.9"', '"3.10+"')(repo)
+    assert main(["init", "--engine-spec", SPEC]) == 2
+    assert "requires-python '3.10+' is not a version specifier" in capsys.readouterr().err
+    assert not (repo / "matrix.yaml").exists()
+
+
+@pytest.mark.parametrize("edit", [None, ABI3])
+def test_the_default_subsets_exist_and_local_builds_without_gpu(tmp_path, monkeypatch, edit):
+    plan = scaffold(tmp_path, monkeypatch, "cmake-op", edit)
+    (local,) = plan.select("local")  # what `build` and `test-matrix` take by default
+    assert local.family == "cpu" and local.torch_series == NEWEST
+    pr = plan.select("pr")
+    assert {c.family for c in pr} == {"cpu", "cuda"}
+    pythons = plan.matrix.axes.python
+    assert {p for c in pr for p in c.test_pythons} >= {pythons[0], pythons[-1]}
+
+
+@pytest.mark.parametrize("name, triton", [("classic-cuda", False), ("triton-kernels", True)])
+def test_triton_is_required_only_by_an_extension_that_imports_it(tmp_path, monkeypatch, name,
+                                                                  triton):
+    plan = scaffold(tmp_path, monkeypatch, name)
+    for cell in plan.cells:
+        assert cell.runtime_deps == (("triton",) if triton and cell.family == "cuda" else ())
+    rocm = plan.matrix.defaults["rocm"].runtime_deps
+    assert rocm == (["pytorch-triton-rocm"] if triton else None)
+
+
+def test_a_scikit_build_wheel_for_every_python_is_read(tmp_path, monkeypatch):
+    # cp3X: a cp3X-abi3 wheel. py3: one wheel too, but with no abi3 tag, which the container
+    # backend's abi3audit refuses in an abi3 cell: abi3 stays off, and the matrix says why.
+    plan = scaffold(tmp_path, monkeypatch, "cmake-op")
+    assert plan.matrix.extension.abi3 is False
+    text = Path("matrix.yaml").read_text()
+    assert 'wheel.py-api = "py3"' in text and "abi3audit" in text
+    plan = scaffold(tmp_path / "cp", monkeypatch, "cmake-op", ABI3)
+    assert plan.matrix.extension.abi3 is True
+    assert "abi3audit" not in Path("matrix.yaml").read_text()
+
+
+@pytest.mark.parametrize("ignores, hint", [
+    ("build/\ndist/\n", "hint: git does not ignore .extmatrix/, which extmatrix runs fill "
+     "beside the matrix: add /.extmatrix/ to .gitignore\n"),
+    ("dist/\n.extmatrix/\n", None),
+])
+def test_folders_git_would_commit_are_named_not_ignored_silently(tmp_path, monkeypatch, capsys,
+                                                                 ignores, hint):
+    scaffold(tmp_path, monkeypatch, "classic-cuda",
+             lambda repo: (repo / ".gitignore").write_text(ignores))
+    err = capsys.readouterr().err
+    assert (hint in err) if hint else "hint:" not in err
+    assert Path(".gitignore").read_text() == ignores  # the maintainer's file, untouched
