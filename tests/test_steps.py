@@ -81,3 +81,165 @@ def test_nox_keeps_the_engines_usage_and_interrupt_statuses():
         assert stop.value.code == code
     with pytest.raises(nox.command.CommandFailed):
         noxfile.extmatrix(Session(1), "build")
+
+
+# uv 0.13's resolver failure, as an env step's log holds it (uv pip install --quiet).
+UV_NO_SOLUTION = """\
+$ uv pip install --quiet --python build-env/bin/python torch==2.15.0+cpu 'scikit-build-core>=0.10'
+error: No solution found when resolving dependencies
+  cause: Because there is no version of torch==2.15.0+cpu and you require torch==2.15.0+cpu, \
+we can conclude that your requirements are unsatisfiable.
+"""
+UV_CONFLICT = """\
+error: No solution found when resolving dependencies
+  cause: Because torch==2.13.0+cpu depends on sympy>=1.13.3 and you require torch==2.13.0+cpu, \
+we can conclude that you require sympy>=1.13.3.
+         And because you require sympy==1.0, we can conclude that your requirements are \
+unsatisfiable.
+
+hint: `sympy` was found on https://pypi.example.org/simple, but not at the requested version.
+"""
+UV_UNREACHABLE = """\
+error: Request failed after 3 retries in 11.3s
+  cause: Failed to fetch: http://127.0.0.1:9/simple/numpy/
+  cause: error sending request for url (http://127.0.0.1:9/simple/numpy/)
+  cause: client error (Connect)
+  cause: tcp connect error
+  cause: Connection refused (os error 111)
+"""
+
+
+def test_first_cause_gives_uvs_reason_not_its_headline(tmp_path):
+    assert steps.first_cause(UV_NO_SOLUTION) == (
+        "No solution found when resolving dependencies: Because there is no version of "
+        "torch==2.15.0+cpu and you require torch==2.15.0+cpu, we can conclude that your "
+        "requirements are unsatisfiable.")
+    assert steps.first_cause(UV_CONFLICT) == (
+        "No solution found when resolving dependencies: Because torch==2.13.0+cpu depends on "
+        "sympy>=1.13.3 and you require torch==2.13.0+cpu, we can conclude that you require "
+        "sympy>=1.13.3. And because you require sympy==1.0, we can conclude that your "
+        "requirements are unsatisfiable.")
+    assert steps.first_cause(UV_UNREACHABLE) == (
+        "Request failed after 3 retries in 11.3s: Connection refused (os error 111)")
+    log = steps.Steps(tmp_path / "build.log")
+    with pytest.raises(StepFailed) as failed:
+        log.run("env", [sys.executable, "-c", f"import sys; print({UV_NO_SOLUTION!r}); "
+                                              "sys.exit(1)"])
+    log.close()
+    assert failed.value.detail.startswith(
+        "env failed (exit 1): No solution found when resolving dependencies: Because there "
+        "is no version of torch==2.15.0+cpu")
+
+
+# pytest -q -rs (how the tests step runs it): no FAILED/ERROR summary lines.
+PYTEST_COLLECTION_ERROR = """\
+
+==================================== ERRORS ====================================
+_________________________ ERROR collecting test_rowops.py _________________________
+ImportError while importing test module '/home/ci/ext/test/test_rowops.py'.
+Hint: make sure your test modules/packages have valid Python names.
+Traceback:
+/usr/lib/python3.11/importlib/__init__.py:126: in import_module
+    return _bootstrap._gcd_import(name[level:], package, level)
+           ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^
+test_rowops.py:3: in <module>
+    from torch_rowops import row_max, row_sum
+E   ImportError: cannot import name 'row_max' from 'torch_rowops' (/home/ci/test-env/lib/\
+python3.11/site-packages/torch_rowops/__init__.py)
+!!!!!!!!!!!!!!!!!!!! Interrupted: 1 error during collection !!!!!!!!!!!!!!!!!!!!
+1 error in 0.35s
+"""
+# A test failing inside a helper whose signature has a parameter named `error`.
+PYTEST_FAILURE = """\
+.F                                                                       [100%]
+=================================== FAILURES ===================================
+_________________________________ test_opcheck _________________________________
+
+    def test_opcheck():
+>       opcheck("row_sum", (1,))
+
+test_ops.py:4: \n\
+_ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ \n\
+
+op = 'row_sum', args = (1,), error = None, atol = None
+
+    def opcheck(
+        op,
+        args,
+        *,
+        error: RuntimeError | None = None,
+        atol=None,
+    ):
+>       raise RuntimeError("opcheck(op, ...): test_schema failed with The schema of \
+row_sum is wrong")
+E       RuntimeError: opcheck(op, ...): test_schema failed with The schema of row_sum is wrong
+
+helpers.py:8: RuntimeError
+1 failed, 1 passed in 0.03s
+"""
+PYTEST_ASSERT_AND_FIXTURE = """\
+FE                                                                       [100%]
+==================================== ERRORS ====================================
+___________________________ ERROR at setup of test_a ___________________________
+
+    @pytest.fixture
+    def dev():
+>       raise ValueError("no device")
+E       ValueError: no device
+
+conftest.py:4: ValueError
+=================================== FAILURES ===================================
+__________________________________ test_plain __________________________________
+
+    def test_plain():
+>       assert [1, 2] == [1, 3]
+E       assert [1, 2] == [1, 3]
+E         \n\
+E         At index 1 diff: 2 != 3
+E         Use -v to get more diff
+
+test_assert.py:5: AssertionError
+1 failed, 1 error in 0.03s
+"""
+# With -rfE: the summary, its message cut to the terminal's width.
+PYTEST_SUMMARY = """\
+E       KeyError: 'k'
+
+test_ops.py:6: KeyError
+=========================== short test summary info ============================
+FAILED test_ops.py::test_opcheck - RuntimeError: opcheck(op, ...): test_sch...
+FAILED test_ops.py::test_two - KeyError: 'k'
+2 failed, 1 passed in 0.02s
+"""
+
+
+def test_first_cause_of_pytest_output_is_what_the_test_raised():
+    assert steps.first_cause(PYTEST_COLLECTION_ERROR) == (
+        "ERROR collecting test_rowops.py: ImportError: cannot import name 'row_max' from "
+        "'torch_rowops' (/home/ci/test-env/lib/python3.11/site-packages/torch_rowops/"
+        "__init__.py)")
+    # Never the traceback's source line `error: RuntimeError | None = None,`.
+    expected = ("test_opcheck: RuntimeError: opcheck(op, ...): test_schema failed with The "
+                "schema of row_sum is wrong")
+    assert steps.first_cause(PYTEST_FAILURE) == expected
+    assert steps.first_cause(PYTEST_FAILURE.replace("1 failed, 1 passed in 0.03s\n", ""),
+                             step="tests") == expected
+    assert steps.first_cause(PYTEST_ASSERT_AND_FIXTURE) == \
+        "ERROR at setup of test_a: ValueError: no device"
+    assert steps.first_cause(PYTEST_ASSERT_AND_FIXTURE.split("=== FAILURES")[1]) == \
+        "test_plain: assert [1, 2] == [1, 3]"
+    assert steps.first_cause(PYTEST_FAILURE.replace("helpers.py:8: RuntimeError", PYTEST_SUMMARY)) \
+        == f"FAILED test_ops.py::test_opcheck - {expected.split(': ', 1)[1]}"
+    assert steps.first_cause(PYTEST_SUMMARY) == \
+        "FAILED test_ops.py::test_opcheck - RuntimeError: opcheck(op, ...): test_sch..."
+
+
+def test_the_tests_step_says_what_failed_not_pytests_tally():
+    from extmatrix.backends import local
+
+    assert local.test_failure(2, PYTEST_COLLECTION_ERROR, {}).startswith(
+        "tests failed (exit 2): ERROR collecting test_rowops.py: ImportError: cannot import "
+        "name 'row_max'")
+    assert local.test_failure(1, PYTEST_FAILURE, {}) == (
+        "tests failed (exit 1): test_opcheck: RuntimeError: opcheck(op, ...): test_schema "
+        "failed with The schema of row_sum is wrong")

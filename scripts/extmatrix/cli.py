@@ -19,8 +19,12 @@ Handler = Callable[[argparse.Namespace], int]
 _COMMANDS: dict[str, Handler] = {}
 
 
+def _default_matrix() -> str:
+    return os.environ.get("EXTMATRIX_MATRIX", "matrix.yaml")
+
+
 def _selection_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--matrix", default=os.environ.get("EXTMATRIX_MATRIX", "matrix.yaml"),
+    parser.add_argument("--matrix", default=_default_matrix(),
                         help="matrix file (default: matrix.yaml, or $EXTMATRIX_MATRIX)")
     parser.add_argument("--subset", help="a named subset from the matrix file (e.g. pr, local)")
     parser.add_argument("--cell", action="append", default=[], metavar="ID",
@@ -33,9 +37,17 @@ def selected(args: argparse.Namespace, default_subset: str | None = None
              ) -> tuple[Plan, list[Cell]]:
     plan = plan_file(args.matrix)
     subset = args.subset
+    everything = False
     if subset is None and not args.cell and not args.patterns and default_subset:
         subset = default_subset if default_subset in plan.matrix.subsets else None
-    return plan, plan.select(subset, args.cell, args.patterns)
+        everything = subset is None
+    cells = plan.select(subset, args.cell, args.patterns)
+    if everything:
+        # Every cell may mean every CUDA torch (GBs each): say so, and how to ask for less.
+        print(f"# {args.matrix} has no '{default_subset}' subset: all {len(cells)} cells "
+              f"selected; narrow with --subset, --cell or -k, or add a '{default_subset}' "
+              "subset to the matrix", file=sys.stderr)
+    return plan, cells
 
 
 class _Parser(argparse.ArgumentParser):
@@ -252,7 +264,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("repro", help="rebuild and retest one cell, printing every command")
     p.add_argument("cell_id", metavar="CELL")
-    p.add_argument("--matrix", default=os.environ.get("EXTMATRIX_MATRIX", "matrix.yaml"))
+    p.add_argument("--matrix", default=_default_matrix())
     p.add_argument("--backend", choices=run.BACKENDS, default="local")
     p.add_argument("--dist", help="results folder (default: dist/ beside the matrix)")
     p.add_argument("--require-gpu", action="store_true")
@@ -314,7 +326,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     previous = _stop_on_sigterm()
     try:
-        return _COMMANDS[args.command](args)
+        with report.repro_matrix(_named_matrix(args)):
+            return _COMMANDS[args.command](args)
     except UserError as exc:
         print(f"extmatrix: {exc}" if exc.where is None else str(exc), file=sys.stderr)
         return 2
@@ -337,6 +350,14 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+def _named_matrix(args: argparse.Namespace) -> str | None:
+    """The --matrix a printed command must repeat: none for the one found without it."""
+    given = getattr(args, "matrix", None)
+    if given is None or Path(given).resolve() == Path(_default_matrix()).resolve():
+        return None
+    return given
 
 
 def _stop_on_sigterm():

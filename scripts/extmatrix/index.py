@@ -12,13 +12,14 @@ from __future__ import annotations
 import hashlib
 import html
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from .cells import Cell
 from .errors import UserError
+from .wheels import for_every_python
 from .workspace import last_good
 
 
@@ -49,7 +50,28 @@ def collect(dist: Path, cells: list[Cell]) -> list[Entry]:
         digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
         entries += [Entry(page, wheel, canonicalize_name(name), digest)
                     for page in page_names(cell)]
-    return entries
+    return _one_per_name(dist, entries, {c.id: c for c in cells})
+
+
+def _one_per_name(dist: Path, entries: list[Entry], cells: dict[str, Cell]) -> list[Entry]:
+    """An index holds one file per name. Cells whose wheels are the same bytes publish it
+    once; different wheels of one name (a py3-none wheel built per Python) would be one
+    file listed with two hashes, and pip refuses whichever it did not download."""
+    first: dict[str, Entry] = {}
+    for entry in entries:
+        seen = first.setdefault(entry.wheel.name, entry)
+        if seen.sha256 == entry.sha256:
+            continue
+        a, b = cells[seen.wheel.parent.name], cells[entry.wheel.parent.name]
+        fix = "publish one of them: leave the other cell out with --cell, -k or --subset"
+        if for_every_python(entry.wheel.name) and not (a.abi3 or b.abi3):
+            fix = ("its tags serve every Python, yet abi3: false builds it once per Python: "
+                   "set extension.abi3: true in the matrix to build it once and test it on "
+                   "each Python")
+        raise UserError(str(dist), f"{a.id} and {b.id} built different wheels named "
+                        f"{entry.wheel.name}, and an index holds one file per name", fix)
+    # Byte-identical wheels: the first cell's file stands for all, listed once per page.
+    return list(dict.fromkeys(replace(e, wheel=first[e.wheel.name].wheel) for e in entries))
 
 
 def build(dist: Path, cells: list[Cell], out: Path, base_url: str | None) -> list[Path]:

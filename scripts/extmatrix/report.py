@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable
+import shlex
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -267,10 +270,34 @@ def summary_table(reports: list[CellReport], strict: bool = False) -> Table:
     return table
 
 
+# The --matrix a repro command must repeat; None where `extmatrix` finds that matrix itself.
+_MATRIX: ContextVar[str | None] = ContextVar("repro_matrix", default=None)
+
+
+@contextmanager
+def repro_matrix(matrix: str | None) -> Iterator[None]:
+    """Within: the repro commands printed name `matrix` (the CLI sets it for its run)."""
+    token = _MATRIX.set(matrix)
+    try:
+        yield
+    finally:
+        _MATRIX.reset(token)
+
+
+def repro_command(cell: str, backend: str) -> str:
+    """What rebuilds and retests one cell, printing every command; the engine's own command,
+    for a project of the maintainer's has no noxfile."""
+    args = ["extmatrix", "repro", cell]
+    if backend != "local":
+        args += ["--backend", backend]
+    if (matrix := _MATRIX.get()) is not None:
+        args += ["--matrix", matrix]
+    return shlex.join(args)
+
+
 def repro_lines(reports: list[CellReport], backend: str, strict: bool = False) -> list[str]:
-    flag = "" if backend == "local" else f" --backend {backend}"
     return [f"{r.cell}: {first_line(r.reason or r.cross_check) or r.build}\n"
-            f"    reproduce: nox -s repro -- {r.cell}{flag}"
+            f"    reproduce: {repro_command(r.cell, backend)}"
             for r in reports if failure(r, strict)]
 
 
@@ -282,6 +309,5 @@ def summary_markdown(reports: list[CellReport], backend: str, strict: bool = Fal
     failed = [r for r in reports if failure(r, strict)]
     if failed:
         lines += ["", "Failed cells:", ""]
-        flag = "" if backend == "local" else f" --backend {backend}"
-        lines += [f"- `{r.cell}`: `nox -s repro -- {r.cell}{flag}`" for r in failed]
+        lines += [f"- `{r.cell}`: `{repro_command(r.cell, backend)}`" for r in failed]
     return "\n".join(lines) + "\n"

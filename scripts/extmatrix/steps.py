@@ -146,7 +146,7 @@ class Steps:
         if _cancel.is_set():
             raise Interrupted(step)
         if check and code != 0:
-            cause = first_cause(self.output_since(start))
+            cause = first_cause(self.output_since(start), step=step)
             raise StepFailed(step, f"{step} failed (exit {code}): "
                                    f"{cause or 'no error message'}; see {self.shown}")
         return subprocess.CompletedProcess(cmd, code)
@@ -190,18 +190,33 @@ _NOISE = re.compile(
 _COMPILER = re.compile(r"(?:^|[\s:)])(?:fatal )?error(?: [A-Z]+\d+)?:\s*\S", re.IGNORECASE)
 _PIP = re.compile(r"^(?:ERROR|error): \S")
 _RESOLVER = re.compile(r"^\s*(?:╰─▶|×)\s*(?P<msg>.+)")
+# uv 0.13 and later: "error: No solution found …", then why, indented: "  cause: Because …"
+# (wrapped onto deeper lines); a chain of causes ends with the root one.
+_UV_CAUSE = re.compile(r"^\s+(?:cause|Caused by):\s*(?P<msg>\S.*)")
 _CIBUILDWHEEL = re.compile(r"^cibuildwheel: error:\s*(?P<msg>.*)$")
 _EXCEPTION = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Za-z_]\w*(?:Error|Exception|Exit): .+")
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+# pytest's closing tally ("2 failed, 1 passed in 0.08s"), the rule that opens a test's
+# section ("____ test_x ____"), a short-summary line, and a traceback's "E   " line.
+_PYTEST_TALLY = re.compile(r"^=*\s*(?:(?:\d+ \w+|no tests ran)(?:, )?)+ in \d[\d.]*s\b")
+_PYTEST_SECTION = re.compile(r"^_{3,} (?P<name>.+?) _{3,}$")
+_PYTEST_SUMMARY = re.compile(r"^(?P<head>(?:FAILED|ERROR) \S.*?)(?: - (?P<msg>.+))?$")
+_PYTEST_E = re.compile(r"^E\s+(?!\[\s*\d+%\]$)(?P<msg>\S.*)")  # not progress: "E   [100%]"
 
 
-def first_cause(output: str, limit: int = 300) -> str | None:
+def first_cause(output: str, limit: int = 300, *, step: str | None = None) -> str | None:
     """The line of a failed command's output that says what went wrong.
 
     The compiler's first error, else the resolver's or pip's own message, else the
-    last exception a Python tool raised, else the last line printed."""
+    last exception a Python tool raised, else the last line printed. Of pytest's output
+    (the tests step, or output that closes with pytest's tally), what the first failing
+    test raised: a traceback's source lines are no compiler's, nor any tool's, errors."""
     lines = [_ANSI.sub("", raw).strip() for raw in output.splitlines()]
     lines = [line for line in lines if line and not line.startswith(("$ ", "# "))]
+    if not lines:
+        return None
+    if step == "tests" or any(_PYTEST_TALLY.match(line) for line in lines):
+        return _shorten(_pytest_cause(lines) or _last_exception(lines) or lines[-1], limit)
     meaningful = [line for line in lines if not _NOISE.search(line)]
 
     def pick(predicate) -> str | None:
@@ -211,6 +226,7 @@ def first_cause(output: str, limit: int = 300) -> str | None:
     if found is None:
         resolver = [_RESOLVER.match(line) for line in meaningful]
         found = next((m["msg"] for m in reversed(resolver) if m and "╰─▶" in m.group(0)), None)
+        found = found or _uv_cause(output)
         found = found or next((m["msg"] for m in resolver if m), None)
     found = found or pick(lambda line: _PIP.match(line) is not None)
     if found is None:
@@ -219,11 +235,58 @@ def first_cause(output: str, limit: int = 300) -> str | None:
         for at, line in enumerate(meaningful):
             if (said := _CIBUILDWHEEL.match(line)) is not None:
                 found = said["msg"] or next(iter(meaningful[at + 1:at + 2]), None)
-    if found is None:
-        raised = [line for line in meaningful if _EXCEPTION.match(line)]
-        found = raised[-1] if raised else None
-    found = found or (meaningful or lines or [None])[-1]
-    if found is None:
-        return None
+    return _shorten(found or _last_exception(meaningful) or (meaningful or lines)[-1], limit)
+
+
+def _shorten(found: str, limit: int) -> str:
     found = redact(found)
     return found if len(found) <= limit else found[: limit - 1] + "…"
+
+
+def _last_exception(lines: list[str]) -> str | None:
+    return next((line for line in reversed(lines) if _EXCEPTION.match(line)), None)
+
+
+def _uv_cause(output: str) -> str | None:
+    """uv's "error:" line with the root of the causes under it: what failed, then why."""
+    error, cause = "", []
+    depth = None  # inside an "error:" block: the indent of its latest cause
+    for raw in output.splitlines():
+        line = _ANSI.sub("", raw).rstrip()
+        indent = len(line) - len(line.lstrip())
+        if line.startswith("error: "):
+            error, cause, depth = line[len("error: "):], [], 0
+        elif depth is not None and (said := _UV_CAUSE.match(line)) is not None:
+            cause, depth = [said["msg"]], indent
+        elif depth and indent > depth:
+            cause.append(line.strip())
+        else:
+            depth = None
+    return f"{error}: {' '.join(cause)}" if cause else None
+
+
+def _pytest_cause(lines: list[str]) -> str | None:
+    """pytest's first FAILED/ERROR summary line, its message completed from the traceback
+    where the summary cut it short; without one (-rs leaves them out), what the first
+    failing test raised, named by its section ("test_x", "ERROR collecting t.py")."""
+    raised: dict[str, str] = {}  # section -> the exception its "E" lines show, in order
+    section = ""
+    for line in lines:
+        if (rule := _PYTEST_SECTION.match(line)) is not None:
+            section = rule["name"]
+        elif (e := _PYTEST_E.match(line)) is not None:
+            kept = raised.get(section)
+            # "Exc: msg" over a section's other E lines (an assert's operands, a diff)
+            if kept is None or (_EXCEPTION.match(e["msg"]) and not _EXCEPTION.match(kept)):
+                raised[section] = e["msg"]
+    summary = next((m for line in lines if (m := _PYTEST_SUMMARY.match(line))), None)
+    if summary is None:
+        return next((f"{s}: {m}" if s else m for s, m in raised.items()), None)
+    if summary["msg"] and not summary["msg"].endswith("..."):
+        return summary.group(0)
+    # A bare "ERROR t/test_x.py" is a collection error; the section names the file from the
+    # rootdir ("ERROR collecting test_x.py"), the summary from where pytest was started.
+    cut, test = (summary["msg"] or "").removesuffix("..."), summary["head"].rsplit("/", 1)[-1]
+    full = next((m for s, m in raised.items() if m.startswith(cut) and (cut or s.endswith(test))),
+                None)
+    return f"{summary['head']} - {full}" if full else summary.group(0)

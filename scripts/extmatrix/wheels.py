@@ -22,6 +22,7 @@ from pathlib import Path
 from packaging.markers import UndefinedEnvironmentName
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import SpecifierSet
+from packaging.tags import compatible_tags, cpython_tags
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 from wheel.wheelfile import WheelFile
@@ -76,6 +77,8 @@ def _requirements(requires: list[str]) -> list[Requirement | None]:
 def inspect(wheel: Path, cell: Cell, cuobjdump: Path | None) -> WheelFacts:
     version, requires = metadata(wheel)
     facts = WheelFacts(wheel.name, wheel.stat().st_size, version, requires)
+    if not cell.abi3 and (foreign := _foreign_python(wheel.name, cell.python)):
+        facts.problems.append(foreign)
     if not version.endswith(f"+{cell.local_version}"):
         facts.problems.append(f"version {version} lacks the local label +{cell.local_version}")
     parsed = _requirements(requires)
@@ -100,6 +103,31 @@ def inspect(wheel: Path, cell: Cell, cuobjdump: Path | None) -> WheelFacts:
     if cell.stable:
         _stable_abi(wheel, facts)
     return facts
+
+
+def _foreign_python(name: str, python: str) -> str | None:
+    """Why CPython `python` would not install a per-Python cell's wheel: another Python
+    built it. A wheel for every Python (py3-none: a TORCH_LIBRARY library links no
+    libpython; cp39-abi3) installs and is sound, so it passes; each Python's cell then
+    makes a file of that one name: `extmatrix index` publishes it once, and refuses
+    where those files differ."""
+    try:
+        tags = parse_wheel_filename(name)[3]
+    except (InvalidWheelFilename, InvalidVersion):
+        return None  # stamp refuses such a name before the wheel is checked
+    version = tuple(int(p) for p in python.rstrip("t").split("."))
+    platforms = {t.platform for t in tags}
+    installs = {*cpython_tags(version, ["cp" + python.replace(".", "")], platforms),
+                *compatible_tags(version, f"cp{version[0]}{version[1]}", platforms)}
+    if not installs.isdisjoint(tags):
+        return None
+    tag = "-".join(name.removesuffix(".whl").split("-")[-3:])
+    return f"is tagged {tag}, which CPython {python} does not install: another Python built it"
+
+
+def for_every_python(name: str) -> bool:
+    """Whether a wheel's tags name no one Python's ABI (py3-none, cp39-abi3)."""
+    return all(t.abi in ("none", "abi3") for t in parse_wheel_filename(name)[3])
 
 
 def _libraries(zf: zipfile.ZipFile) -> list[str]:

@@ -1,0 +1,88 @@
+"""What the CLI tells a maintainer to do next: a repro command that works in their project,
+and which cells a run takes when the matrix has no `local` subset."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from extmatrix import cli, report
+from extmatrix.cli import main
+from extmatrix.report import CellReport
+
+MATRIX = """\
+extension: {name: demo, import: demo, path: ext, abi3: false}
+axes:
+  torch: ["2.13"]
+  flavor: [cpu, cu130]
+  python: ["3.11", "3.12"]
+flavors:
+  cpu: {}
+  cu130: {archs: ["9.0"]}
+"""
+CELL = "py3.11-torch2.13-cpu"
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch) -> Path:
+    (tmp_path / "ci" / "ext" / "tests").mkdir(parents=True)
+    (tmp_path / "ci" / "ext" / "pyproject.toml").write_text("[project]\nname = 'demo'\n")
+    (tmp_path / "ci" / "extmatrix.yaml").write_text(MATRIX)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("EXTMATRIX_MATRIX", raising=False)
+    monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
+    return tmp_path
+
+
+def reproduce(capsys, *args: str) -> list[str]:
+    """The repro commands a failed run prints (a test without a build fails at once)."""
+    assert main(["test-matrix", "--cell", CELL, "--dist", "out", *args]) == 1
+    return [line.strip() for line in capsys.readouterr().err.splitlines()
+            if "reproduce:" in line]
+
+
+def test_repro_hint_is_the_engines_command_with_the_matrix_it_needs(project, monkeypatch,
+                                                                    capsys):
+    assert reproduce(capsys, "--matrix", "ci/extmatrix.yaml") == [
+        f"reproduce: extmatrix repro {CELL} --matrix ci/extmatrix.yaml"]
+    # The matrix the engine finds by itself needs no --matrix.
+    monkeypatch.setenv("EXTMATRIX_MATRIX", "ci/extmatrix.yaml")
+    assert reproduce(capsys) == [f"reproduce: extmatrix repro {CELL}"]
+    assert reproduce(capsys, "--matrix", str(project / "ci" / "extmatrix.yaml")) == [
+        f"reproduce: extmatrix repro {CELL}"]
+    monkeypatch.delenv("EXTMATRIX_MATRIX")
+    (project / "matrix.yaml").write_text(MATRIX.replace("path: ext", "path: ci/ext"))
+    assert reproduce(capsys, "--matrix", "./matrix.yaml") == [
+        f"reproduce: extmatrix repro {CELL}"]
+
+
+def test_repro_hint_in_the_step_summary_and_for_containers():
+    failed = [CellReport(cell=CELL, backend="container", build="failed", reason="boom")]
+    with report.repro_matrix("my matrix.yaml"):
+        assert report.repro_lines(failed, "container")[0].endswith(
+            f"reproduce: extmatrix repro {CELL} --backend container --matrix 'my matrix.yaml'")
+        assert (f"- `{CELL}`: `extmatrix repro {CELL} --backend container --matrix "
+                "'my matrix.yaml'`") in report.summary_markdown(failed, "container")
+    assert report.repro_lines(failed, "local")[0].endswith(f"reproduce: extmatrix repro {CELL}")
+
+
+def select(*args: str) -> list[str]:
+    parsed = cli.build_parser().parse_args(["build", "--matrix", "ci/extmatrix.yaml", *args])
+    return [c.id for c in cli.selected(parsed, default_subset="local")[1]]
+
+
+def test_no_local_subset_selects_every_cell_and_says_so(project, capsys):
+    assert len(select()) == 4
+    assert capsys.readouterr().err.splitlines() == [
+        "# ci/extmatrix.yaml has no 'local' subset: all 4 cells selected; narrow with "
+        "--subset, --cell or -k, or add a 'local' subset to the matrix"]
+    assert select("--cell", CELL) == [CELL]
+    assert len(select("-k", "*-cpu")) == 2
+    assert capsys.readouterr().err == ""
+    (project / "ci" / "extmatrix.yaml").write_text(MATRIX + f"subsets:\n  local: [{CELL}]\n")
+    assert select() == [CELL]
+    assert capsys.readouterr().err == ""
+    (project / "ci" / "extmatrix.yaml").write_text(MATRIX)
+    assert main(["plan", "--matrix", "ci/extmatrix.yaml", "--json"]) == 0
+    assert capsys.readouterr().err == ""  # plan shows every cell by design: nothing to say

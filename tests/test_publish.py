@@ -1,0 +1,115 @@
+"""What may be published: one file per wheel name in an index, and a per-Python cell's wheel
+built for that Python."""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from extmatrix import wheels
+from extmatrix.cells import plan_file
+from extmatrix.cli import main
+
+MATRIX = """\
+extension: {{name: fastclip, import: fastclip, path: ext, abi3: {abi3}}}
+axes:
+  torch: ["2.13"]
+  flavor: [cpu]
+  python: ["3.11", "3.12", "3.14t"]
+flavors:
+  cpu: {{}}
+"""
+# scikit-build-core's wheel.py-api = "py3": one name whichever Python builds it.
+PY3 = "fastclip-0.2.0+pt213cpu-py3-none-linux_x86_64.whl"
+
+
+def matrix(tmp_path: Path, abi3: str = "false") -> Path:
+    (tmp_path / "ext" / "tests").mkdir(parents=True, exist_ok=True)
+    (tmp_path / "ext" / "pyproject.toml").write_text("[project]\nname = 'fastclip'\n")
+    (tmp_path / "matrix.yaml").write_text(MATRIX.format(abi3=abi3))
+    return tmp_path / "matrix.yaml"
+
+
+def built(dist: Path, cell: str, name: str, data: bytes) -> None:
+    """A cell's last good build, as `extmatrix build` leaves it."""
+    (dist / cell).mkdir(parents=True)
+    (dist / cell / name).write_bytes(data)
+    (dist / cell / "last-good.json").write_text(json.dumps({"build": "built", "wheel": name}))
+
+
+def index(tmp_path: Path, *cells: str) -> int:
+    return main(["index", "--matrix", str(tmp_path / "matrix.yaml"), "--dist",
+                 str(tmp_path / "dist"), *(arg for c in cells for arg in ("--cell", c))])
+
+
+def test_index_refuses_two_different_wheels_of_one_name(tmp_path, capsys):
+    matrix(tmp_path)
+    built(tmp_path / "dist", "py3.11-torch2.13-cpu", PY3, b"built by 3.11")
+    built(tmp_path / "dist", "py3.12-torch2.13-cpu", PY3, b"built by 3.12")
+    assert index(tmp_path) == 2
+    err = capsys.readouterr().err
+    assert err.splitlines() == [
+        f"{tmp_path / 'dist'}: py3.11-torch2.13-cpu and py3.12-torch2.13-cpu built different "
+        f"wheels named {PY3}, and an index holds one file per name; its tags serve every "
+        "Python, yet abi3: false builds it once per Python: set extension.abi3: true in the "
+        "matrix to build it once and test it on each Python"]
+    assert not (tmp_path / "dist" / "index").exists()  # nothing half-published
+
+
+def test_index_publishes_byte_identical_wheels_of_one_name_once(tmp_path, capsys):
+    matrix(tmp_path)
+    for cell in ("py3.11-torch2.13-cpu", "py3.12-torch2.13-cpu"):
+        built(tmp_path / "dist", cell, PY3, b"the same bytes")
+    assert index(tmp_path) == 0, capsys.readouterr().err
+    out = tmp_path / "dist" / "index"
+    assert [p.name for p in (out / "wheels").iterdir()] == [PY3]
+    for page in (out / "torch-2.13.0+cpu.html",
+                 out / "torch-2.13.0+cpu" / "simple" / "fastclip" / "index.html"):
+        assert page.read_text().count(f">{PY3}</a>") == 1
+
+
+def test_a_collision_of_cells_that_are_not_per_python_names_the_cells_to_choose_from(
+        tmp_path, capsys):
+    matrix(tmp_path, abi3="true")  # 3.14t is a cell of its own: the stable ABI leaves it out
+    built(tmp_path / "dist", "torch2.13-cpu", PY3, b"regular")
+    built(tmp_path / "dist", "py3.14t-torch2.13-cpu", PY3, b"free-threaded")
+    assert index(tmp_path) == 2
+    assert capsys.readouterr().err.strip().endswith(
+        "an index holds one file per name; publish one of them: leave the other cell out "
+        "with --cell, -k or --subset")
+    assert index(tmp_path, "torch2.13-cpu") == 0
+
+
+def fake_wheel(folder: Path, name: str) -> Path:
+    path = folder / name
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr("fastclip-0.2.0+pt213cpu.dist-info/METADATA",
+                    "Metadata-Version: 2.1\nName: fastclip\nVersion: 0.2.0+pt213cpu\n"
+                    "Requires-Dist: torch==2.13.*\n")
+        zf.writestr("fastclip/_C.so", b"\x7fELF")
+    return path
+
+
+@pytest.mark.parametrize(("cell", "tag", "problem"), [
+    ("py3.11-torch2.13-cpu", "cp311-cp311-linux_x86_64", None),
+    # A TORCH_LIBRARY library links no libpython: one wheel is right for every Python.
+    ("py3.11-torch2.13-cpu", "py3-none-linux_x86_64", None),
+    ("py3.11-torch2.13-cpu", "cp39-abi3-linux_x86_64", None),
+    ("py3.14t-torch2.13-cpu", "cp314-cp314t-linux_x86_64", None),
+    ("py3.11-torch2.13-cpu", "cp312-cp312-linux_x86_64",
+     "is tagged cp312-cp312-linux_x86_64, which CPython 3.11 does not install: another "
+     "Python built it"),
+    ("py3.11-torch2.13-cpu", "cp312-abi3-linux_x86_64",
+     "is tagged cp312-abi3-linux_x86_64, which CPython 3.11 does not install: another "
+     "Python built it"),
+    ("py3.14t-torch2.13-cpu", "cp314-cp314-linux_x86_64",
+     "is tagged cp314-cp314-linux_x86_64, which CPython 3.14t does not install: another "
+     "Python built it"),
+])
+def test_a_per_python_cells_wheel_is_for_its_python(tmp_path, cell, tag, problem):
+    plan = plan_file(matrix(tmp_path))
+    wheel = fake_wheel(tmp_path, f"fastclip-0.2.0+pt213cpu-{tag}.whl")
+    assert wheels.inspect(wheel, plan.cell(cell), None).problems == ([problem] if problem else [])
