@@ -134,6 +134,30 @@ def test_outdated_proposes_the_new_torch_with_its_flavors_and_pythons(tmp_path, 
     assert "# add torch 2.15" in capsys.readouterr().out
 
 
+def test_outdated_keeps_to_the_pythons_the_project_accepts(tmp_path, capsys):
+    (tmp_path / "ext" / "tests").mkdir(parents=True)
+    (tmp_path / "ext" / "pyproject.toml").write_text(
+        "[project]\nname = 'demo'\nrequires-python = '>=3.13'\n")
+    path = tmp_path / "matrix.yaml"
+    path.write_text(textwrap.dedent("""\
+        extension: {name: demo, import: demo}
+        axes:
+          torch: ["2.15"]
+          flavor: [cpu, cu130, cu132, rocm7.14, rocm10.0]
+          python: ["3.12", "3.13", "3.14", "3.15"]
+        flavors:
+          cpu: {}
+          cu130: {archs: ["8.0"]}
+          cu132: {archs: ["8.0"]}
+          rocm7.14: {archs: [gfx942]}
+          rocm10.0: {archs: [gfx942]}
+        """))
+    assert main(["plan", "--matrix", str(path), "--outdated", "--check"]) == 1
+    out = capsys.readouterr().out
+    assert "# drop python 3.12: the project requires Python >=3.13\n" in out
+    assert "add python" not in out  # 3.11 is supported by torch 2.15, refused by the project
+
+
 def test_facts_that_hold_for_one_patch_or_one_rocm_index_only(tmp_path, capsys):
     exact = matrix(tmp_path, "2.12.0", "cu129", "{archs: ['9.0']}")
     assert main(["plan", "--matrix", str(exact)]) == 2

@@ -200,8 +200,10 @@ def _outdated(plan: Plan, check: bool) -> int:
     import datetime
 
     from . import outdated
+    from .project import requires_python
 
-    found = outdated.changes(plan, datetime.date.today())
+    ext_dir = Path(plan.source.file).parent / plan.matrix.extension.path
+    found = outdated.changes(plan, datetime.date.today(), requires_python(ext_dir)[0])
     if not found:
         print(f"{plan.source.file}: up to date with the compatibility facts", file=sys.stderr)
         return 0
@@ -306,7 +308,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", default="matrix.yaml", help="the matrix file to write")
     p.add_argument("--torch", help="torch release (X.Y) to start with; default: the newest")
     p.add_argument("--python", action="append", metavar="3.X",
-                   help="a Python to build for; repeat; default: the torch's oldest and newest")
+                   help="a Python to build for; repeat; default: every Python the torch "
+                   "ships for that is alive and the project accepts")
     p.add_argument("--engine-spec",
                    help="what the workflow pip-installs to get the engine, e.g. "
                    "'extmatrix @ git+https://github.com/OWNER/extmatrix@TAG'; default: the "

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
-from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 
 from .cells import repository
@@ -28,10 +28,11 @@ from .compat import Compat, TorchFacts, version_key
 from .errors import UserError
 from .outdated import python_end_of_life
 from .project import (
+    accepts_python,
     not_ignored,
     pyproject_value,
+    requires_python,
     static_name,
-    static_requires_python,
     versioned_by_git,
 )
 from .toolchain import FIRST_PYPI_CUDA
@@ -57,9 +58,7 @@ class Project:
     triton: bool = False  # the package imports triton: its GPU wheels require it
 
     def accepts(self, python: str) -> bool:
-        # pip compares the interpreter's full version, and a runner has each minor's newest
-        # patch: a high one stands for it (>=3.10.2 takes 3.10; <=3.12 only 3.12.0).
-        return self.requires_python.contains(f"{python}.99")
+        return accepts_python(self.requires_python, python)
 
 
 def describe(ext_dir: Path) -> Project:
@@ -80,16 +79,8 @@ def describe(ext_dir: Path) -> Project:
     import_name = _import_name(ext_dir, name)
     package = next(d for d in (ext_dir / "src" / import_name, ext_dir / import_name)
                    if d.is_dir())
-    specifier, stated_in = SpecifierSet(), ""
-    if stated := static_requires_python(ext_dir):
-        text, stated_in = stated
-        try:
-            specifier = SpecifierSet(text)
-        except InvalidSpecifier:
-            raise UserError(str(ext_dir / stated_in), f"requires-python '{text}' is not a "
-                            "version specifier", "write one such as '>=3.10'") from None
-    return Project(name, import_name, tests, abi3, specifier,
-                   str(ext_dir / stated_in) if stated_in else "", py_api,
+    specifier, stated_in = requires_python(ext_dir)
+    return Project(name, import_name, tests, abi3, specifier, stated_in, py_api,
                    _imports_triton(package))
 
 

@@ -14,8 +14,11 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from packaging.specifiers import SpecifierSet
+
 from .cells import Plan
 from .compat import series, version_key
+from .project import accepts_python
 
 # PEP 602: five years of support from each October release. A fact of the calendar, not
 # of torch: kept here, next to the one rule that reads it.
@@ -44,8 +47,12 @@ def flavors_of(plan: Plan, torch_series: str) -> list[str]:
             + [f"rocm{v}" for v in facts.rocm])
 
 
-def changes(plan: Plan, today: datetime.date) -> list[Change]:
+def changes(plan: Plan, today: datetime.date,
+            requires_python: SpecifierSet | None = None) -> list[Change]:
+    """`requires_python`: the project's; a Python it refuses is never proposed, and a
+    listed one is proposed for dropping (its cells could not install the wheel)."""
     axes = plan.matrix.axes
+    accepted = requires_python or SpecifierSet()
     compat = plan.compat.facts
     listed = [series(t) for t in axes.torch]
     found: list[Change] = []
@@ -75,7 +82,7 @@ def changes(plan: Plan, today: datetime.date) -> list[Change]:
         supported |= {f"3.{m}" for m in range(int(rng.min.split(".")[1]),
                                                int(rng.max.split(".")[1]) + 1)}
     for python in sorted(supported - set(axes.python), key=version_key):
-        if python_end_of_life(python) > today:
+        if python_end_of_life(python) > today and accepts_python(accepted, python):
             found.append(Change("add", "python", python, "a torch of the matrix supports it"))
     for python in axes.python:
         if python_end_of_life(python) <= today:
@@ -83,6 +90,9 @@ def changes(plan: Plan, today: datetime.date) -> list[Change]:
                                 f"past its end of life ({python_end_of_life(python)})"))
         elif not python.endswith("t") and python not in supported:
             found.append(Change("drop", "python", python, "no torch of the matrix supports it"))
+        elif not accepts_python(accepted, python):
+            found.append(Change("drop", "python", python,
+                                f"the project requires Python {accepted}"))
     return found
 
 

@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path, PurePosixPath
 
 from packaging.requirements import InvalidRequirement, Requirement
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 from pyproject_hooks import BuildBackendHookCaller, quiet_subprocess_runner
@@ -311,6 +312,27 @@ def static_requires_python(ext_dir: Path) -> tuple[str, str] | None:
     if text := _setup_keyword(ext_dir, "python_requires"):
         return text, "setup.py"
     return None
+
+
+def accepts_python(specifier: SpecifierSet, python: str) -> bool:
+    """Whether a requires-python takes CPython X.Y (3.13t as 3.13)."""
+    # pip compares the interpreter's full version, and a runner has each minor's newest
+    # patch: a high one stands for it (>=3.10.2 takes 3.10; <=3.12 only 3.12.0).
+    return specifier.contains(f"{python.rstrip('t')}.99")
+
+
+def requires_python(ext_dir: Path) -> tuple[SpecifierSet, str]:
+    """The project's requires-python (SpecifierSet() takes every Python) and the file
+    stating it ('' where none does)."""
+    stated = static_requires_python(ext_dir)
+    if stated is None:
+        return SpecifierSet(), ""
+    text, stated_in = stated
+    try:
+        return SpecifierSet(text), str(ext_dir / stated_in)
+    except InvalidSpecifier:
+        raise UserError(str(ext_dir / stated_in), f"requires-python '{text}' is not a "
+                        "version specifier", "write one such as '>=3.10'") from None
 
 
 def not_ignored(repo: Path, paths: list[str]) -> list[str]:
