@@ -17,7 +17,7 @@ import pytest
 from cibuildwheel.environment import parse_environment
 from cibuildwheel.util.helpers import prepare_command
 
-from extmatrix import cibw, engines
+from extmatrix import cibw, engines, workspace
 from extmatrix.backends import Context, container, local
 from extmatrix.cells import plan_file
 from extmatrix.config import Extension
@@ -31,6 +31,8 @@ PLAN = plan_file(ROOT / "matrix.yaml")
 EXT = PLAN.matrix.extension
 # Fixed, so host paths never reach the golden files.
 BUILD_REQUIRES = ["setuptools>=64", "wheel", "ninja", "pip"]
+# Where the model extension's tests take their pytest settings from, in the extension.
+PYTEST_SETTINGS = workspace.pytest_settings(ROOT / EXT.path, EXT.tests).name
 
 
 def ci_host(cell) -> cibw.Host:
@@ -49,14 +51,16 @@ def offline_host() -> cibw.Host:
 @pytest.mark.parametrize("cell_id", ["torch2.13-cpu", "torch2.14-cu130", "torch2.14-rocm7.2"])
 def test_cibuildwheel_environment_in_ci(cell_id, golden):
     cell = PLAN.cell(cell_id)
-    env = cibw.environment(cell, EXT, ci_host(cell), cell.python, BUILD_REQUIRES)
+    env = cibw.environment(cell, EXT, ci_host(cell), cell.python, BUILD_REQUIRES, None,
+                           PYTEST_SETTINGS)
     golden(f"cibw-{cell_id}.json", json.dumps(env, indent=2) + "\n")
 
 
 def test_cibuildwheel_environment_offline_on_the_local_base(golden):
     cell = PLAN.cell("torch2.13-cpu")
     python = cibw.build_python(cell, ["cp311-cp311"])
-    env = cibw.environment(cell, EXT, offline_host(), python, BUILD_REQUIRES)
+    env = cibw.environment(cell, EXT, offline_host(), python, BUILD_REQUIRES, None,
+                           PYTEST_SETTINGS)
     assert env["CIBW_BUILD"] == "cp311-manylinux_x86_64"
     golden("cibw-torch2.13-cpu-offline.json", json.dumps(env, indent=2) + "\n")
 
@@ -235,15 +239,20 @@ def with_extension(**settings) -> Extension:
 
 def in_image_argv(command: str, tmp_path: Path) -> list[str]:
     """The arguments the test command's program gets: cibuildwheel fills its placeholders
-    (its own function), then sh runs the line, where `python` is the test venv's."""
-    line = prepare_command(command, project="/project", package="/project/ext",
+    (its own function), then sh runs the line in a scratch folder, where `python` is the
+    test venv's."""
+    package = tmp_path / "project" / "ext"
+    (package / "tests").mkdir(parents=True)
+    line = prepare_command(command, project=str(package.parent), package=str(package),
                            wheel="/repaired/segment_ops.whl")
     venv_bin = tmp_path / "bin"
     venv_bin.mkdir()
     (venv_bin / "python").symlink_to(sys.executable)
     path = f"{venv_bin}{os.pathsep}{os.environ['PATH']}"
-    result = subprocess.run(["sh", "-c", line], capture_output=True, text=True, cwd=tmp_path,
-                            env={**os.environ, "PATH": path}, check=True)
+    (tmp_path / "test_cwd").mkdir()
+    result = subprocess.run(["sh", "-c", line], capture_output=True, text=True,
+                            cwd=tmp_path / "test_cwd", env={**os.environ, "PATH": path},
+                            check=True)
     return json.loads(result.stdout)
 
 
@@ -255,21 +264,24 @@ def test_the_in_image_tests_run_the_matrixs_test_command(tmp_path):
     cell = PLAN.cell("torch2.13-cpu")
     env = cibw.environment(cell, ext, ci_host(cell), cell.python, BUILD_REQUIRES)
     assert env["CIBW_TEST_REQUIRES"] == ""  # pytest only where the engine runs pytest
-    junit = tmp_path.resolve() / "junit.xml"  # where the test command runs
+    # The copy of the tests, in a folder of the scratch folder the test command runs in.
+    suite = tmp_path.resolve() / "test_cwd" / "suite"
     argv = in_image_argv(env["CIBW_TEST_COMMAND"], tmp_path)
-    assert argv == ["/project/ext/tests", f"--junitxml={junit}", "a b", "it's", "$HOME", "",
-                    "{project}", "#{package}", "{wheel}{tests}", "x/project/ext/tests"]
-    # The local backend fills the same command the same way, with its own paths.
+    assert argv == [f"{suite}/tests", f"--junitxml={suite}/junit.xml", "a b", "it's", "$HOME",
+                    "", "{project}", "#{package}", "{wheel}{tests}", f"x{suite}/tests"]
+    # The local backend fills the same command the same way, with its own paths: its copy
+    # of the tests lies beside the test environment.
     ctx = Context(PLAN.matrix.model_copy(update={"extension": ext}), Path("/project"),
                   tmp_path / "dist", tmp_path / "work", tmp_path / "cache", 2)
-    assert local.test_cmd(ctx, tmp_path / "venv", tmp_path, junit)[0][3:] == argv
+    assert local.test_cmd(ctx, suite.parent / "test-env", tmp_path,
+                          suite / "junit.xml")[0][3:] == argv
 
 
 def test_the_default_in_image_tests_keep_literal_braces_of_test_args(tmp_path):
     ext = with_extension(test_args=["-k", "{project} or {wheel}"])
     cell = PLAN.cell("torch2.13-cpu")
     command = cibw.environment(cell, ext, ci_host(cell), cell.python, [])["CIBW_TEST_COMMAND"]
-    assert command.startswith("python -m pytest {package}/tests ")
+    assert " && python -m pytest tests " in command
     assert command.endswith(" -k '#{project} or #{wheel}'")
     assert prepare_command(command, project="/p", package="/p", wheel="/w").endswith(
         " -k '{project} or {wheel}'")

@@ -14,9 +14,10 @@ from pathlib import Path, PurePosixPath
 import pytest
 
 from extmatrix import backends, envs, project, report, toolchain, wheels, workspace
-from extmatrix.backends import Context, local, max_jobs
+from extmatrix.backends import Context, container, local, max_jobs
 from extmatrix.cells import plan_file
 from extmatrix.cli import main
+from extmatrix.engines import Engine
 from extmatrix.errors import NotBuildable, StepFailed, UserError
 from extmatrix.report import CellReport
 
@@ -351,6 +352,30 @@ def test_max_jobs_shares_cores_between_parallel_cells():
     assert max_jobs(10_000) == 1
 
 
+def test_an_exported_max_jobs_is_what_both_backends_compile_with(tmp_path, monkeypatch):
+    """The user knows the machine (memory for nvcc, what else runs there): their MAX_JOBS
+    wins over the engine's share of the cores, and changes no fingerprint."""
+    ctx, cell = ctx_for(tmp_path), PLAN.cell("torch2.13-cpu")
+    tools = toolchain.Toolchain("cpu", None, None, "none")
+    venv, src = tmp_path / "venv", tmp_path / "src"
+
+    def jobs() -> tuple[str, int, str]:
+        env = local.compile_env(cell, tools, ctx, venv, src)
+        host = container._host(cell, ctx, Engine("docker", "docker"))
+        return env["MAX_JOBS"], host.max_jobs, local.fingerprint(cell, env, venv, src)
+
+    monkeypatch.delenv("MAX_JOBS", raising=False)
+    local_jobs, container_jobs, stamp = jobs()
+    assert (local_jobs, container_jobs) == ("2", 2)
+    monkeypatch.setenv("MAX_JOBS", "1")
+    assert jobs() == ("1", 1, stamp)
+    monkeypatch.setenv("MAX_JOBS", "all")
+    with pytest.raises(UserError) as caught:
+        jobs()
+    assert str(caught.value) == ("$MAX_JOBS: 'all' is not a number of compile jobs; export a "
+                                 "whole number from 1, or unset it to let extmatrix choose")
+
+
 def test_summary_markdown_lists_repro_commands():
     reports = [CellReport(cell="torch2.13-cpu", backend="local", build="built", test="passed",
                           junit={"passed": 5, "skipped": 2, "failures": 0, "errors": 0}),
@@ -359,7 +384,7 @@ def test_summary_markdown_lists_repro_commands():
     text = report.summary_markdown(reports, "local")
     assert "| torch2.13-cpu | ok | passed: 5 passed, 2 skipped | - |" in text
     assert "| torch2.14-cu130 | FAILED: compile failed (exit 1): k.cu:3:1: error: boom |" in text
-    assert "- `torch2.14-cu130`: `nox -s repro -- torch2.14-cu130`" in text
+    assert "- `torch2.14-cu130`: `extmatrix repro torch2.14-cu130`" in text
 
 
 def test_test_matrix_without_builds_reports_missing_and_fails(tmp_path, capsys):
@@ -368,7 +393,7 @@ def test_test_matrix_without_builds_reports_missing_and_fails(tmp_path, capsys):
     err = capsys.readouterr().err
     assert status == 1
     assert "torch2.13-cpu: no build result in" in err
-    assert "reproduce: nox -s repro -- torch2.13-cpu" in err
+    assert "reproduce: extmatrix repro torch2.13-cpu" in err
     assert not (tmp_path / "torch2.13-cpu").exists()  # nothing is made up for it
 
 

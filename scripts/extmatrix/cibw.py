@@ -16,13 +16,14 @@ import shlex
 import string
 import zipfile
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from .cells import Cell
 from .config import Extension
 from .envs import Sources
 from .errors import NotBuildable
 from .toolchain import honoured_env
+from .workspace import SUITE, tests_name
 
 # Libraries the wheel must load from torch's own install, never carry a copy of:
 # two copies of libtorch in one process break the op registry and the allocator.
@@ -136,10 +137,11 @@ def container_env(cell: Cell, host: Host, python: str) -> dict[str, str]:
 
 
 def environment(cell: Cell, extension: Extension, host: Host, python: str,
-                build_requires: list[str], build_env: dict[str, str] | None = None
-                ) -> dict[str, str]:
+                build_requires: list[str], build_env: dict[str, str] | None = None,
+                pytest_settings: str | None = None) -> dict[str, str]:
     """The CIBW_* variables that make `cibuildwheel --platform linux` build this cell;
-    `build_env`: more variables for the build inside the container."""
+    `build_env`: more variables for the build inside the container; `pytest_settings`: the
+    file, in the extension, pytest takes the tests' settings from (workspace.pytest_settings)."""
     plat = cell.platform.upper()
     mounts = [f"--volume={host.ccache_dir}:{CCACHE_MOUNT}",
               f"--volume={host.pip_cache_dir}:{PIP_CACHE_MOUNT}"]
@@ -161,7 +163,7 @@ def environment(cell: Cell, extension: Extension, host: Host, python: str,
         "CIBW_BEFORE_TEST": "pip install " + shlex.quote(cell.torch_spec),
         "CIBW_TEST_EXTRAS": "test",
         "CIBW_TEST_REQUIRES": shlex.join(extension.test_requirements),
-        "CIBW_TEST_COMMAND": test_command(extension),
+        "CIBW_TEST_COMMAND": test_command(extension, pytest_settings),
         "CIBW_BUILD_VERBOSITY": "1",
     }
 
@@ -171,19 +173,30 @@ def literal(text: str) -> str:
     return shlex.quote(CIBW_PLACEHOLDERS.sub(r"#\g<0>", text))
 
 
-def test_command(extension: Extension) -> str:
+def test_command(extension: Extension, pytest_settings: str | None = None) -> str:
     """The shell line cibuildwheel runs the tests with, in its test venv (`python` is the
-    venv's, first on PATH); every matrix value in it is quoted."""
+    venv's, first on PATH) and a scratch folder; every matrix value in it is quoted.
+
+    The tests run from a copy in a folder of that one, beside their pytest settings, as
+    the local backend runs them (workspace.stage_tests): in place, the extension's sources
+    would be imported instead of the wheel."""
     # {package}: the extension's folder, below {project} where it lies in a folder of its
     # git repository (project.build_tree).
-    tests = "{package}/" + shlex.quote(extension.tests)
+    name = literal(tests_name(extension.tests))
+    stage = [f"mkdir -p {SUITE}", f"cp -RL {{package}}/{literal(extension.tests)} {SUITE}/{name}",
+             f"cp {{package}}/{literal(pytest_settings)} {SUITE}/" if pytest_settings
+             else f": > {SUITE}/pytest.ini", f"cd {SUITE}"]
+    if not PurePosixPath(extension.tests).name:  # the extension's folder: not its package
+        stage.append(f"rm -rf {name}/{extension.import_name} {name}/{extension.import_name}.*")
     if extension.test_command is None:
-        return (f"python -m pytest {tests} -p no:cacheprovider --rootdir {tests} -q -rs "
-                + " ".join(map(literal, extension.test_args))).strip()
-    # Nobody reads the in-image tests' JUnit (test-matrix reports the cell's tests): it goes
-    # to the scratch folder cibuildwheel runs the tests in, and deletes after.
-    fill = {"python": "python", "tests": tests, "junit": '"$PWD"/junit.xml'}
-    return " ".join(shell_word(arg, fill) for arg in extension.test_command)
+        run = (f"python -m pytest {name} -p no:cacheprovider --rootdir {name} -q -rfEs "
+               + " ".join(map(literal, extension.test_args))).strip()
+    else:
+        # Nobody reads the in-image tests' JUnit (test-matrix reports the cell's tests): it
+        # goes to the scratch folder cibuildwheel runs the tests in, and deletes after.
+        fill = {"python": "python", "tests": f'"$PWD"/{name}', "junit": '"$PWD"/junit.xml'}
+        run = " ".join(shell_word(arg, fill) for arg in extension.test_command)
+    return " && ".join([*stage, run])
 
 
 def shell_word(arg: str, fill: dict[str, str]) -> str:

@@ -13,6 +13,7 @@ Both backends build through `attempt()`; `claim()` alone guards a test run.
 
 from __future__ import annotations
 
+import configparser
 import ctypes
 import errno
 import json
@@ -21,14 +22,15 @@ import secrets
 import shutil
 import sys
 import time
-from collections.abc import Callable, Iterator
+import tomllib
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from filelock import FileLock, Timeout
 
-from .errors import StepFailed
+from .errors import StepFailed, UserError
 
 LAST_GOOD = "last-good.json"
 REPORT = "report.json"
@@ -39,7 +41,9 @@ REJECTED = "rejected"
 # must survive syncs: they keep rebuilds warm. build/ and dist/ are build products only
 # at the extension's top: deeper, a folder of that name is a package of the extension's
 # own (a `dist` subpackage of distributed ops, say) and is copied like any other.
-SKIP_ANYWHERE = {"__pycache__", ".pytest_cache", ".git", ".nox", ".tox", ".venv"}
+# .extmatrix: the engine's default work folder, beside a matrix that may sit in the extension
+# (engine_folders leaves out any other place of it by path).
+SKIP_ANYWHERE = {"__pycache__", ".pytest_cache", ".git", ".nox", ".tox", ".venv", ".extmatrix"}
 SKIP_AT_TOP = {"build", "dist"}
 
 
@@ -189,17 +193,33 @@ def skipped(rel: Path) -> bool:
                for depth, name in enumerate(rel.parts))
 
 
-def sync_tree(src: Path, dst: Path) -> None:
+def engine_folders(ext_dir: Path, work: Path, dist: Path) -> list[Path]:
+    """The engine's work and results folders: never part of a copy of the extension, where
+    they lie inside it (a matrix in the extension's own folder puts both there), or the
+    copy would hold itself, and every wheel and log."""
+    for folder, flag in ((work, "$EXTMATRIX_WORK"), (dist, "--dist")):
+        if folder.resolve() == ext_dir.resolve():
+            raise UserError(flag, f"{folder} is the extension's own folder",
+                            "point it at a folder of its own (inside the extension or not)")
+    return [work, dist]
+
+
+def sync_tree(src: Path, dst: Path, leave_out: Iterable[Path] = ()) -> None:
     """Mirror src into dst, touching only changed files so incremental builds stay warm.
 
     A file counts as unchanged only with the same size and nanosecond mtime: whole
     seconds would miss an edit made within the second of the last copy. Symlinks
-    are copied as links (the extension check has refused those that leave the tree)."""
+    are copied as links (the extension check has refused those that leave the tree).
+    The folders `leave_out` (and dst) name are left out wherever they lie in src, and
+    go from dst: an earlier copy may hold them."""
     dst.mkdir(parents=True, exist_ok=True)
+    top = src.resolve()
+    out = {p.resolve().relative_to(top) for p in (*leave_out, dst)
+           if p.resolve().is_relative_to(top) and p.resolve() != top}
     seen: set[Path] = set()
     for root, dirs, files in os.walk(src):
         rel = Path(root).relative_to(src)
-        dirs[:] = [d for d in dirs if not skipped(rel / d)]
+        dirs[:] = [d for d in dirs if not skipped(rel / d) and rel / d not in out]
         if (dst / rel).is_symlink() or (dst / rel).is_file():
             (dst / rel).unlink()
         (dst / rel).mkdir(parents=True, exist_ok=True)
@@ -226,9 +246,9 @@ def sync_tree(src: Path, dst: Path) -> None:
         dirs[:] = [d for d in dirs if not (Path(root) / d).is_symlink()]
     for root, dirs, files in os.walk(dst):
         rel = Path(root).relative_to(dst)
-        dirs[:] = [d for d in dirs if not skipped(rel / d)]
+        dirs[:] = [d for d in dirs if rel / d in out or not skipped(rel / d)]
         for name in [*files, *dirs]:
-            if rel / name not in seen and not skipped(rel / name):
+            if rel / name not in seen and (rel / name in out or not skipped(rel / name)):
                 _remove(Path(root) / name)
         dirs[:] = [d for d in dirs if rel / d in seen]
 
@@ -245,3 +265,80 @@ def single_wheel(folder: Path) -> Path:
     if len(found) != 1:
         raise StepFailed("compile", f"expected one wheel in {folder}, found {len(found)}")
     return found[0]
+
+
+# ------------------------------------------------------------------- test copies
+
+# The tests run from a copy of their folder, alone in this one: run in place, pytest puts
+# the folder above a tests package (the extension's) first on sys.path, and the tests
+# import the sources instead of the installed wheel.
+SUITE = "suite"
+# Where pytest looks for its settings, in its order (pytest 9 reads the .toml files).
+PYTEST_SETTINGS = ("pytest.toml", ".pytest.toml", "pytest.ini", ".pytest.ini", "pyproject.toml",
+                   "tox.ini", "setup.cfg")
+
+
+def tests_name(tests: str) -> str:
+    """The name of the tests folder's copy: its own ("tests" for the extension's folder)."""
+    return PurePosixPath(tests).name or "tests"
+
+
+def pytest_settings(ext_dir: Path, tests: str) -> Path | None:
+    """The file pytest takes its settings from for the tests in place, where it lies above
+    the tests folder inside the extension (one inside it comes with the copy)."""
+    top = ext_dir.resolve()
+    for folder in (top / tests).resolve().parents:
+        if not folder.is_relative_to(top):
+            break
+        for name in PYTEST_SETTINGS:
+            if _holds_pytest_settings(folder / name):
+                return folder / name
+    return None
+
+
+def _holds_pytest_settings(path: Path) -> bool:
+    if not path.is_file():
+        return False
+    try:
+        if path.name == "pyproject.toml":
+            return isinstance(tomllib.loads(path.read_text(encoding="utf-8"))
+                              .get("tool", {}).get("pytest"), dict)
+        if path.name in ("tox.ini", "setup.cfg"):
+            parser = configparser.ConfigParser(interpolation=None)
+            parser.read(path, encoding="utf-8")
+            return parser.has_section("pytest" if path.name == "tox.ini" else "tool:pytest")
+    except (OSError, UnicodeDecodeError, ValueError, configparser.Error):
+        return False  # pytest says what is wrong with it
+    return True  # pytest.ini and the like: pytest's even when empty
+
+
+def stage_tests(ext_dir: Path, tests: str, import_name: str, suite: Path,
+                leave_out: Iterable[Path] = ()) -> Path:
+    """A fresh copy of the tests folder in `suite`, beside the pytest settings they run
+    under in place (or empty ones: pytest looks no further up); returns the copy.
+
+    Links are followed: a link to data elsewhere in the extension would lead nowhere from
+    the copy. An extension's folder that is its own tests folder leaves its import
+    package out: the copy would import it instead of the wheel."""
+    top, source = ext_dir.resolve(), (ext_dir / tests).resolve()
+    out = {p.resolve() for p in (*leave_out, suite)}
+
+    def ignore(folder: str, names: list[str]) -> set[str]:
+        here = Path(folder)
+        left = {n for n in names if skipped(here.relative_to(top) / n)
+                or (here / n).resolve() in out
+                or here.resolve().is_relative_to((here / n).resolve())}  # a link up: a loop
+        if here == top:
+            left |= {n for n in names if n.split(".")[0] == import_name}
+        return left
+
+    shutil.rmtree(suite, ignore_errors=True)
+    suite.mkdir(parents=True)
+    copy = suite / tests_name(tests)
+    shutil.copytree(source, copy, ignore=ignore)
+    settings = pytest_settings(ext_dir, tests)
+    if settings is None:
+        (suite / "pytest.ini").write_text("")
+    else:
+        shutil.copy2(settings, suite / settings.name)
+    return copy

@@ -19,14 +19,14 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from .. import cibw, engines, envs, project, toolchain
+from .. import cibw, engines, envs, project, toolchain, workspace
 from ..cells import Cell
 from ..engines import Engine
 from ..errors import NotBuildable, UserError
 from ..project import build_requirements
 from ..report import CellReport
 from ..workspace import single_wheel, sync_tree
-from . import Context, building, check_wheel, stamp_wheel
+from . import Context, building, check_wheel, local, stamp_wheel
 
 PROJECT = "/project"  # where cibuildwheel copies the extension, and where --shell mounts it
 # cibuildwheel's step titles, as timing names in the report.
@@ -44,13 +44,14 @@ def build(cell: Cell, ctx: Context) -> CellReport:
         # and the source tree may hold build products of other builds.
         top = ctx.work / cell.id / "container-src"
         src, inside = project.build_tree(top, ctx.ext_dir)
-        sync_tree(ctx.ext_dir, src)
+        sync_tree(ctx.ext_dir, src, workspace.engine_folders(ctx.ext_dir, ctx.work, ctx.dist))
         tracked = project.mirror_tracked_files(ctx.ext_dir, src, steps.note)  # .git goes too
         # The engine's own setuptools-scm: the container's comes too late to ask the tree.
         from_git = project.git_version_env(ctx.ext_dir, Path(sys.executable), {},
                                            bool(tracked), steps.note, builds_here=False)
         env = {**engine.env, **cibw.environment(cell, ctx.matrix.extension, host, python,
-                                                build_requirements(ctx.ext_dir), from_git)}
+                                                build_requirements(ctx.ext_dir), from_git,
+                                                _pytest_settings(ctx))}
         out = ctx.work / cell.id / "wheelhouse-container"
         shutil.rmtree(out, ignore_errors=True)  # the last good wheel is safe in dist/<cell>/
         stats = _ccache_env(ctx, host)
@@ -95,13 +96,19 @@ def _prepare(cell: Cell, ctx: Context, report: CellReport) -> tuple[Engine, str]
     return engine, python
 
 
+def _pytest_settings(ctx: Context) -> str | None:
+    """Where the tests' pytest settings lie in the extension, for the in-image tests' copy."""
+    found = workspace.pytest_settings(ctx.ext_dir, ctx.matrix.extension.tests)
+    return found.relative_to(ctx.ext_dir.resolve()).as_posix() if found else None
+
+
 def _host(cell: Cell, ctx: Context, engine: Engine) -> cibw.Host:
     root = ctx.cache / "container"
     for sub in ("ccache", "pip"):
         (root / sub).mkdir(parents=True, exist_ok=True)
     ca = engines.ca_bundle()
     return cibw.Host(engine.name, envs.sources_for(cell), str(root / "ccache"), str(root / "pip"),
-                     str(ca) if ca else None, ctx.max_jobs)
+                     str(ca) if ca else None, local.compile_jobs(ctx))
 
 
 def _ccache_env(ctx: Context, host: cibw.Host) -> dict[str, str]:

@@ -42,7 +42,7 @@ def build(cell: Cell, ctx: Context) -> CellReport:
         report.sources = list(sources.notes)
         top = ctx.work / cell.id / "src"
         src, _ = project.build_tree(top, ctx.ext_dir)
-        sync_tree(ctx.ext_dir, src)
+        sync_tree(ctx.ext_dir, src, workspace.engine_folders(ctx.ext_dir, ctx.work, ctx.dist))
         tracked = project.mirror_tracked_files(ctx.ext_dir, src, steps.note)
         env = compile_env(cell, tools, ctx, venv, src)
         with steps.timed("env"):
@@ -107,7 +107,9 @@ def fingerprint(cell: Cell, env: dict[str, str], venv: Path, src: Path,
     and which of them git tracks (`tracked`: package data, for setuptools-scm)."""
     digest = hashlib.sha256(tracked)
     marker = envs.env_marker(venv)
-    settings = {k: v for k, v in env.items() if not k.startswith("CCACHE") and k != "PATH"}
+    # MAX_JOBS shapes how fast the build runs, not what it makes.
+    settings = {k: v for k, v in env.items()
+                if not k.startswith("CCACHE") and k not in ("PATH", "MAX_JOBS")}
     for part in (json.dumps(cell.to_json(), sort_keys=True), json.dumps(settings, sort_keys=True),
                  marker.read_text() if marker.is_file() else ""):
         digest.update(part.encode())
@@ -205,8 +207,20 @@ def compile_env(cell: Cell, tools: toolchain.Toolchain, ctx: Context, venv: Path
     for name in toolchain.FLAG_VARIABLES:  # the user's own flags stay in front of ours
         if name in env and os.environ.get(name):
             env[name] = f"{os.environ[name]} {env[name]}"
-    env["MAX_JOBS"] = str(ctx.max_jobs)
+    env["MAX_JOBS"] = str(compile_jobs(ctx))
     return env
+
+
+def compile_jobs(ctx: Context) -> int:
+    """Compile jobs per cell: MAX_JOBS where the user exported it (they know the machine:
+    its memory for nvcc, what else runs there), else the engine's share of the cores."""
+    given = os.environ.get("MAX_JOBS", "").strip()
+    if not given:
+        return ctx.max_jobs
+    if not given.isdigit() or int(given) < 1:
+        raise UserError("$MAX_JOBS", f"'{given}' is not a number of compile jobs",
+                        "export a whole number from 1, or unset it to let extmatrix choose")
+    return int(given)
 
 
 
@@ -259,10 +273,14 @@ def run_suite(ctx: Context, venv: Path, cell_dist: Path, suffix: str,
     junit_path = cell_dist / f"junit{suffix}.xml"
     facts_path = cell_dist / CELL_FACTS
     facts_path.unlink(missing_ok=True)
+    ext = ctx.matrix.extension
+    suite = venv.parent / workspace.SUITE
+    workspace.stage_tests(ctx.ext_dir, ext.tests, ext.import_name, suite,
+                          workspace.engine_folders(ctx.ext_dir, ctx.work, ctx.dist))
     cmd, env = test_cmd(ctx, venv, cell_dist, junit_path)
     with steps.timed("tests"):
         start = (cell_dist / "test.log").stat().st_size
-        result = steps.run("tests", cmd, env=env, cwd=venv.parent, check=False)
+        result = steps.run("tests", cmd, env=env, cwd=suite, check=False)
     junit = read_junit(junit_path)
     facts = _read_facts(facts_path)
     if facts:
@@ -355,8 +373,9 @@ def test_requirements(ctx: Context, wheel: Path, cell: Cell) -> list[str]:
 
 def test_cmd(ctx: Context, venv: Path, cell_dist: Path,
              junit: Path | None = None) -> tuple[list[str], dict[str, str]]:
+    """The command that runs the copy of the tests run_suite stages beside `venv`."""
     ext = ctx.matrix.extension
-    tests = ctx.ext_dir / ext.tests
+    tests = venv.parent / workspace.SUITE / workspace.tests_name(ext.tests)
     junit = junit or cell_dist / "junit.xml"
     env = {"EXTMATRIX_CELL_REPORT": str(cell_dist / CELL_FACTS),
            "PYTHONPATH": os.pathsep.join(filter(None, [str(PLUGIN_DIR),
@@ -367,7 +386,9 @@ def test_cmd(ctx: Context, venv: Path, cell_dist: Path,
         fill = {"python": str(envs.python_of(venv)), "tests": str(tests), "junit": str(junit)}
         return [arg.format_map(fill) for arg in ext.test_command], env
     return [str(envs.python_of(venv)), "-m", "pytest", str(tests), "-p", PLUGIN,
-            "-p", "no:cacheprovider", "--rootdir", str(tests), "-q", "-rs",
+            # -rfEs: pytest's own -rfE (the FAILED and ERROR lines the reason is taken
+            # from) and the skipped tests' reasons.
+            "-p", "no:cacheprovider", "--rootdir", str(tests), "-q", "-rfEs",
             f"--junitxml={junit}", *ext.test_args], env
 
 
@@ -387,8 +408,13 @@ def test_failure(code: int, output: str, facts: dict) -> str:
 
 
 def failed_test_line(output: str) -> str:
+    """pytest's first FAILED or ERROR line, its message completed where pytest cut it to
+    the terminal's width (first_cause knows pytest's output by its closing tally)."""
+    cause = first_cause(output)
+    if cause and cause.startswith(("FAILED ", "ERROR ")):
+        return cause
     failed = [line for line in output.splitlines() if line.startswith(("FAILED ", "ERROR "))]
-    return failed[0] if failed else (first_cause(output) or "no message")
+    return failed[0] if failed else (cause or "no message")
 
 
 def _read_facts(path: Path) -> dict:

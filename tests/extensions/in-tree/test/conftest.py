@@ -1,0 +1,8 @@
+import pytest
+
+
+@pytest.fixture
+def expected():
+    from .utils import EXPECTED
+
+    return EXPECTED

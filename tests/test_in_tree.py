@@ -1,0 +1,200 @@
+"""An extension with its matrix in its own folder (`path: .`, as `extmatrix init` writes it)
+and its tests a package beside a flat-layout package that only works installed
+(tests/extensions/in-tree): the engine's work and results folders lie inside the extension,
+and tests run in place would import the sources instead of the wheel."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from cibuildwheel.util.helpers import prepare_command
+
+from extmatrix import cibw, project, run, steps, workspace
+from extmatrix.backends import Context, container, local
+from extmatrix.cells import plan_file
+from extmatrix.cli import main
+from extmatrix.errors import UserError
+from extmatrix.report import CellReport
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURE = ROOT / "tests" / "extensions" / "in-tree"
+CELL = "py3.11-torch2.13-cpu"
+BROKEN_TEST = "def test_broken():\n    assert [1, 2] == [1, 3]\n"
+
+
+@pytest.fixture
+def ext(tmp_path, monkeypatch) -> Path:
+    monkeypatch.delenv("EXTMATRIX_WORK", raising=False)
+    monkeypatch.delenv("CI", raising=False)
+    return Path(shutil.copytree(FIXTURE, tmp_path / "in-tree")).resolve()
+
+
+def sources(folder: Path) -> set[str]:
+    """The files of a copy of the extension, less what a build made there."""
+    return {p.relative_to(folder).as_posix() for p in folder.rglob("*")
+            if p.is_file() and not workspace.skipped(p.relative_to(folder))}
+
+
+def test_a_copy_of_the_extension_leaves_out_the_engines_folders_inside_it(ext, tmp_path):
+    work, dist = ext / "scratch" / "work", ext / "ci" / "results"  # $EXTMATRIX_WORK, --dist
+    python = work / CELL / "build-env" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.symlink_to(sys.executable)
+    (dist / CELL).mkdir(parents=True)
+    (dist / CELL / "in_tree-1.0.0.whl").write_text("wheel")
+    (ext / ".extmatrix" / CELL).mkdir(parents=True)  # the default work folder, from a run before
+    copy = work / CELL / "src"
+    for left in ("scratch/work/y", "ci/results/z"):  # what a copy of itself left there before
+        (copy / left).mkdir(parents=True)
+    leave_out = workspace.engine_folders(ext, work, dist)
+    workspace.sync_tree(ext, copy, leave_out)
+    assert sources(copy) == sources(FIXTURE)
+    assert not [p for p in ("scratch/work", "ci/results", ".extmatrix") if (copy / p).exists()]
+    # What changes in the engine's folders is no change of the sources: the wheel is reused.
+    cell = plan_file(ext / "matrix.yaml").cell(CELL)
+    before = local.fingerprint(cell, {}, tmp_path / "venv", copy)
+    (dist / CELL / "build.log").write_text("log")
+    (work / CELL / "wheelhouse").mkdir()
+    workspace.sync_tree(ext, copy, leave_out)
+    assert local.fingerprint(cell, {}, tmp_path / "venv", copy) == before
+
+
+def test_the_default_work_folder_in_the_extension_is_not_its_source(ext):
+    # What a build leaves there: environments whose python links out of the extension.
+    python = ext / ".extmatrix" / CELL / "build-env" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.symlink_to(sys.executable)
+    ctx = run.context(plan_file(ext / "matrix.yaml"), dist=None, parallel=1)
+    assert (ctx.ext_dir, ctx.work, ctx.dist) == (ext, ext / ".extmatrix", ext / "dist")
+    src, _ = project.build_tree(ctx.work / CELL / "src", ctx.ext_dir)
+    (src / ".extmatrix" / CELL / "src").mkdir(parents=True)  # what a copy of itself left there
+    workspace.sync_tree(ctx.ext_dir, src, workspace.engine_folders(ctx.ext_dir, ctx.work,
+                                                                   ctx.dist))
+    assert sources(src) == sources(FIXTURE) and not (src / ".extmatrix").exists()
+
+
+@pytest.mark.parametrize("flag", ["$EXTMATRIX_WORK", "--dist"])
+def test_a_work_or_results_folder_that_is_the_extension_is_one_line(ext, flag):
+    work, dist = (ext, ext / "dist") if flag == "$EXTMATRIX_WORK" else (ext / "w", ext)
+    with pytest.raises(UserError) as caught:
+        workspace.engine_folders(ext, work, dist)
+    assert str(caught.value) == (f"{flag}: {ext} is the extension's own folder; point it at a "
+                                 "folder of its own (inside the extension or not)")
+
+
+def installed(tmp_path: Path, ext: Path) -> Path:
+    """The extension as its wheel installs it, its binary stood in for by Python."""
+    package = tmp_path / "site" / "in_tree"
+    package.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(ext / "in_tree" / "__init__.py", package)
+    (package / "_native.py").write_text("def answer():\n    return 42\n")
+    return package.parent
+
+
+def python_in(folder: Path) -> Path:
+    """A `python` in `folder`: this one (it has pytest), run under its own name."""
+    folder.mkdir(parents=True)
+    (folder / "python").write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
+    (folder / "python").chmod(0o755)
+    return folder
+
+
+def local_suite(ext: Path, tmp_path: Path, monkeypatch) -> tuple[str, dict, str | None, Path]:
+    """The local backend's test step, in a stand-in test environment."""
+    monkeypatch.setenv("PYTHONPATH", str(installed(tmp_path, ext)))
+    ctx = Context(plan_file(ext / "matrix.yaml").matrix, ext, ext / "dist", ext / ".extmatrix",
+                  tmp_path / "cache", 1)
+    venv = python_in(ctx.work / CELL / "test-env" / "bin").parent
+    log = steps.Steps(ctx.dist / CELL / "test.log")
+    try:
+        outcome, junit, reason = local.run_suite(ctx, venv, ctx.dist / CELL, "", log)
+    finally:
+        log.close()
+    return outcome, junit, reason, venv.parent / workspace.SUITE
+
+
+def test_the_tests_run_from_a_copy_that_cannot_import_the_sources(ext, tmp_path, monkeypatch):
+    outcome, junit, _, suite = local_suite(ext, tmp_path, monkeypatch)
+    assert outcome == "passed", (ext / "dist" / CELL / "test.log").read_text()
+    # check_settings.py too: the extension's pytest settings (setup.cfg) came along.
+    assert junit["passed"] == 2
+    assert sorted(p.name for p in suite.iterdir()) == ["setup.cfg", "test"]
+
+
+def test_a_failing_test_is_named_by_pytests_failed_line(ext, tmp_path, monkeypatch):
+    (ext / "test" / "test_broken.py").write_text(BROKEN_TEST)
+    outcome, _, reason, _ = local_suite(ext, tmp_path, monkeypatch)
+    assert outcome == "failed"
+    assert reason.startswith("tests failed (exit 1): FAILED test/test_broken.py::test_broken - "
+                             "assert [1, 2] == [1, 3]; see "), reason
+
+
+def test_a_refused_test_command_says_what_pytest_refused(ext, tmp_path, monkeypatch):
+    matrix = ext / "matrix.yaml"
+    matrix.write_text(matrix.read_text().replace("  abi3: false\n",
+                                                 "  abi3: false\n  test_args: [--bogus]\n"))
+    outcome, _, reason, _ = local_suite(ext, tmp_path, monkeypatch)
+    assert outcome == "failed"
+    assert reason.startswith("the test command was refused (exit 4): ")
+    assert "error: unrecognized arguments: --bogus; see " in reason, reason
+
+
+def in_image(ext: Path, tmp_path: Path) -> subprocess.CompletedProcess:
+    """The in-image tests as cibuildwheel runs them: its placeholders filled, then sh in a
+    scratch folder with the test venv's python first on PATH."""
+    ctx = Context(plan_file(ext / "matrix.yaml").matrix, ext, ext / "dist", ext / ".extmatrix",
+                  tmp_path / "cache", 1)
+    command = cibw.test_command(ctx.matrix.extension, container._pytest_settings(ctx))
+    line = prepare_command(command, project=str(ext), package=str(ext), wheel="/w.whl")
+    scratch = tmp_path / "test_cwd"
+    scratch.mkdir()
+    path = f"{python_in(tmp_path / 'venv' / 'bin')}{os.pathsep}{os.environ['PATH']}"
+    return subprocess.run(["sh", "-c", line], capture_output=True, text=True, cwd=scratch,
+                          env={**os.environ, "PATH": path,
+                               "PYTHONPATH": str(installed(tmp_path, ext))})
+
+
+def test_the_in_image_tests_run_from_a_copy_that_cannot_import_the_sources(ext, tmp_path):
+    done = in_image(ext, tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "2 passed" in done.stdout
+
+
+def test_a_failing_in_image_test_is_named_by_pytests_failed_line(ext, tmp_path):
+    (ext / "test" / "test_broken.py").write_text(BROKEN_TEST)
+    done = in_image(ext, tmp_path)
+    assert done.returncode == 1
+    assert steps.first_cause(done.stdout, step="cibuildwheel") == (
+        "FAILED test/test_broken.py::test_broken - assert [1, 2] == [1, 3]"), done.stdout
+
+
+@pytest.mark.cells
+def test_an_extension_with_its_matrix_inside_builds_and_tests_its_wheel(ext, capsys):
+    """Real builds, in the work folder the engine picks: inside the extension."""
+    matrix = str(ext / "matrix.yaml")
+    assert main(["build", "--matrix", matrix]) == 0, capsys.readouterr().err
+    assert main(["test-matrix", "--matrix", matrix]) == 0, capsys.readouterr().err
+    tested = CellReport.read(ext / "dist" / CELL / "report.json")
+    assert tested.test == "passed" and tested.junit["passed"] == 2
+    assert main(["build", "--matrix", matrix]) == 0, capsys.readouterr().err
+    assert CellReport.read(ext / "dist" / CELL / "report.json").reused
+    assert sources(ext / ".extmatrix" / CELL / "src") == sources(FIXTURE)
+
+
+def test_an_extension_that_is_its_own_tests_folder_leaves_its_package_out(ext, tmp_path,
+                                                                          monkeypatch):
+    matrix = ext / "matrix.yaml"
+    matrix.write_text(matrix.read_text().replace("  tests: test\n", "  tests: .\n"))
+    outcome, junit, _, suite = local_suite(ext, tmp_path, monkeypatch)
+    assert outcome == "passed", (ext / "dist" / CELL / "test.log").read_text()
+    assert junit["passed"] == 2
+    copied = sorted(p.name for p in (suite / "tests").iterdir())
+    assert "in_tree" not in copied and ".extmatrix" not in copied and "dist" not in copied
+    done = in_image(ext, tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "2 passed" in done.stdout
