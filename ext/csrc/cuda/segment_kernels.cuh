@@ -6261,6 +6261,13 @@ cudaError_t launch_narrow_sum(const T* src, const int64_t* indptr, T* out, int64
       // there, as on 16-byte rows); fp32, 4 columns 84.9 against 63.7, 80.2
       // against 61.7; bf16, 8 columns, power law 83.1 against 38.4. So no
       // gate there.
+      // Nor does the team sum take these means where long segments lie in
+      // runs (the power law cut into pieces, ab.py --cut, where the lane sum
+      // is weakest): every mean sent to it, H200, ab.py, forward % of copy,
+      // lane then team sum: bf16, 4 columns, power law 70.0 -> 7.8, pieces of
+      // 16, 64 and 256 rows 49.7 -> 7.2, 21.2 -> 7.7, 45.2 -> 7.9; fp32, 4
+      // columns 85.8 -> 15.3, 48.3 -> 15.4 (pieces of 64); 1 column, bf16 76.1
+      // -> 3.0, fp32 85.9 -> 5.3; short segments 87.5 -> 12.1 (bf16, 4).
       if (mean_rows < kShortSegmentRows) {
         if constexpr (W * sizeof(T) <= 4) {
           if (rows * W * static_cast<int64_t>(sizeof(T)) >= kGateMinBytes)
