@@ -258,7 +258,7 @@ def in_image_argv(command: str, tmp_path: Path) -> list[str]:
 
 def test_the_in_image_tests_run_the_matrixs_test_command(tmp_path):
     show_argv = "import json, sys; print(json.dumps(sys.argv[1:]))"
-    ext = with_extension(test_command=[
+    ext = with_extension(test_sources=[], test_command=[
         "{python}", "-c", show_argv, "{tests}", "--junitxml={junit}", "a b", "it's", "$HOME",
         "", "{{project}}", "#{{package}}", "{{wheel}}{{tests}}", "x{tests}"])
     cell = PLAN.cell("torch2.13-cpu")

@@ -87,6 +87,38 @@ def test_a_work_or_results_folder_that_is_the_extension_is_one_line(ext, flag):
                                  "folder of its own (inside the extension or not)")
 
 
+def test_the_tree_check_leaves_out_the_engines_folders_inside_the_extension(ext, monkeypatch):
+    """Named otherwise than .extmatrix and dist, they hold environments whose links lead out
+    of the extension: no part of its sources, as no part of their copy."""
+    work, dist = ext / "scratch", ext / "ci" / "results"
+    for folder in (work, dist):
+        python = folder / CELL / "test-env" / "bin" / "python"
+        python.parent.mkdir(parents=True)
+        python.symlink_to(sys.executable)
+    monkeypatch.setenv("EXTMATRIX_WORK", str(work))
+    ctx = run.context(plan_file(ext / "matrix.yaml"), dist=str(dist), parallel=1)
+    assert (ctx.work, ctx.dist) == (work, dist)
+    (ext / "csrc" / "python").symlink_to(sys.executable)  # the sources are still checked
+    with pytest.raises(UserError, match="csrc/python: symlink leads outside the extension"):
+        run.context(plan_file(ext / "matrix.yaml"), dist=str(dist), parallel=1)
+
+
+@pytest.mark.parametrize(("variable", "value", "line"), [
+    ("EXTMATRIX_WORK", "{ext}", "$EXTMATRIX_WORK: {ext} is the extension's own folder; point it "
+     "at a folder of its own (inside the extension or not)"),
+    ("MAX_JOBS", "half", "$MAX_JOBS: 'half' is not a number of compile jobs; export a whole "
+     "number from 1, or unset it to let extmatrix choose"),
+])
+def test_a_mistake_every_cell_would_make_is_one_line_before_any_cell_starts(
+        ext, tmp_path, monkeypatch, capsys, variable, value, line):
+    monkeypatch.setenv(variable, value.format(ext=ext))
+    dist = tmp_path / "dist"
+    matrix = str(ext / "matrix.yaml")
+    assert main(["test-matrix", "--matrix", matrix, "--cell", CELL, "--dist", str(dist)]) == 2
+    assert capsys.readouterr().err == line.format(ext=ext) + "\n"
+    assert not (dist / CELL).exists()
+
+
 def installed(tmp_path: Path, ext: Path) -> Path:
     """The extension as its wheel installs it, its binary stood in for by Python."""
     package = tmp_path / "site" / "in_tree"
@@ -98,7 +130,7 @@ def installed(tmp_path: Path, ext: Path) -> Path:
 
 def python_in(folder: Path) -> Path:
     """A `python` in `folder`: this one (it has pytest), run under its own name."""
-    folder.mkdir(parents=True)
+    folder.mkdir(parents=True, exist_ok=True)
     (folder / "python").write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
     (folder / "python").chmod(0o755)
     return folder
@@ -152,7 +184,7 @@ def in_image(ext: Path, tmp_path: Path) -> subprocess.CompletedProcess:
     command = cibw.test_command(ctx.matrix.extension, container._pytest_settings(ctx))
     line = prepare_command(command, project=str(ext), package=str(ext), wheel="/w.whl")
     scratch = tmp_path / "test_cwd"
-    scratch.mkdir()
+    scratch.mkdir(parents=True)
     path = f"{python_in(tmp_path / 'venv' / 'bin')}{os.pathsep}{os.environ['PATH']}"
     return subprocess.run(["sh", "-c", line], capture_output=True, text=True, cwd=scratch,
                           env={**os.environ, "PATH": path,
@@ -171,6 +203,62 @@ def test_a_failing_in_image_test_is_named_by_pytests_failed_line(ext, tmp_path):
     assert done.returncode == 1
     assert steps.first_cause(done.stdout, step="cibuildwheel") == (
         "FAILED test/test_broken.py::test_broken - assert [1, 2] == [1, 3]"), done.stdout
+
+
+# A test that reads files of the extension outside its own folder, as test_portability.py
+# reads the kernels.
+READS_SOURCES = """from pathlib import Path
+
+TOP = Path(__file__).parents[{up}]
+
+
+def test_the_sources_beside_the_tests():
+    assert "PyInit__native" in (TOP / "csrc" / "native.c").read_text()
+    assert (TOP / "pyproject.toml").is_file()
+"""
+
+
+def with_test_sources(ext: Path, tests: str = "test", up: int = 1) -> None:
+    """The fixture with its tests at `tests`, one of them reading csrc/ and pyproject.toml
+    `up` folders above its own."""
+    if tests != "test":
+        shutil.move(ext / "test", ext / tests)
+    (ext / tests / "test_sources.py").write_text(READS_SOURCES.format(up=up))
+    matrix = ext / "matrix.yaml"
+    matrix.write_text(matrix.read_text().replace("  tests: test\n", f"  tests: {tests}\n"))
+
+
+def list_test_sources(ext: Path) -> None:
+    matrix = ext / "matrix.yaml"
+    matrix.write_text(matrix.read_text().replace(
+        "  abi3: false\n", "  abi3: false\n  test_sources: [csrc, pyproject.toml]\n"))
+
+
+@pytest.mark.parametrize(("tests", "up"), [("test", 1), ("checks/test", 2)])
+def test_the_tests_read_their_test_sources_beside_their_copy(ext, tmp_path, monkeypatch, tests,
+                                                             up):
+    with_test_sources(ext, tests, up)
+    outcome, _, reason, _ = local_suite(ext, tmp_path / "unlisted", monkeypatch)
+    assert outcome == "failed" and "FAILED " in reason and "native.c" in reason, reason
+    list_test_sources(ext)
+    outcome, junit, _, suite = local_suite(ext, tmp_path / "listed", monkeypatch)
+    assert outcome == "passed", (ext / "dist" / CELL / "test.log").read_text()
+    assert junit["passed"] == 3
+    # Each at its place in the extension: the tests' copy, their settings, the test sources.
+    assert (suite / tests / "test_sources.py").is_file() and (suite / "setup.cfg").is_file()
+    assert sorted(p.name for p in (suite / "csrc").iterdir()) == ["native.c"]
+    assert not (suite / "in_tree").exists()
+
+
+@pytest.mark.parametrize(("tests", "up"), [("test", 1), ("checks/test", 2)])
+def test_the_in_image_tests_read_their_test_sources_beside_their_copy(ext, tmp_path, tests, up):
+    with_test_sources(ext, tests, up)
+    done = in_image(ext, tmp_path / "unlisted")
+    assert done.returncode == 1 and "FileNotFoundError" in done.stdout, done.stdout
+    list_test_sources(ext)
+    done = in_image(ext, tmp_path / "listed")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "3 passed" in done.stdout
 
 
 @pytest.mark.cells

@@ -160,7 +160,8 @@ def repository(matrix_file: Path) -> Path:
 
 
 def check_extension(matrix: Matrix, src: Source) -> None:
-    """The extension folder is a Python project inside the repository, with its tests.
+    """The extension folder is a Python project inside the repository, with its tests and
+    the test sources they read.
 
     Checked at plan time, so a wrong path fails in a second rather than after an image
     build; a few stats, so `plan` stays fast.
@@ -192,6 +193,29 @@ def check_extension(matrix: Matrix, src: Source) -> None:
     if not tests.resolve().is_relative_to(resolved):
         raise src.error(("extension", "tests"), f"tests folder '{ext.tests}' leads outside "
                         f"'{ext.path}' (through a symlink)", "keep the tests inside the project")
+    # The import package (or module), flat or src layout: never beside the tests' copy.
+    packages = {p: (folder / p).resolve() for top in ("", "src/")
+                for p in (f"{top}{ext.import_name}", f"{top}{ext.import_name}.py")
+                if (folder / p).exists()}
+    for i, rel in enumerate(ext.test_sources):
+        at = ("extension", "test_sources", i)
+        path = folder / rel
+        if not path.exists():
+            raise src.error(at, f"test source '{rel}' not found in '{ext.path}'",
+                            "give a file or folder relative to extension.path")
+        if not path.resolve().is_relative_to(resolved):
+            raise src.error(at, f"test source '{rel}' leads outside '{ext.path}' (through a "
+                            "symlink)", "keep the test sources inside the project")
+        for package, real in packages.items():
+            if real == path.resolve():
+                raise src.error(at, f"test source '{rel}' is the import package: copied beside "
+                                "the tests, it would be imported instead of the wheel",
+                                "remove it (the tests import the installed package)")
+            if real.is_relative_to(path.resolve()):
+                raise src.error(at, f"test source '{rel}' holds the import package '{package}': "
+                                "copied beside the tests, it would be imported instead of the "
+                                "wheel", "list only the files and folders beside it that the "
+                                "tests read")
 
 
 @dataclass(frozen=True)

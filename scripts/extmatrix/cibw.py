@@ -23,7 +23,7 @@ from .config import Extension
 from .envs import Sources
 from .errors import NotBuildable
 from .toolchain import honoured_env
-from .workspace import SUITE, tests_name
+from .workspace import SUITE, extension_path, tests_path
 
 # Libraries the wheel must load from torch's own install, never carry a copy of:
 # two copies of libtorch in one process break the op registry and the allocator.
@@ -177,15 +177,23 @@ def test_command(extension: Extension, pytest_settings: str | None = None) -> st
     """The shell line cibuildwheel runs the tests with, in its test venv (`python` is the
     venv's, first on PATH) and a scratch folder; every matrix value in it is quoted.
 
-    The tests run from a copy in a folder of that one, beside their pytest settings, as
-    the local backend runs them (workspace.stage_tests): in place, the extension's sources
-    would be imported instead of the wheel."""
+    The tests run from a copy in a folder of that one, with their pytest settings and test
+    sources, as the local backend runs them (workspace.stage_tests): in place, the
+    extension's sources would be imported instead of the wheel."""
     # {package}: the extension's folder, below {project} where it lies in a folder of its
     # git repository (project.build_tree).
-    name = literal(tests_name(extension.tests))
-    stage = [f"mkdir -p {SUITE}", f"cp -RL {{package}}/{literal(extension.tests)} {SUITE}/{name}",
-             f"cp {{package}}/{literal(pytest_settings)} {SUITE}/" if pytest_settings
-             else f": > {SUITE}/pytest.ini", f"cd {SUITE}"]
+    tests = PurePosixPath(SUITE, tests_path(extension.tests))
+    name = literal(tests_path(extension.tests))
+    root = PurePosixPath(SUITE, extension_path(extension.tests))
+    # Each into its folder at the same place in the suite: `cp -R` then merges a test source
+    # that holds the tests folder with their copy.
+    into = [(rel, (root / rel).parent) for rel in
+            [*extension.test_sources, *([pytest_settings] if pytest_settings else [])]]
+    folders = dict.fromkeys([tests.parent, *(folder for _, folder in into)])
+    stage = [f"mkdir -p {' '.join(literal(str(f)) for f in folders)}",
+             f"cp -RL {{package}}/{literal(extension.tests)} {literal(str(tests))}",
+             *(f"cp -RL {{package}}/{literal(rel)} {literal(f'{f}/')}" for rel, f in into),
+             *([] if pytest_settings else [f": > {SUITE}/pytest.ini"]), f"cd {SUITE}"]
     if not PurePosixPath(extension.tests).name:  # the extension's folder: not its package
         stage.append(f"rm -rf {name}/{extension.import_name} {name}/{extension.import_name}.*")
     if extension.test_command is None:

@@ -146,17 +146,29 @@ def _check_relative(value: str) -> str:
     return value
 
 
-def _check_tests(value: str) -> str:
+def _check_inside(value: str, what: str = "folder") -> str:
     if PurePosixPath(value).is_absolute():
-        raise ValueError(f"'{value}' is an absolute path; give the folder relative to "
+        raise ValueError(f"'{value}' is an absolute path; give the {what} relative to "
                          "extension.path")
     if ".." in value.split("/"):
-        raise ValueError(f"'{value}' leads out of the extension; give a folder inside "
+        raise ValueError(f"'{value}' leads out of the extension; give a {what} inside "
                          "extension.path")
     if not _TESTS.fullmatch(value):
-        raise ValueError(f"'{value}' is not a plain folder path; use only letters, digits, "
+        raise ValueError(f"'{value}' is not a plain {what} path; use only letters, digits, "
                          "'.', '_', '-' and '/'")
     return value
+
+
+def _check_tests(value: str) -> str:
+    return _check_inside(value)
+
+
+def _check_test_source(value: str) -> str:
+    path = PurePosixPath(_check_inside(value, "file or folder"))
+    if not path.name:
+        raise ValueError(f"'{value}' is the extension's whole folder, its sources with it; "
+                         "list the files and folders the tests read")
+    return path.as_posix()  # the one spelling both backends copy to
 
 
 def _check_argument(value: str) -> str:
@@ -202,6 +214,7 @@ RequirementText = Annotated[str, AfterValidator(_check_requirement)]
 TestRequirement = Annotated[str, AfterValidator(_check_test_requirement)]
 RelativePath = Annotated[str, AfterValidator(_check_relative)]
 TestsPath = Annotated[str, AfterValidator(_check_tests)]
+TestSource = Annotated[str, AfterValidator(_check_test_source)]
 TestArgument = Annotated[str, AfterValidator(_check_argument)]
 CommandArgument = Annotated[TestArgument, AfterValidator(_check_command_argument)]
 
@@ -228,6 +241,13 @@ class Extension(_Model):
     import_name: Name = Field(alias="import", description="Top-level import name.")
     tests: TestsPath = Field(
         "tests", description="Test folder, relative to `path` and inside it (no '..')."
+    )
+    test_sources: list[TestSource] = Field(
+        default_factory=list,
+        description="Files and folders outside `tests` the tests read (kernel sources, data, "
+        "scripts), relative to `path` (no '..'): the tests run from a copy of their folder, "
+        "and these are copied to their places beside it (cibuildwheel's test-sources). Never "
+        "the import package: the tests would import it instead of the wheel.",
     )
     abi3: bool = Field(
         True,

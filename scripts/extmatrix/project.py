@@ -9,7 +9,7 @@ import os
 import shutil
 import subprocess
 import tomllib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path, PurePosixPath
 
 from packaging.requirements import InvalidRequirement, Requirement
@@ -20,7 +20,7 @@ from pyproject_hooks import BuildBackendHookCaller, quiet_subprocess_runner
 
 from .errors import StepFailed, UserError
 from .steps import first_cause
-from .workspace import skipped
+from .workspace import places_in, skipped
 
 BUILD_TOOLS = ["pip", "ninja"]  # beside the extension's own [build-system] requires
 # The cell pins these itself: the extension's own pin would fight the cell's.
@@ -654,13 +654,16 @@ def _runner_with(env: dict[str, str]):
     return run
 
 
-def check_tree(ext_dir: Path) -> None:
+def check_tree(ext_dir: Path, leave_out: Iterable[Path] = ()) -> None:
     """Refuse a source tree that cannot be copied faithfully into a cell: a dangling
     symlink, or one that leads out of the extension (the copy would not carry what
-    it points at, and a container would not see it)."""
+    it points at, and a container would not see it). The folders `leave_out` names (the
+    engine's own: workspace.engine_folders) are no part of the copy, nor of the check."""
     root = ext_dir.resolve()
+    out = places_in(ext_dir, leave_out)
     for folder, dirs, files in os.walk(ext_dir):
-        dirs[:] = [d for d in dirs if not skipped(Path(folder, d).relative_to(ext_dir))]
+        rel = Path(folder).relative_to(ext_dir)
+        dirs[:] = [d for d in dirs if not skipped(rel / d) and rel / d not in out]
         for name in [*dirs, *files]:
             path = Path(folder) / name
             if not path.is_symlink():

@@ -52,7 +52,9 @@ def context(plan: Plan, *, dist: str | None, parallel: int, require_gpu: bool = 
                   require_gpu, echo, rebuild)
     if console is not None:
         ctx = replace(ctx, say=lambda text: console.print(text, highlight=False, markup=False))
-    project.check_tree(ctx.ext_dir)
+    # Each cell asks these again; asked here, a mistake is one line before any cell starts.
+    local.compile_jobs(ctx)
+    project.check_tree(ctx.ext_dir, workspace.engine_folders(ctx.ext_dir, ctx.work, ctx.dist))
     return ctx
 
 

@@ -204,6 +204,19 @@ def engine_folders(ext_dir: Path, work: Path, dist: Path) -> list[Path]:
     return [work, dist]
 
 
+def places_in(top: Path, folders: Iterable[Path]) -> set[Path]:
+    """Where those of `folders` that lie inside `top` (not `top` itself) lie, relative to it:
+    as named, and where links lead (a work folder may be a link in the extension to a
+    larger disk)."""
+    places = set()
+    for folder in folders:
+        for path, root in ((Path(os.path.abspath(folder)), Path(os.path.abspath(top))),
+                           (folder.resolve(), top.resolve())):
+            if path.is_relative_to(root) and path != root:
+                places.add(path.relative_to(root))
+    return places
+
+
 def sync_tree(src: Path, dst: Path, leave_out: Iterable[Path] = ()) -> None:
     """Mirror src into dst, touching only changed files so incremental builds stay warm.
 
@@ -213,9 +226,7 @@ def sync_tree(src: Path, dst: Path, leave_out: Iterable[Path] = ()) -> None:
     The folders `leave_out` (and dst) name are left out wherever they lie in src, and
     go from dst: an earlier copy may hold them."""
     dst.mkdir(parents=True, exist_ok=True)
-    top = src.resolve()
-    out = {p.resolve().relative_to(top) for p in (*leave_out, dst)
-           if p.resolve().is_relative_to(top) and p.resolve() != top}
+    out = places_in(src, [*leave_out, dst])
     seen: set[Path] = set()
     for root, dirs, files in os.walk(src):
         rel = Path(root).relative_to(src)
@@ -278,9 +289,17 @@ PYTEST_SETTINGS = ("pytest.toml", ".pytest.toml", "pytest.ini", ".pytest.ini", "
                    "tox.ini", "setup.cfg")
 
 
-def tests_name(tests: str) -> str:
-    """The name of the tests folder's copy: its own ("tests" for the extension's folder)."""
-    return PurePosixPath(tests).name or "tests"
+def tests_path(tests: str) -> str:
+    """Where the tests folder's copy lies in the suite: where it lies in the extension ("tests"
+    for the extension's own folder), so that a path a test takes from its own file (parents[1]
+    / "csrc") leads to the test sources' copies as it does in the extension."""
+    return PurePosixPath(tests).as_posix() if PurePosixPath(tests).name else "tests"
+
+
+def extension_path(tests: str) -> str:
+    """Where the extension's folder lies in the suite: the suite, or the tests' copy where the
+    extension is its own tests folder."""
+    return "." if PurePosixPath(tests).name else "tests"
 
 
 def pytest_settings(ext_dir: Path, tests: str) -> Path | None:
@@ -313,9 +332,10 @@ def _holds_pytest_settings(path: Path) -> bool:
 
 
 def stage_tests(ext_dir: Path, tests: str, import_name: str, suite: Path,
-                leave_out: Iterable[Path] = ()) -> Path:
-    """A fresh copy of the tests folder in `suite`, beside the pytest settings they run
-    under in place (or empty ones: pytest looks no further up); returns the copy.
+                leave_out: Iterable[Path] = (), sources: Iterable[str] = ()) -> Path:
+    """A fresh copy of the tests folder in `suite`, with the pytest settings they run under
+    in place (or empty ones: pytest looks no further up) and the test `sources` they read,
+    each at its place in the extension; returns the tests' copy.
 
     Links are followed: a link to data elsewhere in the extension would lead nowhere from
     the copy. An extension's folder that is its own tests folder leaves its import
@@ -334,11 +354,18 @@ def stage_tests(ext_dir: Path, tests: str, import_name: str, suite: Path,
 
     shutil.rmtree(suite, ignore_errors=True)
     suite.mkdir(parents=True)
-    copy = suite / tests_name(tests)
+    copy, root = suite / tests_path(tests), suite / extension_path(tests)
     shutil.copytree(source, copy, ignore=ignore)
+    for rel in sources:  # a folder holding the tests merges with their copy
+        found, place = (top / rel).resolve(), root / rel
+        place.parent.mkdir(parents=True, exist_ok=True)
+        if found.is_dir():
+            shutil.copytree(found, place, ignore=ignore, dirs_exist_ok=True)
+        else:
+            shutil.copy2(found, place)
     settings = pytest_settings(ext_dir, tests)
     if settings is None:
         (suite / "pytest.ini").write_text("")
     else:
-        shutil.copy2(settings, suite / settings.name)
+        shutil.copy2(settings, root / settings.relative_to(top))
     return copy

@@ -276,7 +276,8 @@ def run_suite(ctx: Context, venv: Path, cell_dist: Path, suffix: str,
     ext = ctx.matrix.extension
     suite = venv.parent / workspace.SUITE
     workspace.stage_tests(ctx.ext_dir, ext.tests, ext.import_name, suite,
-                          workspace.engine_folders(ctx.ext_dir, ctx.work, ctx.dist))
+                          workspace.engine_folders(ctx.ext_dir, ctx.work, ctx.dist),
+                          ext.test_sources)
     cmd, env = test_cmd(ctx, venv, cell_dist, junit_path)
     with steps.timed("tests"):
         start = (cell_dist / "test.log").stat().st_size
@@ -375,7 +376,7 @@ def test_cmd(ctx: Context, venv: Path, cell_dist: Path,
              junit: Path | None = None) -> tuple[list[str], dict[str, str]]:
     """The command that runs the copy of the tests run_suite stages beside `venv`."""
     ext = ctx.matrix.extension
-    tests = venv.parent / workspace.SUITE / workspace.tests_name(ext.tests)
+    tests = venv.parent / workspace.SUITE / workspace.tests_path(ext.tests)
     junit = junit or cell_dist / "junit.xml"
     env = {"EXTMATRIX_CELL_REPORT": str(cell_dist / CELL_FACTS),
            "PYTHONPATH": os.pathsep.join(filter(None, [str(PLUGIN_DIR),
