@@ -86,3 +86,11 @@ def test_no_local_subset_selects_every_cell_and_says_so(project, capsys):
     (project / "ci" / "extmatrix.yaml").write_text(MATRIX)
     assert main(["plan", "--matrix", "ci/extmatrix.yaml", "--json"]) == 0
     assert capsys.readouterr().err == ""  # plan shows every cell by design: nothing to say
+
+
+def test_a_piped_plan_keeps_each_cell_id_on_one_line(project, monkeypatch, capsys):
+    monkeypatch.delenv("COLUMNS", raising=False)
+    assert main(["plan", "--matrix", "ci/extmatrix.yaml"]) == 0
+    out = capsys.readouterr().out
+    for cell in ("py3.11-torch2.13-cpu", "py3.12-torch2.13-cu130"):
+        assert cell in out, f"{cell} is wrapped in:\n{out}"

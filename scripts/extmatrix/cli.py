@@ -142,7 +142,10 @@ def _plan(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(report.matrix_json(workflow.matrix(cells, args.job)))
     else:
-        report.print_plan(cells, plan.dropped if args.explain else None, Console())
+        out = Console()
+        # Piped or in a CI log, rich would wrap cell ids at 80 columns.
+        out = out if out.is_terminal else Console(width=max(out.width, 160))
+        report.print_plan(cells, plan.dropped if args.explain else None, out)
     return 0
 
 
