@@ -15,7 +15,7 @@ import pytest
 from cibuildwheel.util.helpers import prepare_command
 
 from extmatrix import cibw, project, run, steps, workspace
-from extmatrix.backends import Context, container, local
+from extmatrix.backends import Context, container, copy_sources, local
 from extmatrix.cells import plan_file
 from extmatrix.cli import main
 from extmatrix.errors import UserError
@@ -64,6 +64,33 @@ def test_a_copy_of_the_extension_leaves_out_the_engines_folders_inside_it(ext, t
     assert local.fingerprint(cell, {}, tmp_path / "venv", copy) == before
 
 
+def test_the_matrix_and_github_folder_in_the_extension_are_no_part_of_its_copy(ext, tmp_path):
+    """A comment or a torch added to the matrix, a CI workflow edited: no source of a wheel
+    changed, and every cell reuses its wheel (its own settings are in the fingerprint)."""
+    workflow = ext / ".github" / "workflows" / "extmatrix.yml"
+    workflow.parent.mkdir(parents=True)
+    workflow.write_text("on: push\n")
+    ctx = run.context(plan_file(ext / "matrix.yaml"), dist=None, parallel=1)
+    src = ctx.work / CELL / "src"
+    (src / ".github").mkdir(parents=True)  # what an older engine copied
+    (src / "matrix.yaml").write_text("old")
+
+    def fingerprint() -> str:
+        copy_sources(ctx, src)
+        cell = plan_file(ext / "matrix.yaml").cell(CELL)
+        return local.fingerprint(cell, {}, tmp_path / "venv", src)
+
+    before = fingerprint()
+    assert sources(src) == sources(FIXTURE) - {"matrix.yaml"} and not (src / ".github").exists()
+    matrix = ext / "matrix.yaml"
+    matrix.write_text(matrix.read_text().replace('torch: ["2.13"]', 'torch: ["2.12", "2.13"]')
+                      + "# a comment\n")
+    workflow.write_text("on: pull_request\n")
+    assert fingerprint() == before
+    (ext / "csrc" / "native.c").write_text((ext / "csrc" / "native.c").read_text() + "\n")
+    assert fingerprint() != before
+
+
 def test_the_default_work_folder_in_the_extension_is_not_its_source(ext):
     # What a build leaves there: environments whose python links out of the extension.
     python = ext / ".extmatrix" / CELL / "build-env" / "bin" / "python"
@@ -73,9 +100,8 @@ def test_the_default_work_folder_in_the_extension_is_not_its_source(ext):
     assert (ctx.ext_dir, ctx.work, ctx.dist) == (ext, ext / ".extmatrix", ext / "dist")
     src, _ = project.build_tree(ctx.work / CELL / "src", ctx.ext_dir)
     (src / ".extmatrix" / CELL / "src").mkdir(parents=True)  # what a copy of itself left there
-    workspace.sync_tree(ctx.ext_dir, src, workspace.engine_folders(ctx.ext_dir, ctx.work,
-                                                                   ctx.dist))
-    assert sources(src) == sources(FIXTURE) and not (src / ".extmatrix").exists()
+    copy_sources(ctx, src)
+    assert sources(src) == sources(FIXTURE) - {"matrix.yaml"} and not (src / ".extmatrix").exists()
 
 
 @pytest.mark.parametrize("flag", ["$EXTMATRIX_WORK", "--dist"])
@@ -269,9 +295,13 @@ def test_an_extension_with_its_matrix_inside_builds_and_tests_its_wheel(ext, cap
     assert main(["test-matrix", "--matrix", matrix]) == 0, capsys.readouterr().err
     tested = CellReport.read(ext / "dist" / CELL / "report.json")
     assert tested.test == "passed" and tested.junit["passed"] == 2
+    # What a maintainer edits between builds, none of it a source of the wheel.
+    (ext / "matrix.yaml").write_text((ext / "matrix.yaml").read_text() + "# a comment\n")
+    (ext / ".github" / "workflows").mkdir(parents=True)
+    (ext / ".github" / "workflows" / "extmatrix.yml").write_text("on: push\n")
     assert main(["build", "--matrix", matrix]) == 0, capsys.readouterr().err
     assert CellReport.read(ext / "dist" / CELL / "report.json").reused
-    assert sources(ext / ".extmatrix" / CELL / "src") == sources(FIXTURE)
+    assert sources(ext / ".extmatrix" / CELL / "src") == sources(FIXTURE) - {"matrix.yaml"}
 
 
 def test_an_extension_that_is_its_own_tests_folder_leaves_its_package_out(ext, tmp_path,

@@ -812,13 +812,14 @@ def test_a_wheel_the_checks_refuse_never_sits_beside_the_last_good_one(tmp_path)
     cell's *.whl to the good wheel carried forward; the refused one is kept for a look in
     rejected/, which the failure names."""
     ctx, cell = ctx_for(tmp_path), PLAN.cell("torch2.13-cpu")
+    # No binary: a py3-none one is read for Python C API calls, and these are no ELF.
     with backends.building(ctx, cell, "local") as (saved, staging, _):
         good = fake_wheel(tmp_path / "segment_ops-0.4.1.dev1+pt213cpu-py3-none-any.whl",
-                          "0.4.1.dev1+pt213cpu", ["torch==2.13.*"])
+                          "0.4.1.dev1+pt213cpu", ["torch==2.13.*"], binary=False)
         backends.check_wheel(cell, ctx, good, saved, staging, None)
     with backends.building(ctx, cell, "local") as (saved, staging, _):
         bad = fake_wheel(tmp_path / "segment_ops-0.4.1.dev2+pt213cpu-py3-none-any.whl",
-                         "0.4.1.dev2+pt213cpu", [])  # no torch pin
+                         "0.4.1.dev2+pt213cpu", [], binary=False)  # no torch pin
         backends.check_wheel(cell, ctx, bad, saved, staging, None)
     final = ctx.dist / cell.id
     assert workspace.single_wheel(final).name == good.name
@@ -829,7 +830,7 @@ def test_a_wheel_the_checks_refuse_never_sits_beside_the_last_good_one(tmp_path)
     # What the backend found (the container's repair check) refuses a wheel the same way.
     with backends.building(ctx, cell, "container") as (saved, staging, _):
         repaired = fake_wheel(tmp_path / "segment_ops-0.4.1.dev3+pt213cpu-py3-none-any.whl",
-                              "0.4.1.dev3+pt213cpu", ["torch==2.13.*"])
+                              "0.4.1.dev3+pt213cpu", ["torch==2.13.*"], binary=False)
         backends.check_wheel(cell, ctx, repaired, saved, staging, None,
                              ["the wheel carries its own libc10.so; torch's must be used"])
     assert workspace.single_wheel(final).name == good.name

@@ -4,14 +4,20 @@ built for that Python."""
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
 import zipfile
 from pathlib import Path
 
 import pytest
 
 from extmatrix import wheels
+from extmatrix.backends import Context, check_wheel, container
 from extmatrix.cells import plan_file
 from extmatrix.cli import main
+from extmatrix.errors import StepFailed
+from extmatrix.report import CellReport
+from extmatrix.steps import Steps
 
 MATRIX = """\
 extension: {{name: fastclip, import: fastclip, path: ext, abi3: {abi3}}}
@@ -83,13 +89,13 @@ def test_a_collision_of_cells_that_are_not_per_python_names_the_cells_to_choose_
     assert index(tmp_path, "torch2.13-cpu") == 0
 
 
-def fake_wheel(folder: Path, name: str) -> Path:
+def fake_wheel(folder: Path, name: str, binary: bytes = b"\x7fELF") -> Path:
     path = folder / name
     with zipfile.ZipFile(path, "w") as zf:
         zf.writestr("fastclip-0.2.0+pt213cpu.dist-info/METADATA",
                     "Metadata-Version: 2.1\nName: fastclip\nVersion: 0.2.0+pt213cpu\n"
                     "Requires-Dist: torch==2.13.*\n")
-        zf.writestr("fastclip/_C.so", b"\x7fELF")
+        zf.writestr("fastclip/_C.so", binary)
     return path
 
 
@@ -113,3 +119,69 @@ def test_a_per_python_cells_wheel_is_for_its_python(tmp_path, cell, tag, problem
     plan = plan_file(matrix(tmp_path))
     wheel = fake_wheel(tmp_path, f"fastclip-0.2.0+pt213cpu-{tag}.whl")
     assert wheels.inspect(wheel, plan.cell(cell), None).problems == ([problem] if problem else [])
+
+
+def library(folder: Path, code: str, *links: str) -> bytes:
+    """A shared library built from C `code`, linking stand-ins of the libraries `links`."""
+    assert shutil.which("cc"), "these tests build shared libraries with the system C compiler"
+    for lib in links:
+        subprocess.run(["cc", "-shared", "-o", str(folder / lib), "-x", "c", "-",
+                        f"-Wl,-soname,{lib}"], input="int stub;", text=True, check=True)
+    out = folder / "_C.so"
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(out), "-x", "c", "-", "-x", "none",
+                    "-Wl,--no-as-needed", *(str(folder / lib) for lib in links)],
+                   input=code, text=True, check=True)
+    return out.read_bytes()
+
+
+# What torch.ops.load_library loads: a TORCH_LIBRARY library, no Python in it.
+OP = "int clip(int x) { return x < 0 ? 0 : x; }\n"
+# An extension module tagged py3: it calls into the Python of whoever loads it.
+MODULE = ("void *PyObject_GetAttr(void *, void *);\n"
+          "void *attr(void *o, void *name) { return PyObject_GetAttr(o, name); }\n")
+FIX = ('tag it cp3X-abi3 (wheel.py-api = "cp3X", built with Py_LIMITED_API), or set '
+       "extension.abi3: false to build it once per Python")
+
+
+@pytest.mark.parametrize(("code", "links", "needs"), [
+    (OP, (), None),
+    (MODULE, (), "calls the Python C API (PyObject_GetAttr)"),
+    (OP, ("libpython3.11.so.1.0",), "links libpython3.11.so.1.0"),
+])
+def test_an_abi3_cells_py3_none_wheel_needs_no_python(tmp_path, code, links, needs):
+    """abi3: true builds one wheel per cell for all its Pythons: a py3-none one (wheel.py-api
+    = "py3") is sound where its binaries link no libpython and call no Python C API."""
+    cell = plan_file(matrix(tmp_path, abi3="true")).cell("torch2.13-cpu")
+    wheel = fake_wheel(tmp_path, PY3, library(tmp_path, code, *links))
+    problems = wheels.inspect(wheel, cell, None).problems
+    assert problems == ([f"is tagged py3-none-linux_x86_64, for every Python, yet fastclip/_C.so "
+                         f"{needs}: {FIX}"] if needs else [])
+
+
+@pytest.mark.parametrize(("tag", "audited"), [("py3-none-linux_x86_64", False),
+                                              ("cp39-abi3-linux_x86_64", True)])
+def test_abi3audit_audits_an_abi3_cells_wheel_tagged_abi3(tmp_path, tag, audited):
+    # abi3audit --strict refuses a py3-none wheel: "failed to determine ABI version baseline".
+    cell = plan_file(matrix(tmp_path, abi3="true")).cell("torch2.13-cpu")
+    wheel = fake_wheel(tmp_path, f"fastclip-0.2.0+pt213cpu-{tag}.whl", library(tmp_path, OP))
+    steps = Steps(tmp_path / "build.log")
+    try:
+        container.audit_abi3(cell, wheel, steps)
+    finally:
+        steps.close()
+    assert ("abi3audit" in steps.timings) is audited
+    assert wheels.inspect(wheel, cell, None).problems == []
+
+
+def test_a_py3_none_wheel_that_needs_python_fails_its_cell_in_one_line(tmp_path):
+    cell = plan_file(matrix(tmp_path, abi3="true")).cell("torch2.13-cpu")
+    wheel = fake_wheel(tmp_path, PY3, library(tmp_path, MODULE))
+    ctx = Context(plan_file(tmp_path / "matrix.yaml").matrix, tmp_path, tmp_path / "dist",
+                  tmp_path / "work", tmp_path / "cache", 1)
+    (staging := tmp_path / "staging").mkdir()
+    with pytest.raises(StepFailed) as caught:
+        check_wheel(cell, ctx, wheel, CellReport(cell=cell.id, backend="local"), staging, None)
+    rejected = tmp_path / "dist" / cell.id / "rejected" / PY3
+    assert caught.value.detail == (
+        f"the wheel is tagged py3-none-linux_x86_64, for every Python, yet fastclip/_C.so calls "
+        f"the Python C API (PyObject_GetAttr): {FIX} (it is {rejected})")

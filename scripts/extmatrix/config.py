@@ -251,8 +251,9 @@ class Extension(_Model):
     )
     abi3: bool = Field(
         True,
-        description="One cp3X-abi3 wheel serves every Python of a cell; "
-        "the Python axis then only multiplies the tests.",
+        description="One wheel serves every Python of a cell: cp3X-abi3, or py3-none where its "
+        "binaries link no libpython (a TORCH_LIBRARY library); the Python axis then only "
+        "multiplies the tests.",
     )
     test_args: list[TestArgument] = Field(
         default_factory=list, description="Extra pytest arguments for the matrix tests."

@@ -71,10 +71,10 @@ def describe(ext_dir: Path) -> Project:
         raise UserError(str(ext_dir), "no tests/ or test/ folder",
                         "add the extension's tests there, then run init again")
     # scikit-build-core's cp3X tags the wheel cp3X-abi3; its py3 (a library that
-    # torch.ops.load_library loads, no libpython) also serves every Python, untagged abi3.
+    # torch.ops.load_library loads, no libpython) tags it py3-none: either serves every Python.
     py_api = pyproject_value(ext_dir, ("tool", "scikit-build", "wheel", "py-api"), str, "")
     setup_py = ext_dir / "setup.py"
-    abi3 = py_api.startswith("cp") if py_api else (
+    abi3 = py_api.startswith(("cp", "py")) if py_api else (
         setup_py.is_file() and "py_limited_api" in setup_py.read_text(errors="replace"))
     import_name = _import_name(ext_dir, name)
     package = next(d for d in (ext_dir / "src" / import_name, ext_dir / import_name)
@@ -179,10 +179,10 @@ def matrix_text(project: Project, path: str, compat: Compat, torch: str | None,
     ]
     if project.py_api.startswith("py"):
         lines += [
-            f'  # wheel.py-api = "{project.py_api}": one {project.py_api}-none wheel would serve '
-            "every Python,",
-            "  # but it is not tagged abi3, and the container backend's abi3audit refuses an",
-            "  # abi3 cell's wheel without the tag: each Python builds its own copy.",
+            f'  # wheel.py-api = "{project.py_api}": one {project.py_api}-none wheel, linking no '
+            "libpython, serves every",
+            "  # Python: built once per cell (its binaries checked for Python C API calls) and",
+            "  # tested under each Python.",
         ]
     lines += [
         f"  abi3: {'true' if project.abi3 else 'false'}",

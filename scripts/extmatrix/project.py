@@ -657,8 +657,8 @@ def _runner_with(env: dict[str, str]):
 def check_tree(ext_dir: Path, leave_out: Iterable[Path] = ()) -> None:
     """Refuse a source tree that cannot be copied faithfully into a cell: a dangling
     symlink, or one that leads out of the extension (the copy would not carry what
-    it points at, and a container would not see it). The folders `leave_out` names (the
-    engine's own: workspace.engine_folders) are no part of the copy, nor of the check."""
+    it points at, and a container would not see it). What `leave_out` names (the engine's
+    folders, the matrix: backends.not_sources) is no part of the copy, nor of the check."""
     root = ext_dir.resolve()
     out = places_in(ext_dir, leave_out)
     for folder, dirs, files in os.walk(ext_dir):
@@ -666,7 +666,7 @@ def check_tree(ext_dir: Path, leave_out: Iterable[Path] = ()) -> None:
         dirs[:] = [d for d in dirs if not skipped(rel / d) and rel / d not in out]
         for name in [*dirs, *files]:
             path = Path(folder) / name
-            if not path.is_symlink():
+            if not path.is_symlink() or rel / name in out:
                 continue
             shown = path.relative_to(ext_dir.parent) if ext_dir.parent in path.parents else path
             target = os.readlink(path)

@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from . import envs, project, steps, toolchain, workspace
-from .backends import Context, local, max_jobs
+from .backends import Context, local, max_jobs, not_sources
 from .cells import Cell, Plan
 from .errors import Interrupted, UserError, describe_os_error
 from .report import CellReport, failure, repro_lines, summary_markdown, summary_table
@@ -49,12 +49,12 @@ def context(plan: Plan, *, dist: str | None, parallel: int, require_gpu: bool = 
             raise UserError(None, f"cannot write to {folder}: {exc.strerror or exc}",
                             f"free space there or point {flag} at a writable folder") from None
     ctx = Context(plan.matrix, root, out, work, toolchain.cache_root(), max_jobs(parallel),
-                  require_gpu, echo, rebuild)
+                  require_gpu, echo, rebuild, matrix_file=root / Path(plan.source.file).name)
     if console is not None:
         ctx = replace(ctx, say=lambda text: console.print(text, highlight=False, markup=False))
     # Each cell asks these again; asked here, a mistake is one line before any cell starts.
     local.compile_jobs(ctx)
-    project.check_tree(ctx.ext_dir, workspace.engine_folders(ctx.ext_dir, ctx.work, ctx.dist))
+    project.check_tree(ctx.ext_dir, not_sources(ctx))
     return ctx
 
 

@@ -52,6 +52,16 @@ def undefined_symbols(library: Path) -> set[str]:
         raise ValueError(f"{library.name} is not an ELF shared library ({exc})") from None
 
 
+def needed(library: Path) -> list[str]:
+    """The libraries the library links to (DT_NEEDED)."""
+    try:
+        with library.open("rb") as fh:
+            dynamic = ELFFile(fh).get_section_by_name(".dynamic")
+            return [] if dynamic is None else [t.needed for t in dynamic.iter_tags("DT_NEEDED")]
+    except ELFError as exc:
+        raise ValueError(f"{library.name} is not an ELF shared library ({exc})") from None
+
+
 def torch_namespace(symbol: str) -> str | None:
     """'c10' for _ZN3c106detail14torchCheckFail..., None for std::, C or other names."""
     match = _OUTER_SCOPE.match(symbol)

@@ -102,6 +102,8 @@ def inspect(wheel: Path, cell: Cell, cuobjdump: Path | None) -> WheelFacts:
         _cuda_archs(wheel, cell, cuobjdump, facts)
     if cell.stable:
         _stable_abi(wheel, facts)
+    if cell.abi3 and no_python_abi(wheel.name):
+        _python_free(wheel, facts)
     return facts
 
 
@@ -128,6 +130,43 @@ def _foreign_python(name: str, python: str) -> str | None:
 def for_every_python(name: str) -> bool:
     """Whether a wheel's tags name no one Python's ABI (py3-none, cp39-abi3)."""
     return all(t.abi in ("none", "abi3") for t in parse_wheel_filename(name)[3])
+
+
+def no_python_abi(name: str) -> bool:
+    """Whether a wheel's tags name no Python ABI at all (py3-none-linux_x86_64): abi3audit,
+    which refuses a wheel not tagged abi3, has nothing to audit; _python_free checks it."""
+    try:
+        return all(t.abi == "none" for t in parse_wheel_filename(name)[3])
+    except (InvalidWheelFilename, InvalidVersion):
+        return False  # stamp refuses such a name before the wheel is checked
+
+
+_LIBPYTHON = re.compile(r"libpython\d")
+
+
+def _python_free(wheel: Path, facts: WheelFacts) -> None:
+    """A py3-none wheel installs in every Python: sound only where its binaries need none (a
+    TORCH_LIBRARY library that torch.ops.load_library loads), linking no libpython and
+    calling no Python C API, whose ABI changes from one Python to the next."""
+    with zipfile.ZipFile(wheel) as zf, tempfile.TemporaryDirectory() as tmp:
+        for name in _libraries(zf):
+            try:
+                library = Path(zf.extract(name, tmp))
+                linked = [n for n in symbols.needed(library) if _LIBPYTHON.match(n)]
+                calls = sorted(s for s in symbols.undefined_symbols(library)
+                               if s.startswith(("Py", "_Py")))
+            except ValueError as exc:
+                facts.problems.append(str(exc))
+                continue
+            needs = ([f"links {linked[0]}"] if linked else []) + (
+                [f"calls the Python C API ({calls[0]})"] if calls else [])
+            if needs:
+                tag = "-".join(wheel.name.removesuffix(".whl").split("-")[-3:])
+                facts.problems.append(
+                    f"is tagged {tag}, for every Python, yet {name} {' and '.join(needs)}: tag "
+                    'it cp3X-abi3 (wheel.py-api = "cp3X", built with Py_LIMITED_API), or set '
+                    "extension.abi3: false to build it once per Python")
+                return
 
 
 def _libraries(zf: zipfile.ZipFile) -> list[str]:

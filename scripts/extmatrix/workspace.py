@@ -223,8 +223,8 @@ def sync_tree(src: Path, dst: Path, leave_out: Iterable[Path] = ()) -> None:
     A file counts as unchanged only with the same size and nanosecond mtime: whole
     seconds would miss an edit made within the second of the last copy. Symlinks
     are copied as links (the extension check has refused those that leave the tree).
-    The folders `leave_out` (and dst) name are left out wherever they lie in src, and
-    go from dst: an earlier copy may hold them."""
+    The files and folders `leave_out` (and dst) name are left out wherever they lie in
+    src, and go from dst: an earlier copy may hold them."""
     dst.mkdir(parents=True, exist_ok=True)
     out = places_in(src, [*leave_out, dst])
     seen: set[Path] = set()
@@ -235,7 +235,8 @@ def sync_tree(src: Path, dst: Path, leave_out: Iterable[Path] = ()) -> None:
             (dst / rel).unlink()
         (dst / rel).mkdir(parents=True, exist_ok=True)
         seen.add(rel)
-        for name in [*files, *(d for d in dirs if (Path(root) / d).is_symlink())]:
+        for name in [*(f for f in files if rel / f not in out),
+                     *(d for d in dirs if (Path(root) / d).is_symlink())]:
             source, target = Path(root) / name, dst / rel / name
             seen.add(rel / name)
             if source.is_symlink():

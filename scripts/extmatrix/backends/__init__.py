@@ -38,10 +38,27 @@ class Context:
     echo: TextIO | None = None  # print each command (repro)
     rebuild: bool = False  # compile even when the inputs are unchanged
     say: Callable[[str], None] = field(default=workspace.say_on_stderr, compare=False)
+    matrix_file: Path | None = None  # in `root`; no part of a cell's copy (not_sources)
 
     @property
     def ext_dir(self) -> Path:
         return (self.root / self.matrix.extension.path).resolve()
+
+
+def not_sources(ctx: Context) -> list[Path]:
+    """What a copy of the extension leaves out besides the build products (workspace.skipped):
+    the engine's folders (workspace.engine_folders), and the matrix file and .github/ (GitHub's
+    CI settings, the repository's where the extension is the repository), where they lie in
+    the extension. No build reads those two, and in the copy the build cache's fingerprint
+    would hash them: a comment or a torch added to the matrix would recompile every cell,
+    whose own settings are in the fingerprint already."""
+    return [*workspace.engine_folders(ctx.ext_dir, ctx.work, ctx.dist), ctx.ext_dir / ".github",
+            *([ctx.matrix_file] if ctx.matrix_file else [])]
+
+
+def copy_sources(ctx: Context, src: Path) -> None:
+    """Bring the cell's copy of the extension, `src`, up to date with its sources."""
+    workspace.sync_tree(ctx.ext_dir, src, not_sources(ctx))
 
 
 @contextmanager

@@ -2,7 +2,8 @@
 
 Build: the cell's image (from `extmatrix images`) → cibuildwheel with the cell's
 CIBW_* environment (torch installed first, compile, auditwheel repair, the
-extension's tests against the installed wheel) → abi3audit on the host → the
+extension's tests against the installed wheel) → abi3audit on the host (a py3-none
+wheel has no abi3 tag to audit: the wheel check looks for Python in its binaries) → the
 same wheel check as the local backend, plus what the repair left out. Results
 land in dist/<cell>/ exactly as the local backend's do; testing the wheel
 afterwards (test-matrix) is the local backend's, in a plain environment.
@@ -25,8 +26,10 @@ from ..engines import Engine
 from ..errors import NotBuildable, UserError
 from ..project import build_requirements
 from ..report import CellReport
-from ..workspace import single_wheel, sync_tree
-from . import Context, building, check_wheel, local, stamp_wheel
+from ..steps import Steps
+from ..wheels import no_python_abi
+from ..workspace import single_wheel
+from . import Context, building, check_wheel, copy_sources, local, stamp_wheel
 
 PROJECT = "/project"  # where cibuildwheel copies the extension, and where --shell mounts it
 # cibuildwheel's step titles, as timing names in the report.
@@ -44,7 +47,7 @@ def build(cell: Cell, ctx: Context) -> CellReport:
         # and the source tree may hold build products of other builds.
         top = ctx.work / cell.id / "container-src"
         src, inside = project.build_tree(top, ctx.ext_dir)
-        sync_tree(ctx.ext_dir, src, workspace.engine_folders(ctx.ext_dir, ctx.work, ctx.dist))
+        copy_sources(ctx, src)
         tracked = project.mirror_tracked_files(ctx.ext_dir, src, steps.note)  # .git goes too
         # The engine's own setuptools-scm: the container's comes too late to ask the tree.
         from_git = project.git_version_env(ctx.ext_dir, Path(sys.executable), {},
@@ -66,10 +69,7 @@ def build(cell: Cell, ctx: Context) -> CellReport:
         built = single_wheel(out)
         project.check_version_taken(built, from_git, ctx.ext_dir, top)
         wheel = stamp_wheel(cell, built, report, steps)
-        if cell.abi3:
-            with steps.timed("abi3audit"):
-                steps.run("abi3audit", [sys.executable, "-m", "abi3audit", "--strict", "--report",
-                                        str(wheel)])
+        audit_abi3(cell, wheel, steps)
         repair = cibw.repaired(wheel, cell)
         steps.note(f"wheel tag {repair.tag}; left to torch's install: "
                    f"{', '.join(repair.excluded) or 'nothing'}; grafted: "
@@ -77,6 +77,15 @@ def build(cell: Cell, ctx: Context) -> CellReport:
         report.repair = asdict(repair)
         check_wheel(cell, ctx, wheel, report, staging, None, repair.problems)
     return report
+
+
+def audit_abi3(cell: Cell, wheel: Path, steps: Steps) -> None:
+    """abi3audit an abi3 cell's wheel; it refuses one not tagged abi3, and a py3-none wheel
+    has no Python ABI to audit: check_wheel looks for Python in its binaries instead."""
+    if cell.abi3 and not no_python_abi(wheel.name):
+        with steps.timed("abi3audit"):
+            steps.run("abi3audit", [sys.executable, "-m", "abi3audit", "--strict", "--report",
+                                    str(wheel)])
 
 
 def _prepare(cell: Cell, ctx: Context, report: CellReport) -> tuple[Engine, str]:

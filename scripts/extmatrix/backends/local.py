@@ -24,8 +24,8 @@ from ..errors import Interrupted, NotBuildable, StepFailed, UserError, describe_
 from ..project import build_requirements
 from ..report import CellReport, ServedTorch
 from ..steps import Steps, first_cause
-from ..workspace import single_wheel, sync_tree
-from . import Context, building, check_wheel, stamp_wheel
+from ..workspace import single_wheel
+from . import Context, building, check_wheel, copy_sources, stamp_wheel
 
 STAMP = "inputs.sha256"  # beside the last wheel: what it was built from
 
@@ -42,7 +42,7 @@ def build(cell: Cell, ctx: Context) -> CellReport:
         report.sources = list(sources.notes)
         top = ctx.work / cell.id / "src"
         src, _ = project.build_tree(top, ctx.ext_dir)
-        sync_tree(ctx.ext_dir, src, workspace.engine_folders(ctx.ext_dir, ctx.work, ctx.dist))
+        copy_sources(ctx, src)
         tracked = project.mirror_tracked_files(ctx.ext_dir, src, steps.note)
         env = compile_env(cell, tools, ctx, venv, src)
         with steps.timed("env"):
