@@ -837,3 +837,28 @@ def test_a_wheel_the_checks_refuse_never_sits_beside_the_last_good_one(tmp_path)
     outcome = CellReport.read(final / "report.json")
     assert outcome.reason.startswith("the wheel carries its own libc10.so")
     assert (final / "rejected" / repaired.name).is_file()
+
+
+def test_a_failed_torch_install_says_where_torch_was_sought(tmp_path, monkeypatch):
+    from extmatrix import envs
+    from extmatrix.backends import local
+    from extmatrix.errors import StepFailed
+
+    note = "https://download.pytorch.org/whl/cpu not reachable: torch from the host's pip sources"
+    monkeypatch.setattr(envs, "sources_for", lambda cell: envs.Sources(notes=(note,)))
+    monkeypatch.setattr(envs, "find_python", lambda cell: "python3")
+
+    class Steps:
+        def note(self, text):
+            pass
+
+        def run(self, step, cmd):
+            if "install" in cmd:
+                raise StepFailed(step, "env failed (exit 1): No solution found when resolving "
+                                       "dependencies; see build.log")
+
+    cell = type("Cell", (), {"torch_spec": "torch==2.15.0+cpu"})()
+    with pytest.raises(StepFailed) as failed:
+        local.prepare_env(cell, tmp_path / "build-env", [], Steps())
+    assert failed.value.detail == ("env failed (exit 1): No solution found when resolving "
+                                   f"dependencies ({note}); see build.log")

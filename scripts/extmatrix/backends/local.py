@@ -144,7 +144,15 @@ def prepare_env(cell: Cell, venv: Path, extra: list[str], steps: Steps) -> envs.
             steps.note(f"recreating {venv}: {damage}")
         envs.env_marker(venv).unlink(missing_ok=True)
         steps.run("env", envs.create_cmd(venv, python))
-        steps.run("env", envs.install_cmd(venv, requirements, sources))
+        try:
+            steps.run("env", envs.install_cmd(venv, requirements, sources))
+        except StepFailed as failed:
+            # "No version of torch==X+cpu" means little until it says where torch was sought.
+            cause, see, log = failed.detail.rpartition("; see ")
+            if not see or not sources.notes:
+                raise
+            raise StepFailed(failed.step, f"{cause} ({'; '.join(sources.notes)}){see}{log}"
+                             ) from None
         envs.write_marker(venv, wanted)
         (venv / "torch-build.json").unlink(missing_ok=True)
     check_torch_build(cell, venv, sources)
