@@ -135,6 +135,43 @@ def test_triton_is_required_only_by_an_extension_that_imports_it(tmp_path, monke
     assert rocm == (["pytorch-triton-rocm"] if triton else None)
 
 
+def move(source: str, to: str):
+    """An edit of the extension: file `source` moves to `to` (None: deleted)."""
+    def edit(repo: Path) -> None:
+        if to is None:
+            (repo / source).unlink()
+        else:
+            (repo / to).parent.mkdir(parents=True, exist_ok=True)
+            (repo / source).rename(repo / to)
+    return edit
+
+
+@pytest.mark.parametrize("name, edit, families", [
+    ("classic-cuda", None, {"cpu", "cuda", "rocm"}),
+    ("triton-kernels", None, {"cpu", "cuda", "rocm"}),  # no .cu, but GPU kernels all the same
+    ("scm-version", None, {"cpu", "cuda", "rocm"}),  # .cu inside the package
+    ("classic-cuda", move("csrc/scale_cuda.cu", None), {"cpu"}),
+    # CUDA sources that only the tests compile are not the wheel's.
+    ("classic-cuda", move("csrc/scale_cuda.cu", "tests/scale_cuda.cu"), {"cpu"}),
+    ("classic-cuda", move("csrc/scale_cuda.cu", "third_party/lib/kernels/scale.cu"),
+     {"cpu", "cuda", "rocm"}),
+])
+def test_gpu_flavors_only_for_an_extension_with_gpu_code(tmp_path, monkeypatch, capsys, name,
+                                                         edit, families):
+    # A GPU flavor of a CPU-only extension builds its CPU code again, and the wheel check
+    # refuses that wheel for holding no GPU code: init lists no cell bound to fail.
+    plan = scaffold(tmp_path, monkeypatch, name, edit)
+    assert {"rocm" if f.startswith("rocm") else "cuda" if f.startswith("cu") else f
+            for f in plan.matrix.axes.flavor} == families
+    assert {c.family for c in plan.cells} == families - {"rocm"}
+    assert ("no CUDA or HIP sources" in Path("matrix.yaml").read_text()) is (families == {"cpu"})
+    pr = plan.select("pr")
+    assert {c.family for c in pr} == families - {"rocm"}
+    capsys.readouterr()
+    # ... and `plan --outdated` does not propose the families it left out.
+    assert main(["plan", "--outdated", "--check"]) == 0, capsys.readouterr().out
+
+
 @pytest.mark.parametrize("edit", [None, ABI3])
 def test_a_scikit_build_wheel_for_every_python_is_built_once_per_cell(tmp_path, monkeypatch,
                                                                       edit):

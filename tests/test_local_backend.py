@@ -442,7 +442,7 @@ def built_wheel(folder: Path, name: str, version: str, requires: list[str],
     from wheel.wheelfile import WheelFile
 
     stem = f"{name}-{version}{local}"
-    path = folder / f"{stem}-cp311-cp311-linux_x86_64.whl"
+    path = folder / f"{stem}-cp39-abi3-linux_x86_64.whl"  # the matrix is abi3
     meta = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}{local}",
             *(f"Requires-Dist: {r}" for r in requires), "", "Long description."]
     with WheelFile(path, "w") as wf:
@@ -458,7 +458,7 @@ def test_stamp_writes_the_cells_identity_with_a_valid_record(tmp_path):
     cell = PLAN.cell("torch2.14-cu130")
     wheel = built_wheel(tmp_path, "my_ext", "1.2.0", ["torch>=2.0", "numpy"])
     stamped, changes = wheels.stamp(wheel, cell)
-    assert stamped.name == "my_ext-1.2.0+pt214cu130-cp311-cp311-linux_x86_64.whl"
+    assert stamped.name == "my_ext-1.2.0+pt214cu130-cp39-abi3-linux_x86_64.whl"
     assert not wheel.exists()
     assert changes == ["version 1.2.0 -> 1.2.0+pt214cu130",
                        "Requires-Dist torch>=2.0 -> torch==2.14.*", "Requires-Dist + triton"]

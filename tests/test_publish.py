@@ -121,6 +121,25 @@ def test_a_per_python_cells_wheel_is_for_its_python(tmp_path, cell, tag, problem
     assert wheels.inspect(wheel, plan.cell(cell), None).problems == ([problem] if problem else [])
 
 
+@pytest.mark.parametrize(("tag", "problem"), [
+    ("cp311-abi3-linux_x86_64", None),
+    ("cp39-abi3-linux_x86_64", None),
+    ("cp311-cp311-linux_x86_64",  # the build ignored Py_LIMITED_API
+     "is tagged cp311-cp311-linux_x86_64, which CPython 3.12 does not install, yet the cell's "
+     "one wheel serves 3.11, 3.12: tag it cp311-abi3 (built with Py_LIMITED_API) or py3-none, "
+     "or set extension.abi3: false to build it once per Python"),
+    ("cp312-abi3-linux_x86_64",
+     "is tagged cp312-abi3-linux_x86_64, which CPython 3.11 does not install, yet the cell's "
+     "one wheel serves 3.11, 3.12: tag it cp311-abi3 (built with Py_LIMITED_API) or py3-none, "
+     "or set extension.abi3: false to build it once per Python"),
+])
+def test_an_abi3_cells_wheel_installs_on_every_python_it_serves(tmp_path, tag, problem):
+    cell = plan_file(matrix(tmp_path, abi3="true")).cell("torch2.13-cpu")
+    assert (cell.python, cell.test_pythons) == ("3.11", ("3.11", "3.12"))
+    wheel = fake_wheel(tmp_path, f"fastclip-0.2.0+pt213cpu-{tag}.whl")
+    assert wheels.inspect(wheel, cell, None).problems == ([problem] if problem else [])
+
+
 def library(folder: Path, code: str, *links: str) -> bytes:
     """A shared library built from C `code`, linking stand-ins of the libraries `links`."""
     assert shutil.which("cc"), "these tests build shared libraries with the system C compiler"

@@ -56,6 +56,9 @@ class Project:
     requires_python_in: str = ""
     py_api: str = ""  # scikit-build-core's wheel.py-api
     triton: bool = False  # the package imports triton: its GPU wheels require it
+    # CUDA or HIP sources, or Triton kernels: without them a GPU flavor's wheel would hold
+    # the CPU build again, which the wheel check refuses for holding no GPU code.
+    gpu: bool = True
 
     def accepts(self, python: str) -> bool:
         return accepts_python(self.requires_python, python)
@@ -80,8 +83,24 @@ def describe(ext_dir: Path) -> Project:
     package = next(d for d in (ext_dir / "src" / import_name, ext_dir / import_name)
                    if d.is_dir())
     specifier, stated_in = requires_python(ext_dir)
-    return Project(name, import_name, tests, abi3, specifier, stated_in, py_api,
-                   _imports_triton(package))
+    triton = _imports_triton(package)
+    return Project(name, import_name, tests, abi3, specifier, stated_in, py_api, triton,
+                   triton or _has_gpu_sources(ext_dir))
+
+
+GPU_SUFFIXES = (".cu", ".cuh", ".hip")
+
+
+def _has_gpu_sources(ext_dir: Path) -> bool:
+    """Whether the extension has CUDA or HIP sources outside its tests, docs and build
+    output (a vendored library's count: the build may compile them)."""
+    for folder, subfolders, files in os.walk(ext_dir):
+        top = Path(folder) == ext_dir
+        subfolders[:] = [d for d in subfolders if not d.startswith(".") and d != "__pycache__"
+                         and not (top and d in SKIP)]
+        if any(f.endswith(GPU_SUFFIXES) for f in files):
+            return True
+    return False
 
 
 def _imports_triton(package: Path) -> bool:
@@ -155,9 +174,9 @@ def matrix_text(project: Project, path: str, compat: Compat, torch: str | None,
                             f"Python {project.requires_python}", "pass a Python it takes")
     pythons = sorted(pythons or _pythons(project, facts, series,
                                          today or datetime.date.today()), key=version_key)
-    cuda = {f"cu{v.replace('.', '')}": v for v in facts.cuda}
+    cuda = {f"cu{v.replace('.', '')}": v for v in facts.cuda} if project.gpu else {}
     built = ["cpu", *(f for f, v in cuda.items() if version_key(v) >= FIRST_PYPI_CUDA)]
-    rocm = [f"rocm{v}" for v in facts.rocm]
+    rocm = [f"rocm{v}" for v in facts.rocm] if project.gpu else []
     # The flavors the workflow's local backend cannot build, and why: exclude rules.
     unbuilt = {f"cu{major}*": f"NVIDIA's PyPI wheels have no CUDA {major} nvcc: build in a "
                f"container or where CUDA {major} is installed"
@@ -170,6 +189,14 @@ def matrix_text(project: Project, path: str, compat: Compat, torch: str | None,
         "# and Python it ships for. Cells build on a machine without a GPU, as GitHub's runners",
         "# are; the exclude rules say which flavors need more. `extmatrix plan --explain` shows",
         "# the cells, and `extmatrix plan --outdated` what a newer torch or Python would add.",
+    ] if project.gpu else [
+        f"# Written by `extmatrix init` for {project.name}: torch {series} on CPU with every",
+        "# Python it ships for. The extension has no CUDA or HIP sources (.cu, .cuh, .hip) and",
+        "# no Triton kernels, so a GPU flavor would build the same CPU code: add cuXXX flavors",
+        "# once it has GPU code. `extmatrix plan --explain` shows the cells, and",
+        "# `extmatrix plan --outdated` what a newer torch or Python would add.",
+    ]
+    lines += [
         "",
         "extension:",
         f"  path: {path}",
@@ -197,10 +224,13 @@ def matrix_text(project: Project, path: str, compat: Compat, torch: str | None,
         "defaults:",
         "  cpu:",
         f"    index: {INDEX}cpu",
-        "  cuda:",
-        f"    index: {INDEX}{{flavor}}",
-        *(["    runtime_deps: [triton]"] if project.triton else []),
     ]
+    if cuda:
+        lines += [
+            "  cuda:",
+            f"    index: {INDEX}{{flavor}}",
+            *(["    runtime_deps: [triton]"] if project.triton else []),
+        ]
     if rocm:
         lines += [
             "  rocm:",
@@ -209,8 +239,8 @@ def matrix_text(project: Project, path: str, compat: Compat, torch: str | None,
             "    base_image: docker.io/pytorch/manylinux2_28-builder:rocm{toolkit}",
             *(["    runtime_deps: [pytorch-triton-rocm]"] if project.triton else []),
         ]
-    lines += ["", "# GPU archs are named here, never detected: a builder has no GPU.",
-              "flavors:", "  cpu: {}"]
+    lines += ["", *(["# GPU archs are named here, never detected: a builder has no GPU."]
+                    if project.gpu else []), "flavors:", "  cpu: {}"]
     for name, version in cuda.items():
         toolkit = compat.toolkit("cuda", version)
         archs = [a for a in ARCHS if toolkit is None or a in toolkit.archs]
@@ -219,7 +249,7 @@ def matrix_text(project: Project, path: str, compat: Compat, torch: str | None,
                  ", base_image: 'docker.io/pytorch/manylinux2_28-builder:cuda{toolkit}'")
         lines.append(f"  {name}: {{archs: [{', '.join(map(repr, archs))}], "
                      f"ptx: [{archs[-1]!r}]{image}}}".replace("'", '"'))
-    for version in facts.rocm:
+    for version in facts.rocm if project.gpu else ():
         published = compat.rocm_archs(series, version)
         archs = [a for a in ROCM_ARCHS if a in published] or published
         lines.append(f"  rocm{version}: {{archs: [{', '.join(archs)}]}}")
@@ -245,7 +275,8 @@ def matrix_text(project: Project, path: str, compat: Compat, torch: str | None,
         "  # What `build` and `test-matrix` take by default: a Linux box without a GPU or a",
         "  # container builds it, with the Python `extmatrix init` ran on where it is listed.",
         f"  local: [{cell(here if here in pythons else pythons[0], 'cpu')}]",
-        "  # Pull requests: CPU with the oldest Python, the newest CUDA with the newest.",
+        "  # Pull requests: CPU with the oldest Python, "
+        f"{'the newest CUDA' if cuda else 'and'} with the newest.",
         f"  pr: [{', '.join(pr)}]",
     ]
     return "\n".join(lines) + "\n"

@@ -3,7 +3,9 @@
 torch ships a minor every few weeks, each with its own flavors and Pythons; CPython
 versions reach their end of life every October. A matrix written once drifts. This
 compares matrix.yaml's axes with the compatibility facts and proposes the change as
-a patch to the file, so that a scheduled job can say so (`--check` exits 1).
+a patch to the file, so that a scheduled job can say so (`--check` exits 1). New flavors
+are proposed within the families the matrix builds: a CPU-only extension is not told to
+add CUDA, nor a CUDA one ROCm.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from packaging.specifiers import SpecifierSet
 
 from .cells import Plan
 from .compat import series, version_key
+from .config import flavor_family
 from .project import accepts_python
 
 # PEP 602: five years of support from each October release. A fact of the calendar, not
@@ -68,8 +71,11 @@ def changes(plan: Plan, today: datetime.date,
     published = {f: [t for t in torches if f in flavors_of(plan, t)]
                  for t in torches for f in flavors_of(plan, t)}
     newest_listed = max(torches, key=version_key)
+    # A family the matrix leaves out (CUDA for a CPU-only extension) stays out: its new
+    # flavors are proposed only to a matrix that builds that family already.
+    families = {flavor_family(f) for f in axes.flavor}
     for flavor in flavors_of(plan, newest_listed):
-        if flavor not in axes.flavor:
+        if flavor not in axes.flavor and flavor_family(flavor) in families:
             found.append(Change("add", "flavor", flavor,
                                 f"torch {newest_listed} publishes it"))
     for flavor in axes.flavor:

@@ -79,6 +79,8 @@ def inspect(wheel: Path, cell: Cell, cuobjdump: Path | None) -> WheelFacts:
     facts = WheelFacts(wheel.name, wheel.stat().st_size, version, requires)
     if not cell.abi3 and (foreign := _foreign_python(wheel.name, cell.python)):
         facts.problems.append(foreign)
+    if cell.abi3 and (narrow := _not_for_every_python(wheel.name, cell)):
+        facts.problems.append(narrow)
     if not version.endswith(f"+{cell.local_version}"):
         facts.problems.append(f"version {version} lacks the local label +{cell.local_version}")
     parsed = _requirements(requires)
@@ -125,6 +127,22 @@ def _foreign_python(name: str, python: str) -> str | None:
         return None
     tag = "-".join(name.removesuffix(".whl").split("-")[-3:])
     return f"is tagged {tag}, which CPython {python} does not install: another Python built it"
+
+
+def _not_for_every_python(name: str, cell: Cell) -> str | None:
+    """Why an abi3 cell's one wheel would not install on every Python the cell tests it on:
+    tagged for the builder's Python alone (the build ignored Py_LIMITED_API), or abi3 from a
+    Python above the cell's lowest."""
+    serves = list(dict.fromkeys((cell.python, *cell.test_pythons)))
+    for python in serves:
+        if _foreign_python(name, python):
+            tag = "-".join(name.removesuffix(".whl").split("-")[-3:])
+            lowest = min(serves, key=lambda p: tuple(int(x) for x in p.split(".")))
+            return (f"is tagged {tag}, which CPython {python} does not install, yet the cell's "
+                    f"one wheel serves {', '.join(serves)}: tag it "
+                    f"cp{lowest.replace('.', '')}-abi3 (built with Py_LIMITED_API) or py3-none, "
+                    "or set extension.abi3: false to build it once per Python")
+    return None
 
 
 def for_every_python(name: str) -> bool:
