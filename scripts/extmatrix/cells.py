@@ -289,6 +289,11 @@ def expand(matrix: Matrix, src: Source, compat: Compat) -> Plan:
                         pythons_yielded.update(group)
                         continue
                     excluded_by = _excluded_by(matrix.exclude, values, group, exclude_hits)
+                    if abi3 and not excluded_by:
+                        for i, rule in enumerate(matrix.exclude):
+                            if (_matches_axes(rule, values)
+                                    and (partial := _part_of_abi3_group(matrix, src, i))):
+                                raise partial
                     reason = excluded_by and _exclusion(matrix.exclude, excluded_by, src)
                     if reason:  # the user chose this: not a value that cannot yield cells
                         yielded.update({("torch", ti), ("flavor", fi)})
@@ -443,15 +448,29 @@ def _unmatched_exclude(matrix: Matrix, src: Source, i: int, torches: list[str],
         return src.error(("exclude", i), f"exclude[{i}] matches only cells that stable[{si}] "
                          f"({src.where(('stable', si))}) replaces with {stable}",
                          f"delete the rule or narrow stable[{si}]")
-    regular = [p for p in matrix.axes.python if not p.endswith("t")]
-    named = [p for p in regular if rule.python and fnmatch.fnmatchcase(p, rule.python)]
-    if kept and named and matrix.extension.abi3:
-        return src.error(("exclude", i, "python"), f"exclude[{i}] names Python "
-                         f"{', '.join(named)}, but the extension is abi3: one wheel per cell "
-                         f"serves Python {', '.join(regular)}, and a rule leaves it out only by "
-                         "naming all of them", "drop 'python' to exclude whole cells")
+    if kept and (partial := _part_of_abi3_group(matrix, src, i)):
+        return partial
     return src.error(("exclude", i), f"exclude[{i}] matches no combination of the axes",
                      "fix its patterns or delete it")
+
+
+def _part_of_abi3_group(matrix: Matrix, src: Source, i: int) -> UserError | None:
+    """exclude[i] names some of the Pythons an abi3 cell's one wheel serves: it cannot leave
+    them out (that cell builds and tests them all), so it is an error, not a no-op, even
+    where the rule also takes a free-threaded cell of its own."""
+    rule = matrix.exclude[i]
+    regular = [p for p in matrix.axes.python if not p.endswith("t")]
+    named = [p for p in regular if rule.python and fnmatch.fnmatchcase(p, rule.python)]
+    if not (matrix.extension.abi3 and named) or len(named) == len(regular):
+        return None
+    threaded = [p for p in matrix.axes.python if p.endswith("t")]
+    fix = ((f"name only free-threaded Pythons ({', '.join(threaded)}), which get cells of "
+            "their own, or drop 'python' to exclude whole cells") if threaded
+           else "drop 'python' to exclude whole cells")
+    return src.error(("exclude", i, "python"), f"exclude[{i}] names Python "
+                     f"{', '.join(named)}, but the extension is abi3: one wheel per cell "
+                     f"serves Python {', '.join(regular)}, and a rule leaves it out only by "
+                     "naming all of them", fix)
 
 
 def _matches(rule: Rule, values: dict[str, str], pythons: list[str]) -> bool:
