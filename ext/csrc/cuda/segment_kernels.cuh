@@ -2545,6 +2545,25 @@ __device__ __forceinline__ void units_share(const T* __restrict__ src, int64_t a
   }
 }
 
+// Rows [a, b) pulled into L2 (prefetch.global.L2) ahead of their loads: the
+// team's lanes on consecutive 128-byte lines from a's, kSteps lines a lane at
+// most. A hint: no register waits on it, and on ROCm it is left out.
+template <typename T, int W, int kSteps>
+__device__ __forceinline__ void pull_into_l2(const T* __restrict__ src, int64_t a, int64_t b,
+                                             int lane) {
+#if !defined(__HIP_PLATFORM_AMD__)
+  const uintptr_t first = reinterpret_cast<uintptr_t>(src + a * W) & ~uintptr_t{127};
+  const uintptr_t end = reinterpret_cast<uintptr_t>(src + b * W);
+#pragma unroll
+  for (int k = 0; k < kSteps; ++k) {
+    const uintptr_t line = first + static_cast<uintptr_t>(k * kTeam + lane) * 128u;
+    if (line < end) asm volatile("prefetch.global.L2 [%0];" ::"l"(line));
+  }
+#else
+  (void)src, (void)a, (void)b, (void)lane;
+#endif
+}
+
 // Sum of rows [a, b) over the block, in thread 0's `total`.
 template <typename T, int W>
 __device__ __forceinline__ void block_rows_sum(const T* __restrict__ src, int64_t a, int64_t b,
@@ -3181,45 +3200,112 @@ __global__ void __launch_bounds__(kThreads, kLaneBlocksPerSm<T, W>)
         if (mine >> (i0 + j) & 1u)
           store_sum<T, W>(out + (base + (i0 + j) * kTeam + lane) * W, acc[j]);
     }
-    // The team's long segments, one after another in (lane, i) order: the lane
-    // holding some hands the team which (longs); their bounds come from it, or
-    // on rows of one 2-byte column from indptr again (see below).
+    // The team's long segments, one after another. Their loads wait on memory
+    // one segment at a time (a 64-row segment of 8-byte rows is one load a
+    // lane), so while the team sums one, it pulls the next one's first 8 KB
+    // into L2 (pull_into_l2). The next one is known ahead by walking them in
+    // (i, lane) order, the bits of one 64-bit queue (bit 32 * i + lane: the
+    // lanes' ballots per i); its bounds come from the lane holding it. H200
+    // (ab.py, forward % of copy, one run), base -> this: power law cut into
+    // pieces of 64, 256 and 1024 rows (--cut, runs of the mid-length segments
+    // the team sums), bf16, 4 columns 21.2 -> 28.3, 45.2 -> 55.8, 46.5 -> 54.9;
+    // fp32, 4 columns 48.1 -> 51.6, 60.8 -> 73.2, 40.0 -> 43.6; the power law
+    // itself, bf16, 4 columns 69.9 -> 70.7, fp32, 4 columns 86.0 -> 85.5; short
+    // segments and 1 column within 0.3. Four lines a lane (16 KB) instead of
+    // two: cut laws 0.8 to 1.4 points below two. Lost: each lane pulling its own
+    // long segments (up to 8 or 32 lines) as soon as it has classified them,
+    // alone or beside this: fp32, 4 columns, pieces of 256 rows 60.8 -> 54.6
+    // (32 lines), power law 86.0 -> 82.8; and summing 2 or 4 segments at once
+    // (every segment's loads of a round issued before any add, then one team
+    // reduction each): bf16, 4 columns, pieces of 64 rows 21.6 -> 35.2 and 36.1,
+    // but the power law 69.5 -> 67.5 and 60.0, fp32 84.3 -> 71.9 and 61.1 (4 segments
+    // spilled to the stack on rows of up to 4 bytes).
+    // On rows of 4 bytes or less the walk is (lane, i) and nothing is pulled:
+    // the queue's bounds held beside the lanes' spilled there (fp32, 1 column:
+    // 24 bytes of stack) and lost short segments, fp32, 1 column 88.5 -> 84.0,
+    // bf16 81.0 -> 78.6, where the power law gained nothing (fp32 84.7 ->
+    // 84.6; bf16's takes the tile sum).
     // (A ballot: one vote, where a warp sum (REDUX) and a shuffle to share it
     // took 8 instructions per stripe and a shuffle's latency; lanes' bits are
     // distinct, so their sum is their union.)
-    unsigned holders = team_ballot(longs != 0);
-    while (holders != 0) {
-      const int from = __ffs(holders) - 1;
-      holders &= holders - 1;
-      unsigned pending = cub::ShuffleIndex<kTeam>(longs, from, 0xffffffffu);
-      while (pending != 0) {
-        const int i = __ffs(pending) - 1;
-        pending &= pending - 1;
-        int64_t sa, sb;
-        if constexpr (kWordLanes<T, W>) {
-          // The holder's bounds read again (one address for the whole team)
-          // and clamped as above: the same values (s < lim, as the holder
-          // found). Shuffled from the holder, a and e stayed live across
-          // word_lane_sums' loop, whose loads then lacked registers (see
-          // there).
-          // The block's rows read again too, through volatile: with r0 and
-          // r1 reused, they were held across that loop (4 registers), which
-          // at 6 blocks per SM left it 3 loads before its first wait (see
-          // kLaneBlocksPerSm). The same values.
-          const int64_t s = base + i * kTeam + from;
-          const int64_t b0 = *static_cast<const volatile int64_t*>(&sm.r0);
-          const int64_t b1 = *static_cast<const volatile int64_t*>(&sm.r1);
-          sa = imax(indptr[s], b0);
-          sb = imin(imax(indptr[s + 1], b0), b1);
-        } else {
-          int64_t ha = 0, hb = 0;
+    if constexpr (W * sizeof(T) <= 4) {
+      unsigned holders = team_ballot(longs != 0);
+      while (holders != 0) {
+        const int from = __ffs(holders) - 1;
+        holders &= holders - 1;
+        unsigned pending = cub::ShuffleIndex<kTeam>(longs, from, 0xffffffffu);
+        while (pending != 0) {
+          const int i = __ffs(pending) - 1;
+          pending &= pending - 1;
+          int64_t sa, sb;
+          if constexpr (kWordLanes<T, W>) {
+            // The holder's bounds read again (one address for the whole team)
+            // and clamped as above: the same values (s < lim, as the holder
+            // found). Shuffled from the holder, a and e stayed live across
+            // word_lane_sums' loop, whose loads then lacked registers (see
+            // there).
+            // The block's rows read again too, through volatile: with r0 and
+            // r1 reused, they were held across that loop (4 registers), which
+            // at 6 blocks per SM left it 3 loads before its first wait (see
+            // kLaneBlocksPerSm). The same values.
+            const int64_t s = base + i * kTeam + from;
+            const int64_t b0 = *static_cast<const volatile int64_t*>(&sm.r0);
+            const int64_t b1 = *static_cast<const volatile int64_t*>(&sm.r1);
+            sa = imax(indptr[s], b0);
+            sb = imin(imax(indptr[s + 1], b0), b1);
+          } else {
+            int64_t ha = 0, hb = 0;
 #pragma unroll
-          for (int k = 0; k < kLaneRound; ++k) {  // a[i] without indexing registers at run time
-            ha = k == i ? a[k] : ha;
-            hb = k == i ? e[k] : hb;
+            for (int k = 0; k < kLaneRound; ++k) {  // a[i] without indexing registers at run time
+              ha = k == i ? a[k] : ha;
+              hb = k == i ? e[k] : hb;
+            }
+            sa = cub::ShuffleIndex<kTeam>(ha, from, 0xffffffffu);
+            sb = cub::ShuffleIndex<kTeam>(hb, from, 0xffffffffu);
           }
-          sa = cub::ShuffleIndex<kTeam>(ha, from, 0xffffffffu);
-          sb = cub::ShuffleIndex<kTeam>(hb, from, 0xffffffffu);
+          Part acc;
+#pragma unroll
+          for (int k = 0; k < W; ++k) acc.v[k] = 0;
+          units_share<T, W, true>(src, sa, sb, lane, kTeam, acc.v);
+          const Part sum =
+              typename Shared::TeamReduce(sm.team[t]).Reduce(acc, AddPartials<Acc, W>());
+          if (lane == 0) store_sum<T, W>(out + (base + i * kTeam + from) * W, sum.v);
+        }
+      }
+    } else {
+      static_assert(kLaneRound <= 2, "a stripe's long segments fit a 64-bit queue");
+      unsigned long long queue = 0;
+#pragma unroll
+      for (int i = 0; i < kLaneRound; ++i)
+        queue |= static_cast<unsigned long long>(team_ballot(longs >> i & 1u)) << (32 * i);
+      // Segment `at` of the queue (bit 32 * i + lane): its bounds, shuffled
+      // from the lane holding it.
+      const auto bounds_of = [&](int at, int64_t& sa, int64_t& sb) {
+        const int i = at >> 5, from = at & 31;
+        int64_t ha = 0, hb = 0;
+#pragma unroll
+        for (int k = 0; k < kLaneRound; ++k) {  // a[i] without indexing registers at run time
+          ha = k == i ? a[k] : ha;
+          hb = k == i ? e[k] : hb;
+        }
+        sa = cub::ShuffleIndex<kTeam>(ha, from, 0xffffffffu);
+        sb = cub::ShuffleIndex<kTeam>(hb, from, 0xffffffffu);
+      };
+      int at = -1;
+      int64_t sa = 0, sb = 0;
+      if (queue != 0) {
+        at = __ffsll(static_cast<long long>(queue)) - 1;
+        queue &= queue - 1;
+        bounds_of(at, sa, sb);
+      }
+      while (at >= 0) {
+        int next = -1;
+        int64_t na = 0, nb = 0;
+        if (queue != 0) {
+          next = __ffsll(static_cast<long long>(queue)) - 1;
+          queue &= queue - 1;
+          bounds_of(next, na, nb);
+          pull_into_l2<T, W, 2>(src, na, nb, lane);
         }
         Part acc;
 #pragma unroll
@@ -3227,7 +3313,11 @@ __global__ void __launch_bounds__(kThreads, kLaneBlocksPerSm<T, W>)
         units_share<T, W, true>(src, sa, sb, lane, kTeam, acc.v);
         const Part sum =
             typename Shared::TeamReduce(sm.team[t]).Reduce(acc, AddPartials<Acc, W>());
-        if (lane == 0) store_sum<T, W>(out + (base + i * kTeam + from) * W, sum.v);
+        if (lane == 0)
+          store_sum<T, W>(out + (base + (at >> 5) * kTeam + (at & 31)) * W, sum.v);
+        at = next;
+        sa = na;
+        sb = nb;
       }
     }
   }
