@@ -196,3 +196,13 @@ def test_folders_git_would_commit_are_named_not_ignored_silently(tmp_path, monke
     err = capsys.readouterr().err
     assert (hint in err) if hint else "hint:" not in err
     assert Path(".gitignore").read_text() == ignores  # the maintainer's file, untouched
+
+
+def test_an_older_torch_gets_no_cuda_exclude_rule_for_a_cpu_only_extension(tmp_path,
+                                                                            monkeypatch):
+    # torch 2.14 ships CUDA 12 flavors, which the local backend cannot build: a GPU matrix
+    # excludes them, a CPU-only one lists none, so such a rule would match nothing.
+    extension(tmp_path, monkeypatch, "classic-cuda", move("csrc/scale_cuda.cu", None))
+    assert main(["init", "--engine-spec", SPEC, "--torch", "2.14"]) == 0
+    plan = plan_file("matrix.yaml")
+    assert {c.family for c in plan.cells} == {"cpu"} and not plan.matrix.exclude

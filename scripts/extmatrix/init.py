@@ -3,8 +3,9 @@
 What can be read from the project is read (distribution name, import package, tests
 folder, the Pythons it accepts, abi3 or not, Triton kernels or not); the rest is what
 `plan --outdated` would ask for: the newest torch (or the one asked for) with every
-flavor and every living Python it ships. The flavors a GPU-less builder cannot compile
-without a container (ROCm, CUDA without nvcc on PyPI) are listed but excluded, saying why.
+flavor and every living Python it ships (CPU alone for an extension with no CUDA or HIP
+sources and no Triton kernels). The flavors a GPU-less builder cannot compile without a
+container (ROCm, CUDA without nvcc on PyPI) are listed but excluded, saying why.
 """
 
 from __future__ import annotations
@@ -180,7 +181,7 @@ def matrix_text(project: Project, path: str, compat: Compat, torch: str | None,
     # The flavors the workflow's local backend cannot build, and why: exclude rules.
     unbuilt = {f"cu{major}*": f"NVIDIA's PyPI wheels have no CUDA {major} nvcc: build in a "
                f"container or where CUDA {major} is installed"
-               for major in (version_key(v)[0] for v in facts.cuda
+               for major in (version_key(v)[0] for v in cuda.values()
                              if version_key(v) < FIRST_PYPI_CUDA)}
     if rocm:
         unbuilt["rocm*"] = "ROCm builds need a container or ROCm installed"
