@@ -177,7 +177,8 @@ def matrix_text(project: Project, path: str, compat: Compat, torch: str | None,
                                          today or datetime.date.today()), key=version_key)
     cuda = {f"cu{v.replace('.', '')}": v for v in facts.cuda} if project.gpu else {}
     built = ["cpu", *(f for f, v in cuda.items() if version_key(v) >= FIRST_PYPI_CUDA)]
-    rocm = [f"rocm{v}" for v in facts.rocm] if project.gpu else []
+    rocm_versions = facts.rocm if project.gpu else []
+    rocm = [f"rocm{v}" for v in rocm_versions]
     # The flavors the workflow's local backend cannot build, and why: exclude rules.
     unbuilt = {f"cu{major}*": f"NVIDIA's PyPI wheels have no CUDA {major} nvcc: build in a "
                f"container or where CUDA {major} is installed"
@@ -250,7 +251,7 @@ def matrix_text(project: Project, path: str, compat: Compat, torch: str | None,
                  ", base_image: 'docker.io/pytorch/manylinux2_28-builder:cuda{toolkit}'")
         lines.append(f"  {name}: {{archs: [{', '.join(map(repr, archs))}], "
                      f"ptx: [{archs[-1]!r}]{image}}}".replace("'", '"'))
-    for version in facts.rocm if project.gpu else ():
+    for version in rocm_versions:
         published = compat.rocm_archs(series, version)
         archs = [a for a in ROCM_ARCHS if a in published] or published
         lines.append(f"  rocm{version}: {{archs: [{', '.join(archs)}]}}")

@@ -29,6 +29,7 @@ from wheel.wheelfile import WheelFile
 
 from . import symbols
 from .cells import Cell
+from .compat import version_key
 from .errors import StepFailed
 
 
@@ -125,8 +126,13 @@ def _foreign_python(name: str, python: str) -> str | None:
                 *compatible_tags(version, f"cp{version[0]}{version[1]}", platforms)}
     if not installs.isdisjoint(tags):
         return None
-    tag = "-".join(name.removesuffix(".whl").split("-")[-3:])
-    return f"is tagged {tag}, which CPython {python} does not install: another Python built it"
+    return (f"is tagged {_tag(name)}, which CPython {python} does not install: another "
+            "Python built it")
+
+
+def _tag(name: str) -> str:
+    """A wheel file name's tag part: cp311-cp311-linux_x86_64."""
+    return "-".join(name.removesuffix(".whl").split("-")[-3:])
 
 
 def _not_for_every_python(name: str, cell: Cell) -> str | None:
@@ -136,10 +142,9 @@ def _not_for_every_python(name: str, cell: Cell) -> str | None:
     serves = list(dict.fromkeys((cell.python, *cell.test_pythons)))
     for python in serves:
         if _foreign_python(name, python):
-            tag = "-".join(name.removesuffix(".whl").split("-")[-3:])
-            lowest = min(serves, key=lambda p: tuple(int(x) for x in p.split(".")))
-            return (f"is tagged {tag}, which CPython {python} does not install, yet the cell's "
-                    f"one wheel serves {', '.join(serves)}: tag it "
+            lowest = min(serves, key=version_key)
+            return (f"is tagged {_tag(name)}, which CPython {python} does not install, yet the "
+                    f"cell's one wheel serves {', '.join(serves)}: tag it "
                     f"cp{lowest.replace('.', '')}-abi3 (built with Py_LIMITED_API) or py3-none, "
                     "or set extension.abi3: false to build it once per Python")
     return None
@@ -179,10 +184,10 @@ def _python_free(wheel: Path, facts: WheelFacts) -> None:
             needs = ([f"links {linked[0]}"] if linked else []) + (
                 [f"calls the Python C API ({calls[0]})"] if calls else [])
             if needs:
-                tag = "-".join(wheel.name.removesuffix(".whl").split("-")[-3:])
                 facts.problems.append(
-                    f"is tagged {tag}, for every Python, yet {name} {' and '.join(needs)}: tag "
-                    'it cp3X-abi3 (wheel.py-api = "cp3X", built with Py_LIMITED_API), or set '
+                    f"is tagged {_tag(wheel.name)}, for every Python, yet {name} "
+                    f"{' and '.join(needs)}: tag it cp3X-abi3 "
+                    '(wheel.py-api = "cp3X", built with Py_LIMITED_API), or set '
                     "extension.abi3: false to build it once per Python")
                 return
 
