@@ -54,3 +54,15 @@ def device(request):
 def _seed():
     # Random inputs, but the same ones on every run: a tolerance failure reproduces.
     torch.manual_seed(0)
+
+
+@pytest.fixture
+def fresh_dynamo():
+    """torch.compile's caches as a new process has them. A parametrized test compiles the
+    same code object in every case, and dynamo's recompile limit (8 per code object) counts
+    them all: the ninth case would fail on the cases before it, not on its own."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()

@@ -467,7 +467,7 @@ def test_no_host_sync_and_cuda_graph_capture(backend):
 
 
 @pytest.mark.gpu
-def test_compile_reduce_overhead():
+def test_compile_reduce_overhead(fresh_dynamo):
     def pooled(x, indptr):
         return segment_ops.segment_sum(x * 2, indptr).sum(dim=-1)
 
@@ -509,7 +509,7 @@ def test_gradcheck(device):
     assert torch.autograd.gradgradcheck(segment_ops.segment_sum, (src, indptr))
 
 
-def test_compile_fullgraph(device):
+def test_compile_fullgraph(device, fresh_dynamo):
     def pooled_norm(x, indptr):
         return segment_ops.segment_sum(x.relu(), indptr).norm(dim=-1)
 
@@ -826,7 +826,7 @@ def test_triton_eager_call_launches_directly(monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.parametrize("inner", [4, 8, 64])  # the lane kernel, the wide lanes, the walk
 @pytest.mark.parametrize("dynamic", [False, True])
-def test_triton_backend_autograd_and_compile(inner, dynamic):
+def test_triton_backend_autograd_and_compile(inner, dynamic, fresh_dynamo):
     pytest.importorskip("triton")
     indptr = make_indptr([3, 0, 2], "cuda")
     src = torch.randn(5, inner, device="cuda", requires_grad=True)
