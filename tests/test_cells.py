@@ -321,3 +321,23 @@ def test_a_python_that_yields_nothing_or_a_value_listed_twice_is_an_error(tmp_pa
     text = re.sub(rf"{key}: \[.*\]", axes, text)
     with pytest.raises(UserError, match=message):
         plan_file(write(tmp_path, text))
+
+
+def test_abi3_exclude_of_pythons_torch_never_served_is_accepted(tmp_path):
+    """torch 2.14 stops at 3.14: a rule leaving 3.15 out of its cell agrees with torch and
+    takes nothing from the one wheel, which serves 3.11-3.14."""
+    plan = plan_file(write(tmp_path, textwrap.dedent("""
+        extension: {name: demo, import: demo, abi3: true}
+        axes:
+          torch: ["2.14", "2.15"]
+          flavor: [cpu]
+          python: ["3.11", "3.12", "3.13", "3.14", "3.15"]
+        flavors:
+          cpu: {}
+        exclude:
+          - {torch: "2.14", python: "3.15*"}
+    """)))
+    assert [(c.id, c.test_pythons) for c in plan.cells] == [
+        ("torch2.14-cpu", ("3.11", "3.12", "3.13", "3.14")),
+        ("torch2.15-cpu", ("3.11", "3.12", "3.13", "3.14", "3.15")),
+    ]

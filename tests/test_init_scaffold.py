@@ -146,6 +146,13 @@ def move(source: str, to: str):
     return edit
 
 
+def ignored_venv(repo: Path) -> None:
+    headers = repo / "venv" / "lib" / "site-packages" / "torch" / "include" / "ATen" / "cuda"
+    headers.mkdir(parents=True)
+    (headers / "CUDAContext.cuh").write_text("#pragma once\n")
+    (repo / ".gitignore").write_text("venv/\n")
+
+
 @pytest.mark.parametrize("name, edit, families", [
     ("classic-cuda", None, {"cpu", "cuda", "rocm"}),
     ("triton-kernels", None, {"cpu", "cuda", "rocm"}),  # no .cu, but GPU kernels all the same
@@ -155,6 +162,21 @@ def move(source: str, to: str):
     ("classic-cuda", move("csrc/scale_cuda.cu", "tests/scale_cuda.cu"), {"cpu"}),
     ("classic-cuda", move("csrc/scale_cuda.cu", "third_party/lib/kernels/scale.cu"),
      {"cpu", "cuda", "rocm"}),
+    # ... but a vendored library's tests are not, however deep.
+    ("classic-cuda", move("csrc/scale_cuda.cu", "third_party/lib/test/scale.cu"), {"cpu"}),
+    # HIP sources alone: ROCm's flavors, no CUDA cell bound to build CPU code again.
+    ("classic-cuda", move("csrc/scale_cuda.cu", "csrc/scale.hip"), {"cpu", "rocm"}),
+    # A virtualenv git ignores is not the project's, whatever headers torch put in it.
+    ("classic-cuda", lambda repo: (move("csrc/scale_cuda.cu", None)(repo), ignored_venv(repo)),
+     {"cpu"}),
+    # A kernel in a .cpp file that CMake compiles as CUDA.
+    ("cmake-op", lambda repo: (move("csrc/clamp_cuda.cu", "csrc/clamp_kernels.cpp")(repo),
+                               replace("CMakeLists.txt", "csrc/clamp_cuda.cu",
+                                       "csrc/clamp_kernels.cpp")(repo)),
+     {"cpu", "cuda", "rocm"}),
+    ("cmake-op", lambda repo: (move("csrc/clamp_cuda.cu", None)(repo),
+                               replace("CMakeLists.txt", "enable_language(CUDA)", "")(repo)),
+     {"cpu"}),
 ])
 def test_gpu_flavors_only_for_an_extension_with_gpu_code(tmp_path, monkeypatch, capsys, name,
                                                          edit, families):

@@ -288,11 +288,20 @@ def expand(matrix: Matrix, src: Source, compat: Compat) -> Plan:
                         yielded.update({("torch", ti), ("flavor", fi)})
                         pythons_yielded.update(group)
                         continue
-                    excluded_by = _excluded_by(matrix.exclude, values, group, exclude_hits)
-                    if abi3 and not excluded_by:
+                    usable = [p for p in group if compat.supports_python(torch, p)]
+                    excluded_by = _excluded_by(matrix.exclude, values,
+                                               (usable or group) if abi3 else group,
+                                               exclude_hits)
+                    if abi3:
                         for i, rule in enumerate(matrix.exclude):
-                            if (_matches_axes(rule, values)
-                                    and (partial := _part_of_abi3_group(matrix, src, i))):
+                            if not _matches_axes(rule, values) or rule.python is None:
+                                continue
+                            named = [p for p in group if fnmatch.fnmatchcase(p, rule.python)]
+                            if named and not set(named) & set(usable):
+                                # It agrees with torch: this cell never served those Pythons.
+                                exclude_hits[i] += 1
+                            elif not excluded_by and (
+                                    partial := _part_of_abi3_group(matrix, src, i, usable)):
                                 raise partial
                     reason = excluded_by and _exclusion(matrix.exclude, excluded_by, src)
                     if reason:  # the user chose this: not a value that cannot yield cells
@@ -302,7 +311,6 @@ def expand(matrix: Matrix, src: Source, compat: Compat) -> Plan:
                     # toolkit patch the flavor pins (7.2.1) is still its flavor's.
                     reason = reason or compat.why_not(torch, flavor.family,
                                                       flavor_toolkit(fname), plat)
-                    usable = [p for p in group if compat.supports_python(torch, p)]
                     if reason is None and not usable:
                         rng = compat.python_range(torch)
                         reason = (f"torch {series(torch)} supports Python {rng.min}–{rng.max}, "
@@ -329,7 +337,7 @@ def expand(matrix: Matrix, src: Source, compat: Compat) -> Plan:
 
     for i, hits in enumerate(exclude_hits):
         if not hits:
-            raise _unmatched_exclude(matrix, src, i, torches, replaced)
+            raise _unmatched_exclude(matrix, src, compat, i, torches, replaced)
     if not plan.cells:
         why = plan.dropped[0].reason if plan.dropped else "no combination"
         raise src.error(("axes",), f"the matrix has no cells (first drop: {why})",
@@ -435,33 +443,38 @@ def _exclusion(rules: list[Rule], at: tuple[str, int], src: Source) -> str:
     return f"excluded by exclude[{at[1]}] ({src.where(at)})" + (f": {reason}" if reason else "")
 
 
-def _unmatched_exclude(matrix: Matrix, src: Source, i: int, torches: list[str],
+def _unmatched_exclude(matrix: Matrix, src: Source, compat: Compat, i: int,
+                       torches: list[str],
                        replaced: dict[tuple[str, str, str], tuple[str, int]]) -> UserError:
     """exclude[i] removed nothing: say why where its patterns are not simply wrong."""
     rule = matrix.exclude[i]
-    combos = [(f, p, series(t)) for t in torches for f in matrix.axes.flavor
+    combos = [(t, (f, p, series(t))) for t in torches for f in matrix.axes.flavor
               for p in matrix.axes.platform
               if _matches_axes(rule, {"torch": t, "flavor": f, "platform": p})]
-    kept = [c for c in combos if c not in replaced]
+    kept = [t for t, c in combos if c not in replaced]
     if combos and not kept:  # a replaced cell is dropped before exclude rules are tried
-        stable, si = replaced[combos[0]]
+        stable, si = replaced[combos[0][1]]
         return src.error(("exclude", i), f"exclude[{i}] matches only cells that stable[{si}] "
                          f"({src.where(('stable', si))}) replaces with {stable}",
                          f"delete the rule or narrow stable[{si}]")
-    if kept and (partial := _part_of_abi3_group(matrix, src, i)):
-        return partial
+    for torch in kept:
+        served = [p for p in matrix.axes.python
+                  if not p.endswith("t") and compat.supports_python(torch, p)]
+        if partial := _part_of_abi3_group(matrix, src, i, served):
+            return partial
     return src.error(("exclude", i), f"exclude[{i}] matches no combination of the axes",
                      "fix its patterns or delete it")
 
 
-def _part_of_abi3_group(matrix: Matrix, src: Source, i: int) -> UserError | None:
-    """exclude[i] names some of the Pythons an abi3 cell's one wheel serves: it cannot leave
-    them out (that cell builds and tests them all), so it is an error, not a no-op, even
-    where the rule also takes a free-threaded cell of its own."""
+def _part_of_abi3_group(matrix: Matrix, src: Source, i: int,
+                        served: list[str]) -> UserError | None:
+    """exclude[i] names some of the Pythons (`served`, those its torch supports) an abi3
+    cell's one wheel serves: it cannot leave them out (that cell builds and tests them all),
+    so it is an error, not a no-op, even where the rule also takes a free-threaded cell of
+    its own."""
     rule = matrix.exclude[i]
-    regular = [p for p in matrix.axes.python if not p.endswith("t")]
-    named = [p for p in regular if rule.python and fnmatch.fnmatchcase(p, rule.python)]
-    if not (matrix.extension.abi3 and named) or len(named) == len(regular):
+    named = [p for p in served if rule.python and fnmatch.fnmatchcase(p, rule.python)]
+    if not (matrix.extension.abi3 and named) or len(named) == len(served):
         return None
     threaded = [p for p in matrix.axes.python if p.endswith("t")]
     fix = ((f"name only free-threaded Pythons ({', '.join(threaded)}), which get cells of "
@@ -469,7 +482,7 @@ def _part_of_abi3_group(matrix: Matrix, src: Source, i: int) -> UserError | None
            else "drop 'python' to exclude whole cells")
     return src.error(("exclude", i, "python"), f"exclude[{i}] names Python "
                      f"{', '.join(named)}, but the extension is abi3: one wheel per cell "
-                     f"serves Python {', '.join(regular)}, and a rule leaves it out only by "
+                     f"serves Python {', '.join(served)}, and a rule leaves it out only by "
                      "naming all of them", fix)
 
 

@@ -15,6 +15,7 @@ import datetime
 import json
 import os
 import posixpath
+import re
 import shlex
 import sys
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ from .errors import UserError
 from .outdated import python_end_of_life
 from .project import (
     accepts_python,
+    committed_files,
     not_ignored,
     pyproject_value,
     requires_python,
@@ -57,9 +59,14 @@ class Project:
     requires_python_in: str = ""
     py_api: str = ""  # scikit-build-core's wheel.py-api
     triton: bool = False  # the package imports triton: its GPU wheels require it
-    # CUDA or HIP sources, or Triton kernels: without them a GPU flavor's wheel would hold
+    # The GPU families the extension has code for: without it a flavor's wheel would hold
     # the CPU build again, which the wheel check refuses for holding no GPU code.
-    gpu: bool = True
+    cuda: bool = True
+    rocm: bool = True
+
+    @property
+    def gpu(self) -> bool:
+        return self.cuda or self.rocm
 
     def accepts(self, python: str) -> bool:
         return accepts_python(self.requires_python, python)
@@ -85,23 +92,45 @@ def describe(ext_dir: Path) -> Project:
                    if d.is_dir())
     specifier, stated_in = requires_python(ext_dir)
     triton = _imports_triton(package)
+    cuda, hip = gpu_sources(ext_dir)
+    # torch's build hipifies CUDA sources for ROCm, and Triton compiles for both.
     return Project(name, import_name, tests, abi3, specifier, stated_in, py_api, triton,
-                   triton or _has_gpu_sources(ext_dir))
+                   cuda=triton or cuda, rocm=triton or cuda or hip)
 
 
-GPU_SUFFIXES = (".cu", ".cuh", ".hip")
+CUDA_SUFFIXES = (".cu", ".cuh")
+HIP_SUFFIXES = (".hip",)
+# CMake compiles a source in a GPU language only once the project enables it; a kernel in a
+# .cpp file (set_source_files_properties(... LANGUAGE CUDA)) has no suffix to tell.
+CMAKE_LANGUAGE = re.compile(r"^\s*(?:enable_language\s*\(|project\s*\([^)]*LANGUAGES)([^)]*)\)",
+                            re.IGNORECASE | re.MULTILINE)
 
 
-def _has_gpu_sources(ext_dir: Path) -> bool:
-    """Whether the extension has CUDA or HIP sources outside its tests, docs and build
-    output (a vendored library's count: the build may compile them)."""
-    for folder, subfolders, files in os.walk(ext_dir):
-        top = Path(folder) == ext_dir
-        subfolders[:] = [d for d in subfolders if not d.startswith(".") and d != "__pycache__"
-                         and not (top and d in SKIP)]
-        if any(f.endswith(GPU_SUFFIXES) for f in files):
-            return True
-    return False
+def gpu_sources(ext_dir: Path) -> tuple[bool, bool]:
+    """Whether the wheel's own sources hold CUDA code and HIP code: files of the repository
+    (ignored ones, like a virtualenv's headers, are not the project's) outside tests, docs,
+    examples and build output at any depth (a vendored library's count: the build may
+    compile them)."""
+    listed = committed_files(ext_dir)
+    files = [Path(f) for f in listed] if listed is not None else [
+        p.relative_to(ext_dir) for p in ext_dir.rglob("*") if p.is_file()]
+    cuda = hip = False
+    for path in files:
+        if any(part in SKIP or part.startswith(".") or part == "__pycache__"
+               for part in path.parts[:-1]):
+            continue
+        cuda = cuda or path.suffix in CUDA_SUFFIXES
+        hip = hip or path.suffix in HIP_SUFFIXES
+        if path.name == "CMakeLists.txt" or path.suffix == ".cmake":
+            try:
+                text = (ext_dir / path).read_text(errors="replace")
+            except OSError:
+                continue
+            for match in CMAKE_LANGUAGE.finditer(text):
+                words = set(re.split(r"\s+", match.group(1).upper()))
+                cuda = cuda or "CUDA" in words
+                hip = hip or "HIP" in words
+    return cuda, hip
 
 
 def _imports_triton(package: Path) -> bool:
@@ -175,9 +204,9 @@ def matrix_text(project: Project, path: str, compat: Compat, torch: str | None,
                             f"Python {project.requires_python}", "pass a Python it takes")
     pythons = sorted(pythons or _pythons(project, facts, series,
                                          today or datetime.date.today()), key=version_key)
-    cuda = {f"cu{v.replace('.', '')}": v for v in facts.cuda} if project.gpu else {}
+    cuda = {f"cu{v.replace('.', '')}": v for v in facts.cuda} if project.cuda else {}
     built = ["cpu", *(f for f, v in cuda.items() if version_key(v) >= FIRST_PYPI_CUDA)]
-    rocm_versions = facts.rocm if project.gpu else []
+    rocm_versions = facts.rocm if project.rocm else []
     rocm = [f"rocm{v}" for v in rocm_versions]
     # The flavors the workflow's local backend cannot build, and why: exclude rules.
     unbuilt = {f"cu{major}*": f"NVIDIA's PyPI wheels have no CUDA {major} nvcc: build in a "
@@ -191,6 +220,8 @@ def matrix_text(project: Project, path: str, compat: Compat, torch: str | None,
         "# and Python it ships for. Cells build on a machine without a GPU, as GitHub's runners",
         "# are; the exclude rules say which flavors need more. `extmatrix plan --explain` shows",
         "# the cells, and `extmatrix plan --outdated` what a newer torch or Python would add.",
+        *(["# The extension has HIP code but no CUDA sources (.cu, .cuh) or Triton kernels:",
+           "# its GPU flavors are ROCm's alone."] if not project.cuda else []),
     ] if project.gpu else [
         f"# Written by `extmatrix init` for {project.name}: torch {series} on CPU with every",
         "# Python it ships for. The extension has no CUDA or HIP sources (.cu, .cuh, .hip) and",

@@ -346,6 +346,18 @@ def not_ignored(repo: Path, paths: list[str]) -> list[str]:
     return [p for p in paths if p not in ignored]
 
 
+def committed_files(ext_dir: Path) -> list[str] | None:
+    """The files (posix, relative to ext_dir) that the repository holds or would commit:
+    tracked ones, submodules' included, and untracked ones git does not ignore. None where
+    ext_dir is no git work tree or git cannot say."""
+    tracked = _git(ext_dir, "ls-files", "-z", "--cached", "--recurse-submodules")
+    untracked = _git(ext_dir, "ls-files", "-z", "--others", "--exclude-standard")
+    if tracked.returncode or untracked.returncode:
+        return None
+    return sorted({os.fsdecode(p) for p in (tracked.stdout + b"\0" + untracked.stdout).split(b"\0")
+                   if p})
+
+
 def _named_key(name: str) -> str:
     """..._FOR_<NAME>, the name normalized as setuptools-scm 8 and later normalize it."""
     return f"{PRETEND_VERSION}_FOR_{canonicalize_name(name).replace('-', '_').upper()}"
