@@ -228,3 +228,20 @@ def test_an_older_torch_gets_no_cuda_exclude_rule_for_a_cpu_only_extension(tmp_p
     assert main(["init", "--engine-spec", SPEC, "--torch", "2.14"]) == 0
     plan = plan_file("matrix.yaml")
     assert {c.family for c in plan.cells} == {"cpu"} and not plan.matrix.exclude
+
+
+@pytest.mark.parametrize("name, edit, says", [
+    ("cmake-op", None, "the CPU wheel and the newest CUDA one, each tested on every Python."),
+    ("cmake-op", lambda repo: (move("csrc/clamp_cuda.cu", None)(repo),
+                               replace("CMakeLists.txt", "enable_language(CUDA)", "")(repo)),
+     "the CPU wheel, tested on every Python."),
+    ("classic-cuda", None, "CPU with the oldest Python, the newest CUDA with the newest."),
+    ("classic-cuda", move("csrc/scale_cuda.cu", None), "CPU with the oldest Python, and with the "
+     "newest."),
+])
+def test_the_pr_subset_says_what_its_cells_test(tmp_path, monkeypatch, name, edit, says):
+    # An abi3 cell tests its one wheel under every Python: no cell is "the oldest Python's".
+    plan = scaffold(tmp_path, monkeypatch, name, edit)
+    assert f"  # Pull requests: {says}\n" in Path("matrix.yaml").read_text()
+    if plan.matrix.extension.abi3:
+        assert all(c.test_pythons == plan.cells[0].test_pythons for c in plan.select("pr"))

@@ -302,14 +302,24 @@ def matrix_text(project: Project, path: str, compat: Compat, torch: str | None,
 
     here = f"{sys.version_info.major}.{sys.version_info.minor}"
     pr = dict.fromkeys([cell(pythons[0], "cpu"), cell(pythons[-1], built[-1])])
+    newest_cuda = built[-1] != "cpu"
+    local_why = ["  # What `build` and `test-matrix` take by default: a Linux box without a GPU",
+                 "  # or a container builds it."]
+    if project.abi3:  # a cell's one wheel is tested under every Python
+        pr_why = ("  # Pull requests: the CPU wheel and the newest CUDA one, each tested on every"
+                  " Python." if newest_cuda else
+                  "  # Pull requests: the CPU wheel, tested on every Python.")
+    else:
+        local_why[-1] = ("  # or a container builds it, with the Python `extmatrix init` ran on "
+                         "where it is listed.")
+        pr_why = ("  # Pull requests: CPU with the oldest Python, "
+                  f"{'the newest CUDA' if newest_cuda else 'and'} with the newest.")
     lines += [
         "",
         "subsets:",
-        "  # What `build` and `test-matrix` take by default: a Linux box without a GPU or a",
-        "  # container builds it, with the Python `extmatrix init` ran on where it is listed.",
+        *local_why,
         f"  local: [{cell(here if here in pythons else pythons[0], 'cpu')}]",
-        "  # Pull requests: CPU with the oldest Python, "
-        f"{'the newest CUDA' if cuda else 'and'} with the newest.",
+        pr_why,
         f"  pr: [{', '.join(pr)}]",
     ]
     return "\n".join(lines) + "\n"
