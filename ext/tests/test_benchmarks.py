@@ -24,9 +24,7 @@ BENCHMARKS = SOURCE_DIR / "benchmarks"
 def bench(monkeypatch):
     if not (BENCHMARKS / "bench.py").exists():
         pytest.skip(f"benchmarks not found at {BENCHMARKS} (set SEGMENT_OPS_SRC)")
-    monkeypatch.syspath_prepend(str(BENCHMARKS))
-    monkeypatch.delitem(sys.modules, "bench", raising=False)
-    return importlib.import_module("bench")
+    return fresh_module(monkeypatch, "bench")
 
 
 def test_timer_interleaves_ops_and_names_the_one_that_fails(bench):
@@ -98,9 +96,7 @@ def fresh_render(monkeypatch):
     """benchmarks/render.py, imported anew from the sources under test."""
     if not (BENCHMARKS / "render.py").exists():
         pytest.skip(f"benchmarks not found at {BENCHMARKS} (set SEGMENT_OPS_SRC)")
-    monkeypatch.syspath_prepend(str(BENCHMARKS))
-    monkeypatch.delitem(sys.modules, "render", raising=False)
-    return importlib.import_module("render")
+    return fresh_module(monkeypatch, "render")
 
 
 def test_page_says_how_it_timed_an_op_slower_than_the_budget_only_if_it_did(monkeypatch):
@@ -154,9 +150,18 @@ def fresh_ab(monkeypatch):
     """benchmarks/ab.py, imported anew: it binds `bench` (or its absence) at import."""
     if not (BENCHMARKS / "ab.py").exists():
         pytest.skip(f"benchmarks not found at {BENCHMARKS} (set SEGMENT_OPS_SRC)")
+    return fresh_module(monkeypatch, "ab")
+
+
+def fresh_module(monkeypatch, name):
+    """benchmarks/NAME.py imported anew, and gone from sys.modules again after the test: a
+    module bound to this test's stand-ins (ab with `bench` None) must not be the one a
+    later test in the same process imports."""
     monkeypatch.syspath_prepend(str(BENCHMARKS))
-    monkeypatch.delitem(sys.modules, "ab", raising=False)
-    return importlib.import_module("ab")
+    monkeypatch.delitem(sys.modules, name, raising=False)  # undone last: what was there
+    monkeypatch.setitem(sys.modules, name, None)  # undone first: the name leaves again
+    del sys.modules[name]
+    return importlib.import_module(name)
 
 
 def test_page_command_names_the_results_file_not_the_measuring_machines_folder(bench):
