@@ -13,6 +13,7 @@ from pathlib import Path
 
 from pydantic import ConfigDict, TypeAdapter, ValidationError
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from .cells import Cell, Dropped
@@ -40,7 +41,7 @@ def plan_table(cells: list[Cell], title: str) -> Table:
         requires = ", ".join((c.requires_torch, *c.runtime_deps))
         wheel = f"+{c.local_version} {'abi3' if c.abi3 else 'cp' + c.python.replace('.', '')}"
         torch = f"{c.torch} → {c.serves[-1]}" if c.stable and c.serves else c.torch
-        table.add_row(c.id, torch, toolkit, archs, pythons, wheel, requires)
+        table.add_row(*_literal(c.id, torch, toolkit, archs, pythons, wheel, requires))
     return table
 
 
@@ -49,7 +50,7 @@ def dropped_table(dropped: list[Dropped]) -> Table:
     table.add_column("combination")
     table.add_column("reason", overflow="fold")
     for d in dropped:
-        table.add_row(d.combo, d.reason)
+        table.add_row(*_literal(d.combo, d.reason))
     return table
 
 
@@ -59,8 +60,8 @@ def stable_table(cells: list[Cell]) -> Table:
     for column in ("cell", "built against", "serves", "requires"):
         table.add_column(column, overflow="fold")
     for c in cells:
-        table.add_row(c.id, f"torch {c.torch} (TORCH_TARGET_VERSION={c.target_version})",
-                      " ".join(c.serves), c.requires_torch)
+        table.add_row(*_literal(c.id, f"torch {c.torch} (TORCH_TARGET_VERSION={c.target_version})",
+                                " ".join(c.serves), c.requires_torch))
     return table
 
 
@@ -88,6 +89,12 @@ def print_plan(cells: list[Cell], dropped: list[Dropped] | None, console: Consol
             console.print(stable_table(stable))
             console.print(compile_counts(cells, dropped), highlight=False)
         console.print(dropped_table(dropped))
+
+
+def _literal(*texts: str) -> list[str]:
+    """Table cells shown as written: a requirement's extras (`pkg[cu13]`) or a reason
+    quoting brackets are the user's text, not rich markup to apply or choke on."""
+    return [escape(t) for t in texts]
 
 
 def _span(pythons: tuple[str, ...]) -> str:
@@ -266,7 +273,7 @@ def summary_table(reports: list[CellReport], strict: bool = False) -> Table:
     for column in SUMMARY_COLUMNS:
         table.add_column(column, overflow="fold")
     for row, failed in summary_rows(reports, strict):
-        table.add_row(*row, style="red" if failed else None)
+        table.add_row(*_literal(*row), style="red" if failed else None)
     return table
 
 

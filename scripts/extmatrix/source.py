@@ -21,6 +21,9 @@ Path_ = tuple[str | int, ...]
 
 _INT = "tag:yaml.org,2002:int"
 _FLOAT = "tag:yaml.org,2002:float"
+_STR = "tag:yaml.org,2002:str"
+_MERGE = "tag:yaml.org,2002:merge"
+_VALUE = "tag:yaml.org,2002:value"
 
 # A matrix is a few KB; these bound what a hostile or mistaken file can cost.
 MAX_BYTES = 1 << 20
@@ -200,6 +203,7 @@ class _Builder:
         self.loader = yaml.SafeLoader("")
         self.aliases = aliases
         self.budget = MAX_VALUES
+        self.merged: dict[int, dict | None] = {}
 
     def build(self, node: yaml.Node, path: Path_, alias: yaml.Mark | None) -> Any:
         source = self.source
@@ -222,31 +226,80 @@ class _Builder:
 
     def _mapping(self, node: yaml.MappingNode, path: Path_, alias: yaml.Mark | None) -> dict:
         source = self.source
-        try:
-            self.loader.flatten_mapping(node)
-        except yaml.constructor.ConstructorError as exc:
-            mark = exc.problem_mark or node.start_mark
-            raise UserError(_where(source.file, mark),
-                            printable(f"cannot merge: {exc.problem}")) from None
         out: dict[Any, Any] = {}
+        for key, (key_node, value_node, at) in self._entries(node, path, alias).items():
+            source.keys[path + (key,)] = key_node.start_mark
+            out[key] = self.build(value_node, path + (key,), alias or at)
+        source.values.pop(path + ("<key>",), None)
+        return out
+
+    def _entries(self, node: yaml.MappingNode, path: Path_, alias: yaml.Mark | None) -> dict:
+        """`node`'s pairs by key once its `<<` merges are applied, each with the alias
+        its value was reached through.
+
+        Not yaml's flatten_mapping: that puts merged pairs in front of the mapping's
+        own, and a key the user wrote to override a merged one would then read as a
+        duplicate. Kept per node: an anchor merged into many mappings is resolved
+        once, and a chain of merges cannot grow with each link.
+        """
+        if id(node) in self.merged:
+            if self.merged[id(node)] is None:  # still being resolved: it merges itself
+                raise UserError(_where(self.source.file, alias or node.start_mark),
+                                "a mapping cannot merge itself", "an alias must not contain itself")
+            return self.merged[id(node)]
+        self.merged[id(node)] = None
+        merged: dict[str, tuple] = {}
+        own: dict[str, tuple] = {}
         for key_node, value_node in node.value:
-            if not isinstance(key_node, yaml.ScalarNode):  # before an aliased key expands
-                raise UserError(_mark(key_node, source.file), "mapping keys must be plain scalars")
-            key = self.build(key_node, path + ("<key>",), alias)
-            if not isinstance(key, (str, int, float, bool)) or key is None:
-                raise UserError(_mark(key_node, source.file), "mapping keys must be plain scalars")
-            key = str(key)
-            if key in out:
+            if key_node.tag == _MERGE:
+                via = self.aliases.get((id(node), id(key_node)))
+                # Later pairs win, as in yaml: a list is taken last to first, so that the
+                # earlier of two maps gives the keys both hold.
+                for part, at in reversed(self._merges(value_node, via)):
+                    entries = self._entries(part, path, at)
+                    self.budget -= len(entries)  # a small file can merge one anchor many times
+                    if self.budget < 0:
+                        self._refuse(part, at)
+                    merged.update({k: (kn, vn, at or a) for k, (kn, vn, a) in entries.items()})
+                continue
+            if key_node.tag == _VALUE:  # a bare `=` is a plain key here, as yaml has it
+                key_node.tag = _STR
+            key = self._key(key_node, path, alias)
+            if key in own:
                 raise UserError(
-                    _mark(key_node, source.file),
+                    _mark(key_node, self.source.file),
                     printable(f"duplicate key '{key}'"),
                     "keep only one of them",
                 )
-            source.keys[path + (key,)] = key_node.start_mark
-            at = alias or self.aliases.get((id(node), id(key_node)))
-            out[key] = self.build(value_node, path + (key,), at)
-        source.values.pop(path + ("<key>",), None)
-        return out
+            own[key] = (key_node, value_node, self.aliases.get((id(node), id(key_node))))
+        merged.update(own)
+        self.merged[id(node)] = merged
+        return merged
+
+    def _merges(self, node: yaml.Node, via: yaml.Mark | None) -> list[tuple[yaml.MappingNode, Any]]:
+        """The mappings a `<<` value merges, first to last, with the alias each is
+        written as; yaml's own messages for anything else."""
+        if isinstance(node, yaml.MappingNode):
+            return [(node, via)]
+        if isinstance(node, yaml.SequenceNode):
+            parts = []
+            for i, item in enumerate(node.value):
+                if not isinstance(item, yaml.MappingNode):
+                    raise UserError(_mark(item, self.source.file), printable(
+                        f"cannot merge: expected a mapping for merging, but found {item.id}"))
+                parts.append((item, via or self.aliases.get((id(node), i))))
+            return parts
+        raise UserError(_mark(node, self.source.file), printable(
+            "cannot merge: expected a mapping or list of mappings for merging, "
+            f"but found {node.id}"))
+
+    def _key(self, key_node: yaml.Node, path: Path_, alias: yaml.Mark | None) -> str:
+        if not isinstance(key_node, yaml.ScalarNode):  # before an aliased key expands
+            raise UserError(_mark(key_node, self.source.file), "mapping keys must be plain scalars")
+        key = self.build(key_node, path + ("<key>",), alias)
+        if not isinstance(key, (str, int, float, bool)) or key is None:
+            raise UserError(_mark(key_node, self.source.file), "mapping keys must be plain scalars")
+        return str(key)
 
     def _refuse(self, node: yaml.Node, alias: yaml.Mark | None) -> None:
         file = self.source.file

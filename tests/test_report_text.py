@@ -1,0 +1,87 @@
+"""Text from the matrix and from cell reports is printed as written: brackets in a reason
+or a requirement's extras are not rich markup."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from rich.console import Console
+
+from extmatrix import report
+from extmatrix.cells import Dropped
+from extmatrix.cli import main
+from extmatrix.report import CellReport, ServedTorch
+
+BROKEN_MARKUP = "CUDA 12.6 [/] see issue #12"
+TAGS = "[bold]now[/bold]"
+EXTRAS = "nvidia-cutlass[cu13]>=4.0"
+
+MATRIX = f"""\
+extension: {{name: demo, import: demo, abi3: false}}
+axes:
+  torch: ["2.14"]
+  flavor: [cpu, cu130]
+  python: ["3.11", "3.12"]
+flavors:
+  cpu: {{}}
+  cu130: {{archs: ["9.0"], runtime_deps: ["{EXTRAS}"]}}
+exclude:
+  - {{flavor: cpu, python: "3.11", reason: "{BROKEN_MARKUP}"}}
+  - {{flavor: cpu, python: "3.12", reason: "{TAGS}"}}
+"""
+
+
+@pytest.fixture
+def matrix(tmp_path, monkeypatch) -> str:
+    (tmp_path / "ext" / "tests").mkdir(parents=True)
+    (tmp_path / "ext" / "pyproject.toml").write_text("[project]\nname='demo'\n")
+    (tmp_path / "extmatrix.yaml").write_text(MATRIX)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("EXTMATRIX_MATRIX", raising=False)
+    return "extmatrix.yaml"
+
+
+def render(table) -> str:
+    console = Console(file=io.StringIO(), width=400)
+    console.print(table)
+    return console.file.getvalue()
+
+
+def test_exclude_reasons_are_printed_as_written(matrix, capsys):
+    assert main(["plan", "--matrix", matrix, "--explain"]) == 0
+    out, err = capsys.readouterr()
+    assert err == ""
+    assert BROKEN_MARKUP in out
+    assert TAGS in out
+
+
+def test_requirement_extras_are_printed(matrix, capsys):
+    assert main(["plan", "--matrix", matrix]) == 0
+    out = capsys.readouterr().out
+    assert f"torch==2.14.*, {EXTRAS}" in out
+
+
+def test_cell_reports_are_printed_as_written():
+    built = CellReport(cell="py3.12-torch2.14-cu130", backend="local", build="built",
+                       test="failed", reason=f"{TAGS}: see [/] C:\\logs\\",
+                       wheel="demo-1.0+[pt214]-cp312-linux_x86_64.whl", wheel_size=2_000_000,
+                       serves=[ServedTorch(torch="2.13.0", test="failed", build="2.13.0+[cpu]",
+                                           reason=BROKEN_MARKUP)])
+    failed = CellReport(cell="py3.11-torch2.14-cu130", backend="local", build="failed",
+                        reason="nvcc: [error] in kernel[0].cu", cross_check="FAILED [x]")
+    out = render(report.summary_table([built, failed]))
+    for text in (f"FAILED: {TAGS}: see [/] C:\\logs\\", "demo-1.0+[pt214]-cp312", "2.13.0+[cpu]",
+                 f"FAILED: {BROKEN_MARKUP}", "FAILED: nvcc: [error] in kernel[0].cu"):
+        assert text in out, text
+
+
+def test_markdown_summary_is_unchanged_by_the_escaping():
+    r = CellReport(cell="c", backend="local", build="failed", reason=TAGS)
+    assert f"| FAILED: {TAGS} |" in report.summary_markdown([r], "local")
+
+
+def test_dropped_combinations_are_printed_as_written():
+    dropped = [Dropped(combo="torch 2.14 × [cpu]", reason=BROKEN_MARKUP)]
+    out = render(report.dropped_table(dropped))
+    assert "torch 2.14 × [cpu]" in out and BROKEN_MARKUP in out
