@@ -341,3 +341,40 @@ def test_abi3_exclude_of_pythons_torch_never_served_is_accepted(tmp_path):
         ("torch2.14-cpu", ("3.11", "3.12", "3.13", "3.14")),
         ("torch2.15-cpu", ("3.11", "3.12", "3.13", "3.14", "3.15")),
     ]
+
+
+def test_a_gpu_runner_tests_only_x86_64_cells(tmp_path, capsys):
+    """Like `runner`, a flavor's gpu_runner is an x86_64 machine: an aarch64 wheel could
+    not be installed there."""
+    path = write(tmp_path, textwrap.dedent("""
+        extension: {name: demo, import: demo}
+        axes: {torch: ["2.14"], flavor: [cu130], python: ["3.12"], platform: [x86_64, aarch64]}
+        flavors:
+          cu130: {archs: ["9.0"], runner: big-x86, gpu_runner: gpu-x86}
+        platforms: {x86_64: {runner: ubuntu-24.04}, aarch64: {runner: ubuntu-24.04-arm}}
+    """))
+    assert [(c.id, c.runner, c.gpu_runner) for c in plan_file(path).cells] == [
+        ("torch2.14-cu130", "big-x86", "gpu-x86"),
+        ("torch2.14-cu130-aarch64", "ubuntu-24.04-arm", None)]
+    assert main(["plan", "--matrix", str(path), "--json", "--for", "gpu"]) == 0
+    cells = json.loads(capsys.readouterr().out)["include"]
+    assert [c["cell"] for c in cells] == ["torch2.14-cu130"]
+
+
+def test_a_free_threaded_python_is_named_against_torchs_free_threaded_builds(tmp_path):
+    """torch 2.14 covers 3.10-3.14, but its only free-threaded build is 3.14t: that list,
+    not the range, says why 3.13t is missing."""
+    text = textwrap.dedent("""
+        extension: {name: demo, import: demo}
+        axes: {torch: ["2.11", "2.14"], flavor: [cpu], python: ["3.12", "3.13t"]}
+        flavors: {cpu: {}}
+    """)
+    plan = plan_file(write(tmp_path, text))
+    assert "py3.13t-torch2.11-cpu" in [c.id for c in plan.cells]
+    reasons = {d.combo: d.reason for d in plan.dropped}
+    assert reasons["py3.13t × torch 2.14.1 × cpu × x86_64"] == (
+        "torch 2.14 supports free-threaded Python 3.14t, not 3.13t")
+    include = 'include:\n  - {torch: "2.14", flavor: cpu, python: "3.13t"}\n'
+    with pytest.raises(UserError, match=re.escape(
+            "torch 2.14 supports free-threaded Python 3.14t, not 3.13t; pick a supported")):
+        plan_file(write(tmp_path, text + include))

@@ -10,7 +10,9 @@ import pytest
 
 from extmatrix import symbols
 from extmatrix.cells import plan_file
+from extmatrix.errors import UserError
 from extmatrix.index import page_names
+from extmatrix.report import compile_counts
 from extmatrix.toolchain import honoured_env
 
 MATRIX = """\
@@ -28,11 +30,15 @@ stable:
 """
 
 
-def plan(tmp_path: Path, stable: str):
+def plan_text(tmp_path: Path, text: str):
     (tmp_path / "ext" / "tests").mkdir(parents=True, exist_ok=True)
     (tmp_path / "ext" / "setup.py").write_text("")
-    (tmp_path / "matrix.yaml").write_text(MATRIX.format(stable=stable))
+    (tmp_path / "matrix.yaml").write_text(text)
     return plan_file(tmp_path / "matrix.yaml")
+
+
+def plan(tmp_path: Path, stable: str):
+    return plan_text(tmp_path, MATRIX.format(stable=stable))
 
 
 def test_stable_group_replaces_the_per_torch_cells_it_serves(tmp_path):
@@ -78,6 +84,69 @@ def test_index_pages_name_only_published_torch_builds(tmp_path):
     # torch 2.12.1+cu128 or 2.13.0+cu128 exists for a page to be named after.
     assert page_names(p.cell("stable2.10-cu128")) == ["torch-2.10.0+cu128", "torch-2.11.0+cu128"]
     assert page_names(p.cell("torch2.12-cu130")) == ["torch-2.12.1+cu130"]
+
+
+NARROWING = """\
+extension: {{name: demo, import: demo, abi3: {abi3}}}
+axes:
+  torch: {torch}
+  flavor: [cpu]
+  python: {python}
+flavors:
+  cpu: {{}}
+stable:
+  - {{from: "2.11", flavors: [cpu]}}
+{extra}"""
+
+
+def narrowing(tmp_path: Path, abi3: bool = True, extra: str = "",
+              torch: str = '["2.11", "2.14", "2.15"]', python: str = '["3.10", "3.12"]'):
+    return plan_text(tmp_path, NARROWING.format(abi3=str(abi3).lower(), extra=extra,
+                                                torch=torch, python=python))
+
+
+def test_per_torch_cells_keep_the_pythons_the_stable_wheel_cannot_serve(tmp_path):
+    # torch 2.15 has no 3.10: the one wheel is tested on 3.12 only, and 2.11 and 2.14 keep
+    # cells for 3.10, which they ship.
+    p = narrowing(tmp_path)
+    assert [(c.id, c.test_pythons) for c in p.cells] == [
+        ("torch2.11-cpu", ("3.10",)), ("torch2.14-cpu", ("3.10",)),
+        ("stable2.11-cpu", ("3.12",))]
+    assert [(d.combo, d.cell) for d in p.dropped] == [
+        ("py3.12 × torch 2.11.0 × cpu × x86_64", "torch2.11-cpu"),
+        ("py3.12 × torch 2.14.1 × cpu × x86_64", "torch2.14-cpu"),
+        ("torch 2.15.0 × cpu × x86_64", "torch2.15-cpu")]
+    assert {d.reason for d in p.dropped} == {"served by the stable-ABI wheel of stable2.11-cpu"}
+    # Without the group: a wheel for each of 2.11, 2.14, 2.15; the group stands in for one.
+    assert compile_counts(p.cells, p.dropped) == (
+        "3 compiles; 3 without the stable-ABI cells (1 stable wheels stand in for 1 per-torch "
+        "wheels)")
+
+    p = narrowing(tmp_path, abi3=False)
+    assert [c.id for c in p.cells] == [
+        "py3.10-torch2.11-cpu", "py3.10-torch2.14-cpu", "py3.12-stable2.11-cpu"]
+    assert compile_counts(p.cells, p.dropped) == (
+        "3 compiles; 5 without the stable-ABI cells (1 stable wheels stand in for 3 per-torch "
+        "wheels)")
+
+    # A rule may leave out what the stable wheel does not serve ...
+    p = narrowing(tmp_path, extra='exclude:\n  - {torch: "2.11", python: "3.10"}\n')
+    assert [c.id for c in p.cells] == ["torch2.14-cpu", "stable2.11-cpu"]
+    # ... but not what it does.
+    with pytest.raises(UserError, match=r"exclude\[0\] matches only cells that stable\[0\] "):
+        narrowing(tmp_path, extra='exclude:\n  - {torch: "2.11", python: "3.12"}\n')
+
+
+def test_a_free_threaded_python_keeps_its_per_torch_cells(tmp_path):
+    # torch 2.14's only free-threaded build is 3.14t: the stable wheel, tested beside
+    # 2.14 too, cannot serve 3.13t, which 2.11 ships.
+    p = narrowing(tmp_path, torch='["2.11", "2.14"]', python='["3.12", "3.13t"]')
+    assert [(c.id, c.test_pythons) for c in p.cells] == [
+        ("py3.13t-torch2.11-cpu", ("3.13t",)), ("stable2.11-cpu", ("3.12",))]
+    reasons = {d.combo: d.reason for d in p.dropped}
+    assert reasons["torch 2.11.0 × cpu × x86_64"].startswith("served by the stable-ABI wheel")
+    assert reasons["py3.13t × torch 2.14.1 × cpu × x86_64"] == (
+        "torch 2.14 supports free-threaded Python 3.14t, not 3.13t")
 
 
 MANGLED = {
@@ -132,3 +201,4 @@ def test_audit_refuses_what_is_not_elf(tmp_path):
     bogus.write_text("not a library")
     with pytest.raises(ValueError, match="libnot.so is not an ELF shared library"):
         symbols.audit(bogus)
+

@@ -246,6 +246,7 @@ def expand(matrix: Matrix, src: Source, compat: Compat) -> Plan:
 
     plan = Plan(matrix, src, compat, [])
     exclude_hits = [0] * len(matrix.exclude)
+    shadowed: dict[int, list[int]] = {}
     seen: dict[str, tuple[str | int, ...]] = {}
 
     def add(cell: Cell, at: tuple[str | int, ...]) -> None:
@@ -258,10 +259,24 @@ def expand(matrix: Matrix, src: Source, compat: Compat) -> Plan:
     # Built before the per-torch cells are expanded, added after them: the ones they
     # replace are dropped with a pointer to them.
     stable_cells: list[tuple[Cell, tuple[str | int, ...]]] = []
-    replaced: dict[tuple[str, str, str], tuple[str, int]] = {}
+    replaced: dict[tuple[str, str, str, str], tuple[str, int]] = {}
+    claimed: dict[tuple[str, str, str], int] = {}
     for i, group in enumerate(matrix.stable):
         for cell, served_by in _stable_cells(matrix, src, compat, flavors, torches, group,
                                              ("stable", i), plan.dropped):
+            # Two groups' wheels of one flavor share a name (demo-1.0+cpu-...): whatever
+            # `replace` says, a torch both serve would get two different files of it.
+            keys = {t: (cell.flavor, cell.platform, series(t)) for t in cell.serves}
+            both = [t for t, key in keys.items() if claimed.get(key, i) != i]
+            if both:
+                other = claimed[keys[both[0]]]
+                raise src.error(("stable", i), f"stable[{i}] overlaps stable[{other}] "
+                                f"({src.where(('stable', other))}) on {cell.flavor} "
+                                f"({cell.platform}) for torch {span([series(t) for t in both])}: "
+                                f"both build a +{cell.local_version} wheel for them",
+                                "narrow one of them (from, below, flavors or platforms) "
+                                "or drop one")
+            claimed.update(dict.fromkeys(keys.values(), i))
             stable_cells.append((cell, ("stable", i)))
             replaced.update(dict.fromkeys(served_by, (cell.id, i)))
 
@@ -280,18 +295,25 @@ def expand(matrix: Matrix, src: Source, compat: Compat) -> Plan:
                     label = _label(torch, fname, plat, group, abi3)
                     cell_id = _cell_id(series(torch), fname, plat, group, abi3)
                     values = {"torch": torch, "flavor": fname, "platform": plat}
-                    if (fname, plat, series(torch)) in replaced:
-                        stable, si = replaced[(fname, plat, series(torch))]
+                    served = [p for p in group if (fname, plat, series(torch), p) in replaced]
+                    if served:
+                        stable, si = replaced[(fname, plat, series(torch), served[0])]
+                        # The stable wheel serves only the Pythons every torch of its range
+                        # ships: the others keep this cell, so the drop names what it lost.
+                        group = [p for p in group if p not in served]
+                        keeps = any(compat.supports_python(torch, p) for p in group)
                         plan.dropped.append(Dropped(
-                            label, f"served by the stable-ABI wheel of {stable}", cell_id,
+                            f"py{', '.join(served)} × {label}" if keeps else label,
+                            f"served by the stable-ABI wheel of {stable}", cell_id,
                             ("stable", si), stable))
                         yielded.update({("torch", ti), ("flavor", fi)})
-                        pythons_yielded.update(group)
-                        continue
+                        pythons_yielded.update(served)
+                        if not keeps:
+                            continue
                     usable = [p for p in group if compat.supports_python(torch, p)]
                     excluded_by = _excluded_by(matrix.exclude, values,
                                                (usable or group) if abi3 else group,
-                                               exclude_hits)
+                                               exclude_hits, shadowed)
                     if abi3:
                         for i, rule in enumerate(matrix.exclude):
                             if not _matches_axes(rule, values) or rule.python is None:
@@ -312,8 +334,8 @@ def expand(matrix: Matrix, src: Source, compat: Compat) -> Plan:
                     reason = reason or compat.why_not(torch, flavor.family,
                                                       flavor_toolkit(fname), plat)
                     if reason is None and not usable:
-                        rng = compat.python_range(torch)
-                        reason = (f"torch {series(torch)} supports Python {rng.min}–{rng.max}, "
+                        reason = (f"torch {series(torch)} supports "
+                                  f"{_python_support(compat, torch, group)}, "
                                   f"not {', '.join(group)}")
                     archs = None
                     if reason is None:
@@ -337,7 +359,8 @@ def expand(matrix: Matrix, src: Source, compat: Compat) -> Plan:
 
     for i, hits in enumerate(exclude_hits):
         if not hits:
-            raise _unmatched_exclude(matrix, src, compat, i, torches, replaced)
+            raise _unmatched_exclude(matrix, src, compat, i, torches, replaced,
+                                     shadowed.get(i, []))
     if not plan.cells:
         why = plan.dropped[0].reason if plan.dropped else "no combination"
         raise src.error(("axes",), f"the matrix has no cells (first drop: {why})",
@@ -351,8 +374,9 @@ def expand(matrix: Matrix, src: Source, compat: Compat) -> Plan:
     pythons_yielded.update(p for cell in plan.cells for p in (cell.python, *cell.test_pythons))
     for i, python in enumerate(pythons):
         if python not in pythons_yielded:
-            served = "; ".join(f"torch {series(t)}: {compat.python_range(t).min}–"
-                               f"{compat.python_range(t).max}" for t in dict.fromkeys(torches))
+            served = "; ".join(f"torch {series(t)}: "
+                               f"{_python_support(compat, t, [python], short=True)}"
+                               for t in dict.fromkeys(torches))
             raise src.error(("axes", "python", i),
                             f"python '{python}' yields no cell: no torch on the axes supports "
                             f"it ({served})", "remove it or add a torch release that ships it")
@@ -429,13 +453,37 @@ def _label(torch: str, flavor: str, platform: str, pythons: list[str], abi3: boo
     return f"{py}torch {torch} × {flavor} × {platform}"
 
 
+def _python_support(compat: Compat, torch: str, pythons: list[str],
+                    short: bool = False) -> str:
+    """What torch ships of the kinds of CPython `pythons` are. A free-threaded build (3.13t)
+    is not implied by the release's range: torch lists those one by one."""
+    facts = compat.torch(torch)
+    regular = f"{facts.python.min}–{facts.python.max}"
+    free = [p for p in pythons if p.endswith("t")]
+    if not free:
+        return regular if short else f"Python {regular}"
+    builds = ", ".join(facts.python_free_threaded)
+    if short:
+        return f"free-threaded {builds}" if builds else "no free-threaded build"
+    if len(free) == len(pythons):
+        return f"free-threaded Python {builds}" if builds else "no free-threaded Python"
+    return f"Python {regular} and " + (f"free-threaded {builds}" if builds
+                                       else "no free-threaded build")
+
+
 def _excluded_by(rules: list[Rule], values: dict[str, str], pythons: list[str],
-                 hits: list[int]) -> tuple[str, int] | None:
-    for i, rule in enumerate(rules):
-        if _matches(rule, values, pythons):
-            hits[i] += 1
-            return ("exclude", i)
-    return None
+                 hits: list[int], shadowed: dict[int, list[int]]) -> tuple[str, int] | None:
+    """The first rule that removes the combination; later rules that match it too are
+    recorded in `shadowed`, so one that never gets a combination of its own is told why."""
+    matching = [i for i, rule in enumerate(rules) if _matches(rule, values, pythons)]
+    if not matching:
+        return None
+    first, *later = matching
+    hits[first] += 1
+    for i in later:
+        if first not in shadowed.setdefault(i, []):
+            shadowed[i].append(first)
+    return ("exclude", first)
 
 
 def _exclusion(rules: list[Rule], at: tuple[str, int], src: Source) -> str:
@@ -445,21 +493,34 @@ def _exclusion(rules: list[Rule], at: tuple[str, int], src: Source) -> str:
 
 def _unmatched_exclude(matrix: Matrix, src: Source, compat: Compat, i: int,
                        torches: list[str],
-                       replaced: dict[tuple[str, str, str], tuple[str, int]]) -> UserError:
+                       replaced: dict[tuple[str, str, str, str], tuple[str, int]],
+                       shadowed: list[int]) -> UserError:
     """exclude[i] removed nothing: say why where its patterns are not simply wrong."""
     rule = matrix.exclude[i]
-    combos = [(t, (f, p, series(t))) for t in torches for f in matrix.axes.flavor
+    named = [p for p in matrix.axes.python
+             if rule.python is None or fnmatch.fnmatchcase(p, rule.python)]
+    combos = [(t, f, p) for t in torches for f in matrix.axes.flavor
               for p in matrix.axes.platform
               if _matches_axes(rule, {"torch": t, "flavor": f, "platform": p})]
-    kept = [t for t, c in combos if c not in replaced]
-    if combos and not kept:  # a replaced cell is dropped before exclude rules are tried
-        stable, si = replaced[combos[0][1]]
+    # Stable wheels replace per-torch cells Python by Python: the rule's own Pythons count.
+    keys = [(f, p, series(t), py) for t, f, p in combos for py in named
+            if compat.supports_python(t, py)]
+    gone = [key for key in keys if key in replaced]
+    if gone and len(gone) == len(keys):  # replaced cells are dropped before rules are tried
+        stable, si = replaced[gone[0]]
         return src.error(("exclude", i), f"exclude[{i}] matches only cells that stable[{si}] "
                          f"({src.where(('stable', si))}) replaces with {stable}",
                          f"delete the rule or narrow stable[{si}]")
-    for torch in kept:
+    if shadowed:  # every combination it takes, an earlier rule took first
+        rules = " and ".join(f"exclude[{k}] ({src.where(('exclude', k))})" for k in shadowed)
+        return src.error(("exclude", i), f"exclude[{i}] removes nothing: {rules} already "
+                         f"remove{'s' if len(shadowed) == 1 else ''} every combination it "
+                         "matches", "delete it or narrow "
+                         + " and ".join(f"exclude[{k}]" for k in shadowed))
+    for torch, flavor, platform in combos:
         served = [p for p in matrix.axes.python
-                  if not p.endswith("t") and compat.supports_python(torch, p)]
+                  if not p.endswith("t") and compat.supports_python(torch, p)
+                  and (flavor, platform, series(torch), p) not in replaced]
         if partial := _part_of_abi3_group(matrix, src, i, served):
             return partial
     return src.error(("exclude", i), f"exclude[{i}] matches no combination of the axes",
@@ -535,8 +596,8 @@ def _included(matrix: Matrix, src: Source, compat: Compat, flavors: dict[str, _F
             raise src.error(at, f"included combination does not exist: {reason}")
         usable = [p for p in pythons if compat.supports_python(torch, p)]
         if not usable:
-            rng = compat.python_range(torch)
-            raise src.error(at, f"torch {series(torch)} supports Python {rng.min}–{rng.max}, "
+            raise src.error(at, f"torch {series(torch)} supports "
+                                f"{_python_support(compat, torch, pythons)}, "
                                 f"not {', '.join(pythons)}", "pick a supported Python")
         for group in python_groups(usable, matrix.extension.abi3):
             label = _label(torch, flavor.name, plat, group,
@@ -551,8 +612,10 @@ def _included(matrix: Matrix, src: Source, compat: Compat, flavors: dict[str, _F
 def _stable_cells(matrix: Matrix, src: Source, compat: Compat, flavors: dict[str, _Flavor],
                   torches: list[str], group: StableGroup, at: tuple[str | int, ...],
                   dropped: list[Dropped]
-                  ) -> list[tuple[Cell, list[tuple[str, str, str]]]]:
-    """One group's cells, each with the per-torch cells it stands in for."""
+                  ) -> list[tuple[Cell, list[tuple[str, str, str, str]]]]:
+    """One group's cells, each with the per-torch cells it stands in for: flavor, platform,
+    torch series and Python, since it serves only the Pythons every torch of its range
+    ships, and the per-torch cells keep the others."""
     torch = _pin_torch(group.from_, at + ("from",), src, compat)
     if not compat.torch(torch).stable_abi:
         known = [s for s, f in compat.facts.torch.items() if f.stable_abi]
@@ -600,7 +663,8 @@ def _stable_cells(matrix: Matrix, src: Source, compat: Compat, flavors: dict[str
                 cell = _cell(matrix, src, compat, torch, flavor, plat, pythons,
                              stable=group, serves=tuple(serves), serves_builds=tuple(builds),
                              archs=archs)
-                served = [(name, plat, series(t)) for t in serves] if group.replace else []
+                served = ([(name, plat, series(t), p) for t in serves for p in pythons]
+                          if group.replace else [])
                 results.append((cell, served))
     return results
 
@@ -708,7 +772,10 @@ def _cell(matrix: Matrix, src: Source, compat: Compat, torch: str, flavor: _Flav
         platform=platform,
         runner=(s.runner if s.runner and platform == DEFAULT_PLATFORM
                 else matrix.platforms[platform].runner),
-        gpu_runner=s.gpu_runner if flavor.family != "cpu" else None,
+        # Like `runner`, a flavor's GPU machine is an x86_64 one: an aarch64 cell's tests
+        # would run on a machine that cannot install its wheel.
+        gpu_runner=(s.gpu_runner if flavor.family != "cpu" and platform == DEFAULT_PLATFORM
+                    else None),
         abi3=abi3,
         cxx=compat.torch(torch).cxx,
         # A stable CPU build needs only the headers and C shims every build of the release

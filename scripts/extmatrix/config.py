@@ -312,8 +312,9 @@ class FlavorSettings(_Model):
         None, description="GitHub Actions runner label that builds this flavor's x86_64 cells "
         "(e.g. a larger one for CUDA); default: the platform's runner.")
     gpu_runner: Name | None = Field(
-        None, description="Runner label with a GPU of this flavor: its cells' tests run there "
-        "with --require-gpu. Unset: GPU tests are not run, and CI says so.")
+        None, description="Runner label with a GPU of this flavor: its x86_64 cells' tests run "
+        "there with --require-gpu (like `runner`, it is not used for aarch64 cells). Unset: GPU "
+        "tests are not run, and CI says so.")
     runtime_deps: list[RequirementText] | None = Field(
         None, description="Requirements written into the wheel for this flavor (e.g. triton)."
     )
@@ -352,7 +353,8 @@ class StableGroup(_Model):
         None, description="Platforms built this way; default: axes.platform.")
     replace: bool = Field(
         True, description="Drop the per-torch cells these wheels serve (same flavor and "
-        "platform, torch in the range); false keeps both.")
+        "platform, torch in the range); false keeps both. The wheels serve only the Pythons "
+        "every torch of the range ships: per-torch cells keep the others.")
 
 
 class PlatformSettings(_Model):

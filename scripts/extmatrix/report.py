@@ -68,10 +68,16 @@ def stable_table(cells: list[Cell]) -> Table:
 def compile_counts(cells: list[Cell], dropped: list[Dropped]) -> str:
     """How many wheels the plan compiles, with and without its stable-ABI cells."""
     stable = [c for c in cells if c.stable]
-    served = [d for d in dropped if d.reason.startswith("served by the stable-ABI wheel")]
+    # A cell left for the Pythons a stable wheel cannot serve is still compiled.
+    ids = {c.id for c in cells}
+    served = [d for d in dropped if d.reason.startswith("served by the stable-ABI wheel")
+              and d.cell not in ids]
+    # Under replace: true a per-torch cell of a served torch is left only for Pythons the
+    # stable wheel cannot serve (cells.expand): one that tests a Python it serves is kept
+    # by replace: false.
     kept = [c for c in cells if not c.stable and any(
         s.flavor == c.flavor and s.platform == c.platform and c.torch in s.serves
-        for s in stable)]
+        and set(c.test_pythons) & set(s.test_pythons) for s in stable)]
     if kept:
         return (f"{len(cells)} compiles; {len(kept)} of them are per-torch wheels the stable-ABI "
                 f"wheels also serve (replace: false): {len(cells) - len(kept)} with replace: true, "
