@@ -329,9 +329,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
     previous = _stop_on_sigterm()
     try:
+        args = build_parser().parse_args(argv)  # (Ctrl-C this early: the one line too)
         with report.repro_matrix(_named_matrix(args)):
             return _COMMANDS[args.command](args)
     except UserError as exc:

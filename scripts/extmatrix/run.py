@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+import signal
+import threading
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
@@ -51,7 +54,8 @@ def context(plan: Plan, *, dist: str | None, parallel: int, require_gpu: bool = 
     ctx = Context(plan.matrix, root, out, work, toolchain.cache_root(), max_jobs(parallel),
                   require_gpu, echo, rebuild, matrix_file=root / Path(plan.source.file).name)
     if console is not None:
-        ctx = replace(ctx, say=lambda text: console.print(text, highlight=False, markup=False))
+        ctx = replace(ctx, say=lambda text: console.print(text, highlight=False, markup=False,
+                                                          soft_wrap=True))
     # Each cell asks these again; asked here, a mistake is one line before any cell starts.
     local.compile_jobs(ctx)
     project.check_tree(ctx.ext_dir, not_sources(ctx))
@@ -59,9 +63,11 @@ def context(plan: Plan, *, dist: str | None, parallel: int, require_gpu: bool = 
 
 
 def each_cell(cells: list[Cell], work: Callable[[Cell], CellReport], verb: str, jobs: int,
-              keep_going: bool, console: Console) -> list[CellReport]:
+              keep_going: bool, console: Console, dist: Path,
+              record: Callable[[list[CellReport]], list[CellReport]]) -> list[CellReport]:
     """Run `work` on each cell, `jobs` at a time. Ctrl-C/SIGTERM stops every cell's
-    commands, lets each record its attempt, then raises Interrupted."""
+    commands, lets each end its attempt, hands the reports to `record` (which returns those
+    now on disk), then raises Interrupted."""
     reports: dict[str, CellReport] = {}
     columns = (SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn())
     steps.reset_cancel()
@@ -89,15 +95,37 @@ def each_cell(cells: list[Cell], work: Callable[[Cell], CellReport], verb: str, 
                 console.print(f"{verb} {cell.id}: {mark}")
                 stop = stop or (report.failed and not keep_going)
     except KeyboardInterrupt:
-        steps.cancel_all()
-        for future, cell in running.items():
-            reports[cell.id] = future.result()  # each records its attempt, then returns
-        pool.shutdown(cancel_futures=True)
-        stopped = [c.id for c in cells if c.id in reports
-                   and reports[c.id].build in ("interrupted", "built")]
-        raise Interrupted(_interrupted_line(stopped, [reports[c] for c in stopped])) from None
+        with _signals_absorbed():
+            steps.cancel_all()
+            for future, cell in running.items():
+                reports[cell.id] = future.result()  # each ends its attempt, then returns
+            pool.shutdown(cancel_futures=True)
+            recorded = record([reports[c.id] for c in cells if c.id in reports])
+        raise Interrupted(_interrupted_line(recorded, dist, LOGS[verb])) from None
     pool.shutdown()
     return [reports[c.id] for c in cells if c.id in reports]
+
+
+LOGS = {"build": "build.log", "test": "test.log"}
+
+
+@contextmanager
+def _signals_absorbed() -> Iterator[None]:
+    """A second Ctrl-C or SIGTERM while the cells end their attempts would cut their records
+    short: `timeout` and CI runners signal the process and then its group, so a second one
+    often follows within milliseconds. The stop is under way; they change nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    kinds = (signal.SIGINT, signal.SIGTERM)
+    previous = {kind: signal.getsignal(kind) for kind in kinds}
+    for kind in kinds:
+        signal.signal(kind, lambda *_: None)
+    try:
+        yield
+    finally:
+        for kind, handler in previous.items():
+            signal.signal(kind, handler)
 
 
 def _guarded(work: Callable[[Cell], CellReport], cell: Cell, verb: str) -> CellReport:
@@ -115,11 +143,25 @@ def _guarded(work: Callable[[Cell], CellReport], cell: Cell, verb: str) -> CellR
                       reason=f"{verb} could not finish: {reason}")
 
 
-def _interrupted_line(ids: list[str], reports: list[CellReport]) -> str:
-    kept = [r.cell for r in reports if r.kept]
-    where = f"; attempts recorded in dist/{{{','.join(ids)}}}/report.json" if ids else ""
+def _interrupted_line(recorded: list[CellReport], dist: Path, log: str) -> str:
+    """Where the stopped run left its records: paths that exist, one cell or several."""
+    if len(recorded) == 1:
+        cell = dist / recorded[0].cell
+        where = f"; recorded in {cell / 'report.json'} (log: {cell / log})"
+    elif recorded:
+        where = (f"; recorded in {dist}/<cell>/report.json (log: <cell>/{log}) for "
+                 + ", ".join(r.cell for r in recorded))
+    else:
+        where = "; nothing recorded"
+    kept = [r.cell for r in recorded if r.kept]
     return (f"interrupted{where}" +
             (f"; earlier wheels kept for {', '.join(kept)}" if kept else ""))
+
+
+def _published(reports: list[CellReport]) -> list[CellReport]:
+    """A build's attempt is published whatever its outcome (backends.building); a report
+    `_guarded` made up for work that broke before it began is on no disk."""
+    return [r for r in reports if r.backend != "?"]
 
 
 def crash_log(exc: BaseException) -> str:
@@ -139,7 +181,8 @@ def crash_log(exc: BaseException) -> str:
 def build(cells: list[Cell], ctx: Context, backend_name: str, jobs: int, keep_going: bool,
           console: Console) -> list[CellReport]:
     impl = backend(backend_name)
-    return each_cell(cells, lambda c: impl.build(c, ctx), "build", jobs, keep_going, console)
+    return each_cell(cells, lambda c: impl.build(c, ctx), "build", jobs, keep_going, console,
+                     ctx.dist, _published)
 
 
 def test(cells: list[Cell], ctx: Context, backend_name: str, jobs: int, keep_going: bool,
@@ -161,7 +204,20 @@ def test(cells: list[Cell], ctx: Context, backend_name: str, jobs: int, keep_goi
             report.test, report.cross_check = "not-run", None
             return impl.test(cell, ctx, report)
 
-    reports = each_cell(cells, one, "test", jobs, keep_going, console)
+    def record(done: list[CellReport]) -> list[CellReport]:
+        """Stopped: what the cells' test runs got, cross checks left out. The log and JUnit
+        file beside each report are that run's already."""
+        written = []
+        for report in (r for r in done if r.build == "built" and r.backend != "?"):
+            try:
+                with workspace.claim(report.cell, ctx.dist, ctx.work, ctx.say):
+                    report.write(ctx.dist / report.cell / "report.json")
+            except Interrupted:  # another run holds the cell now: its record stands
+                continue
+            written.append(report)
+        return written
+
+    reports = each_cell(cells, one, "test", jobs, keep_going, console, ctx.dist, record)
     by_id = {c.id: c for c in cells}
     tested = [by_id[r.cell] for r in reports if r.test == "passed"]
     earlier = [c for c in known or [] if c.id not in by_id
@@ -196,7 +252,8 @@ def finish(reports: list[CellReport], backend_name: str, console: Console,
     """The summary; 1 when a cell failed, or (strict) could not be built here."""
     console.print(summary_table(reports, strict))
     for line in repro_lines(reports, backend_name, strict):
-        console.print(line, highlight=False, markup=False)
+        # Unwrapped, however long the paths: one line a log search finds whole.
+        console.print(line, highlight=False, markup=False, soft_wrap=True)
     step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if step_summary:
         try:

@@ -30,7 +30,8 @@ from pathlib import Path, PurePosixPath
 
 from filelock import FileLock, Timeout
 
-from .errors import StepFailed, UserError
+from .errors import Interrupted, StepFailed, UserError
+from .steps import cancelled
 
 LAST_GOOD = "last-good.json"
 REPORT = "report.json"
@@ -67,7 +68,8 @@ def claim(cell_id: str, dist: Path, work: Path,
           say: Callable[[str], None] = say_on_stderr) -> Iterator[None]:
     """Hold the cell's locks (its work folder and its results folder) for a build or test.
 
-    A second extmatrix on the same cell waits, saying so once; other cells go on."""
+    A second extmatrix on the same cell waits, saying so once; other cells go on. Ctrl-C
+    or SIGTERM ends the wait (Interrupted) with nothing of the cell touched."""
     locks = [work / ".locks" / f"{cell_id}.lock", dist / ".locks" / f"{cell_id}.lock"]
     held: list[FileLock] = []
     try:
@@ -79,7 +81,7 @@ def claim(cell_id: str, dist: Path, work: Path,
             except Timeout:
                 say(f"{cell_id}: another extmatrix is building or testing this cell; "
                     f"waiting for it to finish (lock {path})")
-                lock.acquire()
+                _wait_for(lock)
             held.append(lock)
         yield
     finally:
@@ -87,14 +89,31 @@ def claim(cell_id: str, dist: Path, work: Path,
             lock.release()
 
 
+def _wait_for(lock: FileLock) -> None:
+    """Acquire `lock`, however long the other run takes, unless the run is stopped: the
+    wait runs in a worker thread, which a Ctrl-C in the main thread does not reach."""
+    while True:
+        if cancelled():
+            raise Interrupted("stopped while waiting for another extmatrix on the cell")
+        try:
+            lock.acquire(timeout=0.2)
+            return
+        except Timeout:
+            continue
+
+
 def begin(cell_id: str, dist: Path) -> Attempt:
     """A fresh staging folder for an attempt; leftovers of killed attempts go first."""
+    final = dist / cell_id
+    if final.exists() and not final.is_dir():  # the swap would put it where staging is deleted
+        raise UserError(str(final), "a file stands where the cell's results go",
+                        "move it away and build again")
     root = dist / ".staging" / cell_id
     shutil.rmtree(root, ignore_errors=True)  # we hold the lock: nothing in there is alive
     attempt_id = new_attempt_id()
     staging = root / attempt_id
     staging.mkdir(parents=True)
-    return Attempt(attempt_id, staging, dist / cell_id)
+    return Attempt(attempt_id, staging, final)
 
 
 def last_good(final: Path) -> dict | None:

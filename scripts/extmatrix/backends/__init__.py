@@ -87,7 +87,15 @@ def building(ctx: Context, cell: Cell, backend: str) -> Iterator[tuple[CellRepor
             kept = None if good else workspace.last_good(attempt.final)
             if kept is not None:
                 report.kept = {k: kept.get(k) for k in ("wheel", "attempt", "finished")}
-            workspace.publish(attempt, report.to_json(), good, kept)
+            try:
+                workspace.publish(attempt, report.to_json(), good, kept)
+            except OSError as exc:
+                # A full disk, typically: dist/<cell>/ still holds the last record whole,
+                # so the one line must say where this attempt's log is instead.
+                raise UserError(None, f"its attempt could not be recorded in {attempt.final} "
+                                f"({describe_os_error(exc)}); its log is "
+                                f"{attempt.staging / 'build.log'}",
+                                "free space there and build again") from None
 
 
 def _free_gb(folder: Path) -> float | None:
