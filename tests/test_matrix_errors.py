@@ -62,6 +62,15 @@ def test_bad_selection(args, message, capsys):
     assert capsys.readouterr().err == f"extmatrix: {message}\n"
 
 
+def test_a_cell_the_plan_leaves_out_on_purpose_is_named_with_its_rule(capsys, monkeypatch):
+    # Not "did you mean 'torch2.14-cu132'?": the cell exists in the axes, a rule removed it.
+    monkeypatch.chdir(Path(__file__).parent.parent)
+    assert main(["plan", "--cell", "torch2.14-cu126"]) == 2
+    assert capsys.readouterr().err == (
+        "extmatrix: cell 'torch2.14-cu126' is removed by exclude[0] (matrix.yaml:85:5); "
+        "narrow the rule to build it\n")
+
+
 LAUGHS = "a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + "".join(
     f"{name}: &{name} [{', '.join([f'*{prev}'] * 9)}]\n"
     for prev, name in zip("abcdefgh", "bcdefghi", strict=True)

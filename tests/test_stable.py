@@ -117,6 +117,11 @@ def test_per_torch_cells_keep_the_pythons_the_stable_wheel_cannot_serve(tmp_path
         ("py3.12 × torch 2.14.1 × cpu × x86_64", "torch2.14-cpu"),
         ("torch 2.15.0 × cpu × x86_64", "torch2.15-cpu")]
     assert {d.reason for d in p.dropped} == {"served by the stable-ABI wheel of stable2.11-cpu"}
+    with pytest.raises(UserError, match=r"^cell 'torch2.15-cpu' is replaced by stable2.11-cpu, "
+                       r"the wheel of stable\[0\] \(.*matrix.yaml:\d+:\d+\); name "
+                       r"'stable2.11-cpu' instead$"):
+        p.cell("torch2.15-cpu")
+    assert p.cell("torch2.11-cpu").test_pythons == ("3.10",)  # left for what it cannot serve
     # Without the group: a wheel for each of 2.11, 2.14, 2.15; the group stands in for one.
     assert compile_counts(p.cells, p.dropped) == (
         "3 compiles; 3 without the stable-ABI cells (1 stable wheels stand in for 1 per-torch "

@@ -100,6 +100,18 @@ class Plan:
         for cell in self.cells:
             if cell.id == cell_id:
                 return cell
+        # A cell the plan left out on purpose is no typo: a look-alike would mislead.
+        gone = next((d for d in self.dropped if d.cell == cell_id), None)
+        if gone and gone.instead and gone.rule:
+            raise UserError(None, f"cell '{cell_id}' is replaced by {gone.instead}, the wheel "
+                            f"of stable[{gone.rule[1]}] ({self.source.where(gone.rule)})",
+                            f"name '{gone.instead}' instead")
+        if gone and gone.rule:
+            raise UserError(None, f"cell '{cell_id}' is removed by exclude[{gone.rule[1]}] "
+                            f"({self.source.where(gone.rule)})", "narrow the rule to build it")
+        if gone:
+            raise UserError(None, f"cell '{cell_id}' cannot be built: {gone.reason}",
+                            "run 'extmatrix plan --explain' to see the cells")
         raise unknown_cell(cell_id, [c.id for c in self.cells])
 
     def select(
