@@ -45,21 +45,25 @@ def reproduce(capsys, *args: str) -> list[str]:
 def test_repro_hint_is_the_engines_command_with_the_matrix_it_needs(project, monkeypatch,
                                                                     capsys):
     assert reproduce(capsys, "--matrix", "ci/extmatrix.yaml") == [
-        f"reproduce: extmatrix repro {CELL} --matrix ci/extmatrix.yaml"]
+        f"reproduce: extmatrix repro {CELL} --matrix ci/extmatrix.yaml --dist out"]
     # The matrix the engine finds by itself needs no --matrix.
     monkeypatch.setenv("EXTMATRIX_MATRIX", "ci/extmatrix.yaml")
-    assert reproduce(capsys) == [f"reproduce: extmatrix repro {CELL}"]
+    assert reproduce(capsys) == [f"reproduce: extmatrix repro {CELL} --dist out"]
     assert reproduce(capsys, "--matrix", str(project / "ci" / "extmatrix.yaml")) == [
-        f"reproduce: extmatrix repro {CELL}"]
+        f"reproduce: extmatrix repro {CELL} --dist out"]
     monkeypatch.delenv("EXTMATRIX_MATRIX")
     (project / "matrix.yaml").write_text(MATRIX.replace("path: ext", "path: ci/ext"))
     assert reproduce(capsys, "--matrix", "./matrix.yaml") == [
-        f"reproduce: extmatrix repro {CELL}"]
+        f"reproduce: extmatrix repro {CELL} --dist out"]
+    # What the run asked of the cell, the repro asks too: without --require-gpu, a cell that
+    # failed for want of a GPU passes its repro.
+    assert reproduce(capsys, "--require-gpu") == [
+        f"reproduce: extmatrix repro {CELL} --dist out --require-gpu"]
 
 
 def test_repro_hint_in_the_step_summary_and_for_containers():
     failed = [CellReport(cell=CELL, backend="container", build="failed", reason="boom")]
-    with report.repro_matrix("my matrix.yaml"):
+    with report.repro_options("my matrix.yaml"):
         assert report.repro_lines(failed, "container")[0].endswith(
             f"reproduce: extmatrix repro {CELL} --backend container --matrix 'my matrix.yaml'")
         assert (f"- `{CELL}`: `extmatrix repro {CELL} --backend container --matrix "
@@ -94,3 +98,19 @@ def test_a_piped_plan_keeps_each_cell_id_on_one_line(project, monkeypatch, capsy
     out = capsys.readouterr().out
     for cell in ("py3.11-torch2.13-cpu", "py3.12-torch2.13-cu130"):
         assert cell in out, f"{cell} is wrapped in:\n{out}"
+
+
+def test_strict_fails_a_stable_wheel_left_untested_beside_a_torch_it_serves():
+    from extmatrix.report import ServedTorch, failure
+
+    stable = CellReport(cell="stable2.13-cpu", backend="local", build="built", test="passed",
+                        serves=[ServedTorch(torch="2.13.0", test="passed"),
+                                ServedTorch(torch="2.15.0", reason="torch 2.15.0 could not be "
+                                            "installed here")])
+    assert not failure(stable, strict=False)  # a laptop without that torch: said, not failed
+    assert failure(stable, strict=True)
+    assert report.repro_lines([stable], "local", strict=True)[0].splitlines()[0] == (
+        "stable2.13-cpu: beside torch 2.15.0: not tested: torch 2.15.0 could not be installed "
+        "here")
+    rows = report.summary_rows([stable], strict=True)
+    assert [failed for _, failed in rows] == [True, False, True]

@@ -182,6 +182,8 @@ def test_ctrl_c_while_waiting_for_another_run_of_the_cell_stops_at_once_touching
 def test_interrupted_tests_are_recorded_where_the_line_says(project, good, capsys):
     assert main(["test-matrix", *cli(project, "--cell", CELL)]) == 0, capsys.readouterr().err
     assert report(project).test == "passed"
+    last_good = project / "dist" / CELL / "last-good.json"
+    assert json.loads(last_good.read_text())["test"] == "passed"  # what `index` publishes by
     started = project / "tests-started"
     (project / "ext" / "tests" / "test_slow.py").write_text(
         "import os, pathlib, time\n"
@@ -204,6 +206,7 @@ def test_interrupted_tests_are_recorded_where_the_line_says(project, good, capsy
     saved = report(project)  # not the passed run's: the log beside it is this run's
     assert saved.test == "failed" and saved.reason == "tests interrupted (Ctrl-C or SIGTERM)"
     assert "test_slow" in (dist / "test.log").read_text()
+    assert json.loads(last_good.read_text())["test"] == "failed"  # not published as tested
     assert wheels(project) == [good] and saved.build == "built"
 
 

@@ -39,11 +39,13 @@ def matrix(tmp_path: Path, abi3: str = "false") -> Path:
     return tmp_path / "matrix.yaml"
 
 
-def built(dist: Path, cell: str, name: str, data: bytes) -> None:
-    """A cell's last good build, as `extmatrix build` leaves it."""
+def built(dist: Path, cell: str, name: str, data: bytes, test: str = "passed",
+          serves: list[dict] | None = None) -> None:
+    """A cell's last good build, as `extmatrix build` then `test-matrix` leave it."""
     (dist / cell).mkdir(parents=True)
     (dist / cell / name).write_bytes(data)
-    (dist / cell / "last-good.json").write_text(json.dumps({"build": "built", "wheel": name}))
+    (dist / cell / "last-good.json").write_text(json.dumps(
+        {"build": "built", "wheel": name, "test": test, "serves": serves or []}))
 
 
 def index(tmp_path: Path, *cells: str) -> int:
@@ -87,6 +89,49 @@ def test_a_collision_of_cells_that_are_not_per_python_names_the_cells_to_choose_
         "an index holds one file per name; publish one of them: leave the other cell out "
         "with --cell, -k or --subset")
     assert index(tmp_path, "torch2.13-cpu") == 0
+
+
+def test_index_publishes_only_wheels_stamped_for_their_cell_whose_tests_passed(tmp_path,
+                                                                              capsys):
+    matrix(tmp_path)
+    cp = "fastclip-0.2.0+pt213cpu-cp3{}-cp3{}-linux_x86_64.whl"
+    built(tmp_path / "dist", "py3.11-torch2.13-cpu", cp.format(11, 11), b"ok")
+    built(tmp_path / "dist", "py3.12-torch2.13-cpu", cp.format(12, 12), b"red", test="failed")
+    built(tmp_path / "dist", "py3.14t-torch2.13-cpu",  # an older engine's: no label, no pin
+          "fastclip-0.2.0-cp314-cp314t-linux_x86_64.whl", b"old")
+    assert index(tmp_path) == 0
+    assert capsys.readouterr().err.splitlines()[:2] == [
+        f"left out py3.12-torch2.13-cpu: the tests of {cp.format(12, 12)} failed; run "
+        "test-matrix",
+        "left out py3.14t-torch2.13-cpu: fastclip-0.2.0-cp314-cp314t-linux_x86_64.whl is not "
+        "labelled +pt213cpu; build the cell again"]
+    out = tmp_path / "dist" / "index"
+    assert [p.name for p in (out / "wheels").iterdir()] == [cp.format(11, 11)]
+
+    shutil.rmtree(tmp_path / "dist")
+    built(tmp_path / "dist", "py3.11-torch2.13-cpu", cp.format(11, 11), b"ok", test="not-run")
+    assert index(tmp_path) == 2
+    assert capsys.readouterr().err == (
+        f"{tmp_path / 'dist'}: no built and tested wheel to publish (py3.11-torch2.13-cpu: the "
+        f"tests of {cp.format(11, 11)} have not run; run test-matrix); build the cells and run "
+        "test-matrix first\n")
+
+
+def test_a_stable_wheel_is_published_beside_the_torch_builds_it_passed_beside(tmp_path,
+                                                                              capsys):
+    (tmp_path / "ext" / "tests").mkdir(parents=True)
+    (tmp_path / "ext" / "pyproject.toml").write_text("[project]\nname = 'fastclip'\n")
+    (tmp_path / "matrix.yaml").write_text(MATRIX.format(abi3="true").replace(
+        '["2.13"]', '["2.13", "2.14"]') + 'stable:\n  - {from: "2.13", flavors: [cpu]}\n')
+    served = [{"torch": "2.13.0", "test": "passed", "build": "2.13.0+cpu"},
+              {"torch": "2.14.1", "test": "not-tested", "reason": "could not be installed"}]
+    built(tmp_path / "dist", "stable2.13-cpu", "fastclip-0.2.0+cpu-cp311-abi3-linux_x86_64.whl",
+          b"stable", serves=served)
+    assert index(tmp_path, "stable2.13-cpu") == 0
+    assert "left out stable2.13-cpu: not tested beside torch-2.14.1+cpu" in (
+        capsys.readouterr().err)
+    assert sorted(p.name for p in (tmp_path / "dist" / "index").glob("*.html")) == [
+        "index.html", "torch-2.13.0+cpu.html"]
 
 
 def fake_wheel(folder: Path, name: str, binary: bytes = b"\x7fELF") -> Path:
@@ -204,3 +249,35 @@ def test_a_py3_none_wheel_that_needs_python_fails_its_cell_in_one_line(tmp_path)
     assert caught.value.detail == (
         f"the wheel is tagged py3-none-linux_x86_64, for every Python, yet fastclip/_C.so calls "
         f"the Python C API (PyObject_GetAttr): {FIX} (it is {rejected})")
+
+
+def test_a_second_index_drops_what_the_first_published_and_this_one_leaves_out(tmp_path,
+                                                                               capsys):
+    matrix(tmp_path)
+    cp = "fastclip-0.2.0+pt213cpu-cp3{}-cp3{}-linux_x86_64.whl"
+    for minor in (11, 12):
+        built(tmp_path / "dist", f"py3.{minor}-torch2.13-cpu", cp.format(minor, minor),
+              f"{minor}".encode())
+    out = tmp_path / "dist" / "index"
+    out.mkdir(parents=True)
+    (out / "CNAME").write_text("wheels.example.org\n")  # the maintainer's own file
+    assert index(tmp_path) == 0
+    assert index(tmp_path, "py3.12-torch2.13-cpu") == 0, capsys.readouterr().err
+    assert sorted(p.name for p in (out / "wheels").iterdir()) == [cp.format(12, 12)]
+    assert f">{cp.format(11, 11)}<" not in (out / "torch-2.13.0+cpu.html").read_text()
+    assert (out / "CNAME").read_text() == "wheels.example.org\n"
+
+
+def test_index_output_that_is_a_file_is_a_one_line_error_and_urls_are_escaped(tmp_path,
+                                                                              capsys):
+    matrix(tmp_path)
+    built(tmp_path / "dist", "py3.11-torch2.13-cpu",
+          "fastclip-0.2.0+pt213cpu-cp311-cp311-linux_x86_64.whl", b"ok")
+    (tmp_path / "afile").write_text("")
+    args = ["index", "--matrix", str(tmp_path / "matrix.yaml"), "--dist", str(tmp_path / "dist")]
+    assert main([*args, "--output", str(tmp_path / "afile")]) == 2
+    assert capsys.readouterr().err == (
+        f"{tmp_path / 'afile'}: not a folder; pass --output a folder for the index\n")
+    assert main([*args, "--base-url", 'https://x/"><script>']) == 0
+    page = (tmp_path / "dist" / "index" / "torch-2.13.0+cpu.html").read_text()
+    assert "<script>" not in page and "https://x/&quot;&gt;&lt;script&gt;/wheels/" in page

@@ -158,9 +158,20 @@ def test_status_gates_on_every_job_and_gpu_absence_is_said():
     status = wheels["status"]
     assert status["if"] == "always()"
     assert set(status["needs"]) == set(wheels) - {"status"}
-    assert "GPU tests not run: no GPU runner" in status["steps"][0]["run"]
+    assert "GPU tests not run: no selected cell has a GPU runner" in status["steps"][0]["run"]
     for name, job in wheels.items():
         assert "timeout-minutes" in job, f"{name} has no timeout"
+
+
+def test_a_failing_engine_inside_a_pipe_fails_its_step():
+    # GitHub runs `run:` with bash -e unless told `shell: bash` (-eo pipefail): the plan
+    # step's `extmatrix plan ... | jq` would pass an engine error on as an empty matrix.
+    for path in (WHEELS, RELEASE):
+        data = load(path)
+        piped = [s for s in steps(path) if re.search(r"extmatrix [^\n]*\|", s.get("run", ""))]
+        if piped:
+            assert data.get("defaults", {}).get("run", {}).get("shell") == "bash", path.name
+            assert all(s.get("shell", "bash") == "bash" for s in piped)
 
 
 def test_third_party_actions_are_pinned_by_commit():

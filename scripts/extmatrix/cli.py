@@ -156,7 +156,9 @@ def _index(args: argparse.Namespace) -> int:
     root = Path(plan.source.file).resolve().parent
     dist = Path(args.dist).resolve() if args.dist else root / "dist"
     out = Path(args.output).resolve() if args.output else dist / "index"
-    pages = index.build(dist, cells, out, args.base_url)
+    pages, left_out = index.build(dist, cells, out, args.base_url)
+    for why in left_out:
+        print(f"left out {why}", file=sys.stderr)
     for page in pages:
         print(f"wrote {page}", file=sys.stderr)
     return 0
@@ -332,7 +334,8 @@ def main(argv: list[str] | None = None) -> int:
     previous = _stop_on_sigterm()
     try:
         args = build_parser().parse_args(argv)  # (Ctrl-C this early: the one line too)
-        with report.repro_matrix(_named_matrix(args)):
+        with report.repro_options(_named_matrix(args), getattr(args, "dist", None),
+                                  getattr(args, "require_gpu", False)):
             return _COMMANDS[args.command](args)
     except UserError as exc:
         print(f"extmatrix: {exc}" if exc.where is None else str(exc), file=sys.stderr)

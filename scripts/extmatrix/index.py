@@ -4,7 +4,9 @@ Wheels with a local version label (`+pt214cu130`) cannot go to PyPI, so users ge
 them the way torch-scatter's and pyg-lib's users do: a find-links page per torch
 build, `pip install NAME -f BASE/torch-2.14.1+cu130.html`, or the same wheels as a
 PEP 503 simple index, `--extra-index-url BASE/torch-2.14.1+cu130/simple`. Only good
-wheels are published: each cell's last good build (the one `last-good.json` names).
+wheels are published: each cell's last good build (the one `last-good.json` names), once
+its tests passed (a stable-ABI wheel: on the pages of the torch builds it passed beside),
+and only if the engine stamped it for that cell.
 """
 
 from __future__ import annotations
@@ -39,18 +41,42 @@ def page_names(cell: Cell) -> list[str]:
     return [f"torch-{cell.torch}+{cell.flavor}"]
 
 
-def collect(dist: Path, cells: list[Cell]) -> list[Entry]:
-    entries = []
+def _release(page: str) -> str:
+    """torch-2.14.1+cu130 -> 2.14.1"""
+    return page.removeprefix("torch-").split("+", 1)[0]
+
+
+def collect(dist: Path, cells: list[Cell]) -> tuple[list[Entry], list[str]]:
+    """The wheels to publish, and why each cell (or torch build) left out is left out."""
+    entries, left_out = [], []
     for cell in cells:
         good = last_good(dist / cell.id)
         if good is None:
+            left_out.append(f"{cell.id}: no good build")
             continue
         wheel = dist / cell.id / str(good["wheel"])
-        name = parse_wheel_filename(wheel.name)[0]
+        name, version, _, _ = parse_wheel_filename(wheel.name)
+        # A wheel the engine did not stamp for this cell (an older engine's, one copied
+        # in) may pin another torch, or none: its users would get a broken install.
+        if version.local != cell.local_version:
+            left_out.append(f"{cell.id}: {wheel.name} is not labelled +{cell.local_version}; "
+                            "build the cell again")
+            continue
+        if good.get("test") != "passed":
+            left_out.append(f"{cell.id}: the tests of {wheel.name} "
+                            f"{'failed' if good.get('test') == 'failed' else 'have not run'}; "
+                            "run test-matrix")
+            continue
+        pages = page_names(cell)
+        if cell.stable:  # on the page of each torch release it passed its tests beside
+            passed = {s.get("torch") for s in good.get("serves") or []
+                      if isinstance(s, dict) and s.get("test") == "passed"}
+            left_out += [f"{cell.id}: not tested beside {page}" for page in pages
+                         if _release(page) not in passed]
+            pages = [page for page in pages if _release(page) in passed]
         digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
-        entries += [Entry(page, wheel, canonicalize_name(name), digest)
-                    for page in page_names(cell)]
-    return _one_per_name(dist, entries, {c.id: c for c in cells})
+        entries += [Entry(page, wheel, canonicalize_name(name), digest) for page in pages]
+    return _one_per_name(dist, entries, {c.id: c for c in cells}), left_out
 
 
 def _one_per_name(dist: Path, entries: list[Entry], cells: dict[str, Cell]) -> list[Entry]:
@@ -74,11 +100,18 @@ def _one_per_name(dist: Path, entries: list[Entry], cells: dict[str, Cell]) -> l
     return list(dict.fromkeys(replace(e, wheel=first[e.wheel.name].wheel) for e in entries))
 
 
-def build(dist: Path, cells: list[Cell], out: Path, base_url: str | None) -> list[Path]:
-    """Write OUT/wheels/*.whl, OUT/torch-*.html, OUT/torch-*/simple/…; returns the pages."""
-    entries = collect(dist, cells)
+def build(dist: Path, cells: list[Cell], out: Path, base_url: str | None
+          ) -> tuple[list[Path], list[str]]:
+    """Write OUT/wheels/*.whl, OUT/torch-*.html, OUT/torch-*/simple/…; returns the pages,
+    and what was left out and why."""
+    entries, left_out = collect(dist, cells)
     if not entries:
-        raise UserError(str(dist), "no good wheel to publish", "build the cells first")
+        why = f" ({left_out[0]})" if left_out else ""
+        raise UserError(str(dist), f"no built and tested wheel to publish{why}",
+                        "build the cells and run test-matrix first")
+    if out.exists() and not out.is_dir():
+        raise UserError(str(out), "not a folder", "pass --output a folder for the index")
+    _forget_last_index(out)
     wheels_dir = out / "wheels"
     wheels_dir.mkdir(parents=True, exist_ok=True)
     for wheel in {entry.wheel for entry in entries}:
@@ -105,7 +138,34 @@ def build(dist: Path, cells: list[Cell], out: Path, base_url: str | None) -> lis
                       prefix))
     (out / "index.html").write_text(_page("Wheels by torch build", [
         f'<a href="{p}.html">{html.escape(p)}</a>' for p in sorted(pages)]))
-    return written
+    made = [*(f"wheels/{e.wheel.name}" for e in entries), "index.html",
+            *(f"{page}.html" for page in pages), *(f"{page}/simple/index.html" for page in pages),
+            *(f"{e.page}/simple/{e.project}/index.html" for e in entries)]
+    (out / MANIFEST).write_text("\n".join(sorted(set(made))) + "\n")
+    return written, left_out
+
+
+# What the last `index` wrote into its folder: the next one removes those files first, so a
+# torch build or wheel left out this time is not uploaded from the folder again. Nothing
+# else in the folder is touched.
+MANIFEST = ".extmatrix-index"
+
+
+def _forget_last_index(out: Path) -> None:
+    try:
+        listed = (out / MANIFEST).read_text().splitlines()
+    except OSError:
+        return
+    folders = set()
+    for name in filter(None, listed):
+        path = (out / name).resolve()
+        if path.is_relative_to(out.resolve()) and path.is_file():
+            path.unlink()
+            folders.update(p for p in path.parents if p.is_relative_to(out.resolve())
+                           and p != out.resolve())
+    for folder in sorted(folders, key=lambda p: len(p.parts), reverse=True):
+        if folder.is_dir() and not any(folder.iterdir()):
+            folder.rmdir()
 
 
 def _href(base_url: str | None, folder: str, depth: int = 0) -> str:
@@ -116,7 +176,7 @@ def _href(base_url: str | None, folder: str, depth: int = 0) -> str:
 
 def _html(title: str, entries: list[Entry], prefix: str) -> str:
     ordered = sorted(entries, key=lambda e: e.wheel.name)
-    links = [f'<a href="{prefix}{html.escape(e.wheel.name)}#sha256={e.sha256}">'
+    links = [f'<a href="{html.escape(prefix + e.wheel.name)}#sha256={e.sha256}">'
              f"{html.escape(e.wheel.name)}</a>" for e in ordered]
     return _page(title, links)
 

@@ -227,8 +227,10 @@ def _times(r: CellReport) -> str:
 
 
 def failure(r: CellReport, strict: bool) -> bool:
-    """Failed, or not buildable where the cell had to be built (named, or --strict)."""
-    return r.failed or (strict and r.build == "not-buildable")
+    """Failed, or not buildable where the cell had to be built (named, or --strict), or
+    (--strict) a stable-ABI wheel left untested beside a torch it serves."""
+    return r.failed or (strict and (r.build == "not-buildable"
+                                    or any(s.test != "passed" for s in r.serves)))
 
 
 def first_line(text: str | None) -> str:
@@ -251,7 +253,7 @@ def summary_rows(reports: list[CellReport], strict: bool = False) -> list[tuple[
         for served in r.serves:
             rows.append(([f"  beside torch {served.torch}", _served_status(served),
                           _served_tests(served), "", served.build or "-", "", ""],
-                         served.test == "failed"))
+                         served.test == "failed" or (strict and served.test != "passed")))
     return rows
 
 
@@ -284,17 +286,23 @@ def summary_table(reports: list[CellReport], strict: bool = False) -> Table:
 
 
 # The --matrix a repro command must repeat; None where `extmatrix` finds that matrix itself.
-_MATRIX: ContextVar[str | None] = ContextVar("repro_matrix", default=None)
+_REPRO: ContextVar[tuple[str, ...]] = ContextVar("repro_options", default=())
 
 
 @contextmanager
-def repro_matrix(matrix: str | None) -> Iterator[None]:
-    """Within: the repro commands printed name `matrix` (the CLI sets it for its run)."""
-    token = _MATRIX.set(matrix)
+def repro_options(matrix: str | None, dist: str | None = None,
+                  require_gpu: bool = False) -> Iterator[None]:
+    """Within: the repro commands printed repeat the run's matrix, results folder and GPU
+    requirement (the CLI sets them for its run): without --require-gpu, a cell that failed
+    for want of a GPU passes its repro."""
+    options = [*(["--matrix", matrix] if matrix is not None else []),
+               *(["--dist", dist] if dist is not None else []),
+               *(["--require-gpu"] if require_gpu else [])]
+    token = _REPRO.set(tuple(options))
     try:
         yield
     finally:
-        _MATRIX.reset(token)
+        _REPRO.reset(token)
 
 
 def repro_command(cell: str, backend: str) -> str:
@@ -303,13 +311,20 @@ def repro_command(cell: str, backend: str) -> str:
     args = ["extmatrix", "repro", cell]
     if backend != "local":
         args += ["--backend", backend]
-    if (matrix := _MATRIX.get()) is not None:
-        args += ["--matrix", matrix]
-    return shlex.join(args)
+    return shlex.join([*args, *_REPRO.get()])
+
+
+def why_failed(r: CellReport, strict: bool = False) -> str:
+    """The one line that says why the cell counts as failed."""
+    untested = [s for s in r.serves if s.test != "passed"]
+    if strict and untested and not r.failed:
+        s = untested[0]
+        return f"beside torch {s.torch}: {_served_status(s)}"
+    return first_line(r.reason or r.cross_check) or r.build
 
 
 def repro_lines(reports: list[CellReport], backend: str, strict: bool = False) -> list[str]:
-    return [f"{r.cell}: {first_line(r.reason or r.cross_check) or r.build}\n"
+    return [f"{r.cell}: {why_failed(r, strict)}\n"
             f"    reproduce: {repro_command(r.cell, backend)}"
             for r in reports if failure(r, strict)]
 

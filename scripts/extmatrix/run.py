@@ -211,7 +211,7 @@ def test(cells: list[Cell], ctx: Context, backend_name: str, jobs: int, keep_goi
         for report in (r for r in done if r.build == "built" and r.backend != "?"):
             try:
                 with workspace.claim(report.cell, ctx.dist, ctx.work, ctx.say):
-                    report.write(ctx.dist / report.cell / "report.json")
+                    _save_tested(report, ctx.dist)
             except Interrupted:  # another run holds the cell now: its record stands
                 continue
             written.append(report)
@@ -234,8 +234,18 @@ def test(cells: list[Cell], ctx: Context, backend_name: str, jobs: int, keep_goi
     for report in reports:
         if report.build == "built" and report.backend != "?":
             with workspace.claim(report.cell, ctx.dist, ctx.work, ctx.say):
-                report.write(ctx.dist / report.cell / "report.json")
+                _save_tested(report, ctx.dist)
     return reports
+
+
+def _save_tested(report: CellReport, dist: Path) -> None:
+    """The cell's report, and the last good build's record too where these tests ran on
+    its wheel: `index` publishes a wheel only once its tests passed."""
+    final = dist / report.cell
+    report.write(final / workspace.REPORT)
+    good = workspace.last_good(final)
+    if good is not None and good.get("attempt") == report.attempt:
+        report.write(final / workspace.LAST_GOOD)
 
 
 def foreign(cell: Cell, other: Cell) -> bool:
