@@ -85,3 +85,10 @@ def test_dropped_combinations_are_printed_as_written():
     dropped = [Dropped(combo="torch 2.14 × [cpu]", reason=BROKEN_MARKUP)]
     out = render(report.dropped_table(dropped))
     assert "torch 2.14 × [cpu]" in out and BROKEN_MARKUP in out
+
+
+def test_tests_skipped_for_want_of_a_gpu_are_counted_apart():
+    skipped = CellReport(cell="py3.11-torch2.13-cpu", backend="local", build="built",
+                         test="passed", junit={"passed": 0, "skipped": 3, "gpu_skipped": 3})
+    (row, failed), = report.summary_rows([skipped])
+    assert row[2] == "passed: 0 passed, 3 skipped (3 need a GPU)" and not failed

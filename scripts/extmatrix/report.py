@@ -210,7 +210,10 @@ def _tests(r: CellReport) -> str:
     if not r.junit:
         return r.test
     j = r.junit
-    return f"{r.test}: {j.get('passed', 0)} passed, {j.get('skipped', 0)} skipped" + (
+    # Skips for want of a GPU said apart: on a GPU-less runner they are the tests the GPU
+    # job must run, and "passed" with nothing run is no pass to trust.
+    gpu = f" ({j['gpu_skipped']} need a GPU)" if j.get("gpu_skipped") else ""
+    return f"{r.test}: {j.get('passed', 0)} passed, {j.get('skipped', 0)} skipped{gpu}" + (
         f", {j['failures'] + j['errors']} failed" if j.get("failures") or j.get("errors") else "")
 
 
