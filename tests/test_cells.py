@@ -296,7 +296,8 @@ def test_init_without_a_stated_name_says_where_to_state_it(tmp_path):
     ext = tmp_path / "ext"
     (ext / "tests").mkdir(parents=True)
     (ext / "setup.py").write_text("from setuptools import setup\nsetup(name=NAME)\n")
-    with pytest.raises(UserError, match=r"no distribution name found .* add \[project\] name"):
+    with pytest.raises(UserError,
+                       match=r"no distribution name found .* under \[metadata\] in setup.cfg"):
         init.describe(ext)
 
 

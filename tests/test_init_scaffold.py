@@ -245,3 +245,170 @@ def test_the_pr_subset_says_what_its_cells_test(tmp_path, monkeypatch, name, edi
     assert f"  # Pull requests: {says}\n" in Path("matrix.yaml").read_text()
     if plan.matrix.extension.abi3:
         assert all(c.test_pythons == plan.cells[0].test_pythons for c in plan.select("pr"))
+
+
+def package(folder: str):
+    """An edit of the extension: a package `folder` (holding __init__.py) beside its own."""
+    def edit(repo: Path) -> None:
+        (repo / folder).mkdir(parents=True)
+        (repo / folder / "__init__.py").write_text("")
+    return edit
+
+
+def edits(*steps):
+    """The edits `steps`, one after the other."""
+    def edit(repo: Path) -> None:
+        for step in steps:
+            step(repo)
+    return edit
+
+
+RENAMED = replace("setup.py", 'name="classic-ops"', 'name="my-ops"')  # not the package's
+
+
+@pytest.mark.parametrize("name, edit, wanted", [
+    # The package the extension module lives in, not the first folder: benchmark/ sorts first.
+    ("classic-cuda", edits(RENAMED, package("benchmark")), "classic_ops"),
+    # Excluded from discovery, a folder is not the wheel's.
+    ("triton-kernels", edits(replace("pyproject.toml", 'name = "tri-kernels"', 'name = "tri"'),
+                             replace("pyproject.toml", 'where = ["src"]',
+                                     'where = ["src"]\nexclude = ["bench*"]'),
+                             package("src/bench")), "tri_kernels"),
+    # Declared packages: scikit-build's wheel.packages.
+    ("cmake-op", edits(replace("pyproject.toml", 'name = "cmake-op"', 'name = "clamp"'),
+                       package("src/aaa")), "cmake_op"),
+    # PyTorch's tutorial: a top-level extension module and no package at all.
+    ("tutorial-lltm", None, "lltm_cpp"),
+    # A namespace package: acme/ has no __init__.py.
+    ("plain-c", edits(move("src/plain_c/__init__.py", "src/acme/plain_c/__init__.py"),
+                      replace("setup.py", '"plain_c._native"', '"acme.plain_c._native"')),
+     "acme"),
+])
+def test_the_import_is_the_package_the_wheel_ships(tmp_path, monkeypatch, name, edit, wanted):
+    plan = scaffold(tmp_path, monkeypatch, name, edit)
+    assert plan.matrix.extension.import_name == wanted
+
+
+def test_a_package_init_cannot_choose_is_named_by_hand(tmp_path, monkeypatch, capsys):
+    repo = extension(tmp_path, monkeypatch, "triton-kernels",
+                     edits(replace("pyproject.toml", 'name = "tri-kernels"', 'name = "tri"'),
+                           package("src/other")))
+    assert main(["init", "--engine-spec", SPEC]) == 2
+    assert capsys.readouterr().err == (".: cannot tell which of other, tri_kernels the tests "
+                                       "import; pass it as --import NAME\n")
+    assert not (repo / "matrix.yaml").exists()
+    assert main(["init", "--engine-spec", SPEC, "--import", "tri-kernels"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("--import tri-kernels: is not a Python")
+    assert main(["init", "--engine-spec", SPEC, "--import", "tri_kernels"]) == 0
+    plan = plan_file("matrix.yaml")
+    assert plan.matrix.extension.import_name == "tri_kernels"
+    assert plan.matrix.defaults["cuda"].runtime_deps == ["triton"]  # its modules were read
+
+
+def test_an_extension_without_a_package_is_named_by_hand(tmp_path, monkeypatch, capsys):
+    # A scikit-build project says no module's name: only the user can.
+    extension(tmp_path, monkeypatch, "cmake-op",
+              edits(replace("pyproject.toml", 'wheel.packages = ["src/cmake_op"]', ""),
+                    move("src/cmake_op/__init__.py", "src/cmake_op/ops.py")))
+    assert main(["init", "--engine-spec", SPEC]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.endswith("pass the module the tests import as "
+                                                 "--import NAME\n")
+    assert main(["init", "--engine-spec", SPEC, "--import", "cmake_op"]) == 0
+    assert plan_file("matrix.yaml").matrix.extension.import_name == "cmake_op"
+
+
+def unignored_venv(repo: Path, folder: str = "venv") -> None:
+    """A virtualenv git does not ignore, torch's CUDA headers in it."""
+    headers = repo / folder / "lib" / "python3.12" / "site-packages" / "torch" / "include"
+    headers.mkdir(parents=True)
+    (headers / "Atomic.cuh").write_text("#pragma once\n")
+    (repo / folder / "include").mkdir()
+    (repo / folder / "include" / "kernels.cuh").write_text("#pragma once\n")
+    (repo / folder / "pyvenv.cfg").write_text("home = /usr/bin\n")
+
+
+def installed_torch(repo: Path) -> None:
+    """A folder of installed packages, wherever pip --target put it, torch's in it."""
+    headers = repo / "deps" / "site-packages" / "torch" / "include"
+    headers.mkdir(parents=True)
+    (headers / "Atomic.cuh").write_text("#pragma once\n")
+
+
+@pytest.mark.parametrize("in_git", [True, False])
+@pytest.mark.parametrize("edit", [
+    unignored_venv,
+    lambda repo: unignored_venv(repo, "tools/env"),  # any name, any depth
+    installed_torch,
+])
+def test_a_virtualenv_in_the_project_adds_no_gpu_flavor(tmp_path, monkeypatch, edit, in_git):
+    # Not ignored by git, or with no git to ask: torch's headers are still not the project's.
+    repo = extension(tmp_path, monkeypatch, "classic-cuda",
+                     edits(move("csrc/scale_cuda.cu", None), edit))
+    if not in_git:
+        shutil.rmtree(repo / ".git")
+    assert init.gpu_sources(repo) == (False, False)
+    assert init.describe(repo).gpu is False
+
+
+@pytest.mark.parametrize("edit, abi3", [
+    (None, False),
+    (replace("setup.py", "define_macros=define_macros,", "py_limited_api=False,"), False),
+    (replace("setup.py", "define_macros=define_macros,", "py_limited_api=True,"), True),
+    (replace("setup.py", "    cmdclass=", '    options={"bdist_wheel": {"py_limited_api": '
+             '"cp310"}},\n    cmdclass='), True),
+    (lambda repo: (repo / "setup.cfg").write_text("[bdist_wheel]\npy_limited_api = cp310\n"),
+     True),
+    # Words are not settings.
+    (replace("setup.py", "def get_extensions():", "def get_extensions():  # no py_limited_api"),
+     False),
+])
+def test_abi3_only_where_setuptools_is_told_to_build_it(tmp_path, monkeypatch, edit, abi3):
+    assert init.describe(extension(tmp_path, monkeypatch, "classic-cuda", edit)).abi3 is abi3
+
+
+NAMED = replace("setup.py", '__version__ = "1.2.0"', '__version__ = "1.2.0"\nNAME = "var-ops"')
+
+
+@pytest.mark.parametrize("edit, name", [
+    (edits(NAMED, replace("setup.py", 'name="classic-ops"', "name=NAME")), "var-ops"),
+    # Assigned twice, the name is computed: none is taken.
+    (edits(NAMED, replace("setup.py", 'name="classic-ops"', "name=NAME"),
+           replace("setup.py", "WITH_CUDA = False", "NAME = 'other'")), None),
+])
+def test_a_name_setup_py_passes_through_a_constant_is_read(tmp_path, monkeypatch, capsys, edit,
+                                                           name):
+    repo = extension(tmp_path, monkeypatch, "classic-cuda", edit)
+    if name:
+        assert init.describe(repo).name == name
+        return
+    assert main(["init", "--engine-spec", SPEC]) == 2
+    err = capsys.readouterr().err
+    # A [project] table in pyproject.toml would break the setuptools build: not advised.
+    assert err.count("\n") == 1 and "'name = ...' under [metadata] in setup.cfg" in err
+    assert "[project]" not in err
+
+
+@pytest.mark.parametrize("python, says", [
+    ("foo", "--python foo: is not a Python series"),
+    ("3.11.2", "--python 3.11.2: is not a Python series"),
+    ("3.15", "--python 3.15: torch 2.13 ships for Python 3.10–3.14 and free-threaded 3.14t"),
+    ("3.13t", "--python 3.13t: torch 2.13 ships for Python 3.10–3.14 and free-threaded 3.14t"),
+])
+def test_a_python_the_torch_does_not_ship_is_a_one_line_error(tmp_path, monkeypatch, capsys,
+                                                              python, says):
+    # cmake-op requires Python >=3.10: no --python that is no Python is said to be below it.
+    repo = extension(tmp_path, monkeypatch, "cmake-op")
+    assert main(["init", "--engine-spec", SPEC, "--torch", "2.13", "--python", python]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(says) and "requires" not in err
+    assert not (repo / "matrix.yaml").exists()
+    # The stable ABI leaves free-threaded builds out: 3.14t gets cells of its own, which the
+    # subsets name as such (cmake-op's wheel is abi3).
+    assert main(["init", "--engine-spec", SPEC, "--torch", "2.13", "--python", "3.14t",
+                 "--python", "3.12"]) == 0
+    plan = plan_file("matrix.yaml")
+    assert plan.matrix.axes.python == ["3.12", "3.14t"] and plan.matrix.extension.abi3
+    assert [c.id for c in plan.select("local")] == ["torch2.13-cpu"]
+    assert [c.id for c in plan.select("pr")] == ["torch2.13-cpu", "py3.14t-torch2.13-cu132"]

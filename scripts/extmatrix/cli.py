@@ -170,7 +170,7 @@ def _init(args: argparse.Namespace) -> int:
     written = init.write(Path(args.path), Path(args.output), torch=args.torch,
                          pythons=args.python, engine_spec=args.engine_spec,
                          with_workflow=not args.no_workflow,
-                         force=args.force)
+                         force=args.force, import_name=args.import_name)
     for path in written:
         print(f"wrote {path}", file=sys.stderr)
     print(f"next: extmatrix plan --matrix {args.output}, then extmatrix build --matrix "
@@ -315,6 +315,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--python", action="append", metavar="3.X",
                    help="a Python to build for; repeat; default: every Python the torch "
                    "ships for that is alive and the project accepts")
+    p.add_argument("--import", dest="import_name", metavar="NAME",
+                   help="the module the tests import (the matrix's extension.import); default: "
+                   "the package the project's extension modules live in")
     p.add_argument("--engine-spec",
                    help="what the workflow pip-installs to get the engine, e.g. "
                    "'extmatrix @ git+https://github.com/OWNER/extmatrix@TAG'; default: the "

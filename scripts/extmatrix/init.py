@@ -11,7 +11,9 @@ container (ROCm, CUDA without nvcc on PyPI) are listed but excluded, saying why.
 from __future__ import annotations
 
 import ast
+import configparser
 import datetime
+import fnmatch
 import json
 import os
 import posixpath
@@ -20,7 +22,7 @@ import shlex
 import sys
 from dataclasses import dataclass, field
 from importlib import metadata
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
@@ -33,6 +35,8 @@ from .project import (
     accepts_python,
     committed_files,
     not_ignored,
+    pyproject_data,
+    pyproject_table,
     pyproject_value,
     requires_python,
     static_name,
@@ -46,6 +50,7 @@ ROCM_ARCHS = ("gfx90a", "gfx942", "gfx950", "gfx1100", "gfx1201")
 SKIP = {"tests", "test", "docs", "doc", "build", "dist", "examples", "benchmarks", "scripts"}
 WORKFLOW = Path(".github") / "workflows" / "extmatrix.yml"
 INDEX = "https://download.pytorch.org/whl/"
+PYTHON = re.compile(r"3\.\d+t?")  # as the matrix takes it: 3.13t, a free-threaded build
 
 
 @dataclass(frozen=True)
@@ -72,8 +77,8 @@ class Project:
         return accepts_python(self.requires_python, python)
 
 
-def describe(ext_dir: Path) -> Project:
-    """What the extension's own files say about it."""
+def describe(ext_dir: Path, import_name: str | None = None) -> Project:
+    """What the extension's own files say about it; `import_name` where the user named it."""
     if not ext_dir.is_dir():
         raise UserError(str(ext_dir), "not a folder", "pass the extension's project folder")
     name = _dist_name(ext_dir)
@@ -84,14 +89,10 @@ def describe(ext_dir: Path) -> Project:
     # scikit-build-core's cp3X tags the wheel cp3X-abi3; its py3 (a library that
     # torch.ops.load_library loads, no libpython) tags it py3-none: either serves every Python.
     py_api = pyproject_value(ext_dir, ("tool", "scikit-build", "wheel", "py-api"), str, "")
-    setup_py = ext_dir / "setup.py"
-    abi3 = py_api.startswith(("cp", "py")) if py_api else (
-        setup_py.is_file() and "py_limited_api" in setup_py.read_text(errors="replace"))
-    import_name = _import_name(ext_dir, name)
-    package = next(d for d in (ext_dir / "src" / import_name, ext_dir / import_name)
-                   if d.is_dir())
+    abi3 = py_api.startswith(("cp", "py")) if py_api else _limited_api(ext_dir)
+    import_name = _import_name(ext_dir, name, import_name)
     specifier, stated_in = requires_python(ext_dir)
-    triton = _imports_triton(package)
+    triton = _imports_triton(_module_files(ext_dir, import_name))
     cuda, hip = gpu_sources(ext_dir)
     # torch's build hipifies CUDA sources for ROCm, and Triton compiles for both.
     return Project(name, import_name, tests, abi3, specifier, stated_in, py_api, triton,
@@ -108,16 +109,24 @@ CMAKE_LANGUAGE = re.compile(r"^\s*(?:enable_language\s*\(|project\s*\([^)]*LANGU
 
 def gpu_sources(ext_dir: Path) -> tuple[bool, bool]:
     """Whether the wheel's own sources hold CUDA code and HIP code: files of the repository
-    (ignored ones, like a virtualenv's headers, are not the project's) outside tests, docs,
-    examples and build output at any depth (a vendored library's count: the build may
-    compile them)."""
+    (ignored ones are not the project's) outside tests, docs, examples, build output and
+    virtualenvs at any depth (a vendored library's count: the build may compile them). A
+    virtualenv is left out even where git does not ignore it, or outside git: torch's own
+    headers in it hold .cuh files."""
     listed = committed_files(ext_dir)
-    files = [Path(f) for f in listed] if listed is not None else [
-        p.relative_to(ext_dir) for p in ext_dir.rglob("*") if p.is_file()]
+    files = [Path(f) for f in listed] if listed is not None else _project_files(ext_dir)
+    virtualenv: dict[Path, bool] = {}
+
+    def in_virtualenv(folder: Path) -> bool:
+        if folder not in virtualenv:
+            virtualenv[folder] = (ext_dir / folder / "pyvenv.cfg").is_file()
+        return virtualenv[folder]
+
     cuda = hip = False
     for path in files:
-        if any(part in SKIP or part.startswith(".") or part == "__pycache__"
-               for part in path.parts[:-1]):
+        folders = path.parts[:-1]
+        if any(_left_out(part) for part in folders) or any(
+                in_virtualenv(Path(*folders[:depth])) for depth in range(1, len(folders) + 1)):
             continue
         cuda = cuda or path.suffix in CUDA_SUFFIXES
         hip = hip or path.suffix in HIP_SUFFIXES
@@ -133,9 +142,39 @@ def gpu_sources(ext_dir: Path) -> tuple[bool, bool]:
     return cuda, hip
 
 
-def _imports_triton(package: Path) -> bool:
+def _left_out(folder: str) -> bool:
+    """A folder whose files are not the wheel's sources, wherever it lies."""
+    return (folder in SKIP or folder.startswith(".") or folder == "__pycache__"
+            or folder == "site-packages")
+
+
+def _project_files(ext_dir: Path) -> list[Path]:
+    """The files below ext_dir outside git, relative to it; the folders gpu_sources leaves
+    out are not entered (a virtualenv holds thousands of files)."""
+    found = []
+    for folder, dirs, files in os.walk(ext_dir):
+        dirs[:] = [d for d in dirs if not _left_out(d)
+                   and not os.path.isfile(os.path.join(folder, d, "pyvenv.cfg"))]
+        rel = Path(folder).relative_to(ext_dir)
+        found += [rel / name for name in files]
+    return found
+
+
+def _module_files(ext_dir: Path, import_name: str) -> list[Path]:
+    """The Python files of the import package (or module), flat or src layout; none for a
+    compiled module alone."""
+    rel = Path(*import_name.split("."))
+    for base in (ext_dir / "src", ext_dir):
+        if (base / rel).is_dir():
+            return sorted((base / rel).rglob("*.py"))
+        if (module := (base / rel).with_suffix(".py")).is_file():
+            return [module]
+    return []
+
+
+def _imports_triton(files: list[Path]) -> bool:
     """Whether the package's own modules import triton (its tests' imports do not count)."""
-    for path in sorted(package.rglob("*.py")):
+    for path in files:
         try:
             tree = ast.parse(path.read_bytes())
         except (OSError, SyntaxError, ValueError):
@@ -155,25 +194,189 @@ def _imports_triton(package: Path) -> bool:
 def _dist_name(ext_dir: Path) -> str:
     # Read as the engine reads it everywhere else: setup.py's setup(name=...) itself,
     # not the first name= in the file (an Extension's name often comes first).
-    if name := static_name(ext_dir):
+    if name := static_name(ext_dir) or _setup_value(ext_dir, "name"):
         return name
+    if (ext_dir / "setup.py").is_file() and "project" not in pyproject_data(ext_dir):
+        # A [project] table would make pyproject.toml the metadata's source, which then
+        # lacks the version and the rest that setup.py passes.
+        raise UserError(str(ext_dir), "no distribution name found in setup.cfg, nor a "
+                        "setup(name=...) in setup.py that can be read without running it",
+                        "state it as 'name = ...' under [metadata] in setup.cfg, or as a "
+                        "literal setup(name=\"...\")")
     raise UserError(str(ext_dir), "no distribution name found in pyproject.toml, setup.cfg or "
                     "setup.py", "add [project] name to pyproject.toml")
 
 
-def _import_name(ext_dir: Path, dist: str) -> str:
-    candidates = []
+UNKNOWN = object()  # a value setup.py computes: it cannot be read without running setup.py
+
+
+def _setup_py(ext_dir: Path) -> tuple[ast.Module, dict[str, object]] | None:
+    """setup.py's syntax tree, with its constants: the names assigned a literal once, at
+    the top level (PACKAGE_NAME = "my-ops"), and nowhere else."""
+    try:
+        tree = ast.parse((ext_dir / "setup.py").read_bytes())
+    except (OSError, SyntaxError, ValueError):
+        return None
+    assigned: dict[str, int] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
+            assigned[node.id] = assigned.get(node.id, 0) + 1
+        elif isinstance(node, ast.alias):  # an import binds a name too
+            bound = (node.asname or node.name).split(".")[0]
+            assigned[bound] = assigned.get(bound, 0) + 1
+    constants = {}
+    for node in tree.body:
+        if (isinstance(node, ast.Assign) and len(node.targets) == 1
+                and isinstance(target := node.targets[0], ast.Name)
+                and assigned[target.id] == 1
+                and (value := _literal(node.value, {})) is not UNKNOWN):
+            constants[target.id] = value
+    return tree, constants
+
+
+def _literal(node: ast.expr, constants: dict[str, object]) -> object:
+    """The value of a literal, or of a name of setup.py's constants; UNKNOWN otherwise."""
+    if isinstance(node, ast.Name):
+        return constants.get(node.id, UNKNOWN)
+    try:
+        return ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return UNKNOWN
+
+
+def _callee(call: ast.Call) -> str:
+    return getattr(call.func, "id", None) or getattr(call.func, "attr", None) or ""
+
+
+# Extension, CppExtension, CUDAExtension, Pybind11Extension, or a variable holding one of
+# them (extension = CUDAExtension if ... else CppExtension).
+EXTENSIONS = ("*extension",)
+FINDS = ("find_packages", "find_namespace_packages")
+
+
+def _calls(ext_dir: Path, callees: tuple[str, ...]) -> tuple[list[ast.Call], dict[str, object]]:
+    """setup.py's calls of a callee whose name (in lower case) matches one of `callees`,
+    with setup.py's constants."""
+    if (parsed := _setup_py(ext_dir)) is None:
+        return [], {}
+    tree, constants = parsed
+    return [node for node in ast.walk(tree) if isinstance(node, ast.Call)
+            and any(fnmatch.fnmatchcase(_callee(node).lower(), c) for c in callees)], constants
+
+
+def _arguments(ext_dir: Path, callees: tuple[str, ...], keyword: str) -> list[object]:
+    """The values setup.py passes as `keyword` to those calls (UNKNOWN for a computed one)."""
+    calls, constants = _calls(ext_dir, callees)
+    return [_literal(k.value, constants) for call in calls for k in call.keywords
+            if k.arg == keyword]
+
+
+def _setup_value(ext_dir: Path, keyword: str) -> str | None:
+    """A string setup.py passes setup() as `keyword`, through a constant (name=NAME)."""
+    found = set(_arguments(ext_dir, ("setup",), keyword))
+    value = found.pop() if len(found) == 1 else None
+    return value if isinstance(value, str) else None
+
+
+def _limited_api(ext_dir: Path) -> bool:
+    """Whether setuptools builds an abi3 wheel: an extension built with py_limited_api=True,
+    or bdist_wheel's py_limited_api = cp3X in setup.cfg, setup(options=...) or pyproject.toml.
+    Only literals count (py_limited_api=False says the opposite; a computed one is unknown)."""
+    if any(v is True for v in _arguments(ext_dir, EXTENSIONS, "py_limited_api")):
+        return True
+    modules = pyproject_value(ext_dir, ("tool", "setuptools", "ext-modules"), list, [])
+    if any(isinstance(m, dict) and m.get("py-limited-api") is True for m in modules):
+        return True
+    tags = [options.get("bdist_wheel", {}).get("py_limited_api")
+            for options in _arguments(ext_dir, ("setup",), "options")
+            if isinstance(options, dict) and isinstance(options.get("bdist_wheel"), dict)]
+    tags.append(pyproject_table(ext_dir, "tool", "distutils", "bdist_wheel")
+                .get("py-limited-api"))
+    tags.append(_setup_cfg(ext_dir, "bdist_wheel", "py_limited_api"))
+    return any(isinstance(tag, str) and tag.startswith("cp3") for tag in tags)
+
+
+def _setup_cfg(ext_dir: Path, section: str, key: str) -> str:
+    """setup.cfg's `key` in `section`, "" where it has none (or cannot be read)."""
+    config = configparser.ConfigParser(interpolation=None)
+    try:
+        config.read(ext_dir / "setup.cfg", encoding="utf-8")
+        return config.get(section, key, fallback="").strip()
+    except (configparser.Error, UnicodeDecodeError):
+        return ""
+
+
+def _names(value: object) -> list[str]:
+    """The strings of a literal list (or a setup.cfg list, one a line or comma-separated)."""
+    if isinstance(value, str):
+        return [v for v in re.split(r"[,\s]+", value) if v]
+    if isinstance(value, list | tuple):
+        return [v for v in value if isinstance(v, str)]
+    return []
+
+
+def _declared(ext_dir: Path) -> tuple[list[str], list[str], set[str], list[str]]:
+    """What the project's files say the wheel holds: extension modules' dotted names,
+    packages and top-level modules, and the patterns package discovery excludes."""
+    tool = ("tool", "setuptools")
+    calls, constants = _calls(ext_dir, EXTENSIONS)
+    named = [_literal(n, constants) for call in calls
+             for n in call.args[:1] or [k.value for k in call.keywords if k.arg == "name"]]
+    extensions = [n for n in named if isinstance(n, str)]
+    extensions += [m["name"] for m in pyproject_value(ext_dir, (*tool, "ext-modules"), list, [])
+                   if isinstance(m, dict) and isinstance(m.get("name"), str)]
+    packages = [*(n for v in _arguments(ext_dir, ("setup",), "packages") for n in _names(v)),
+                *_names(pyproject_table(ext_dir, *tool).get("packages")),
+                *(PurePosixPath(p).name for p in _names(pyproject_table(
+                    ext_dir, "tool", "scikit-build", "wheel").get("packages")))]
+    cfg_packages = _setup_cfg(ext_dir, "options", "packages")
+    if not cfg_packages.startswith("find"):
+        packages += _names(cfg_packages)
+    find = pyproject_table(ext_dir, *tool, "packages", "find") if isinstance(
+        pyproject_table(ext_dir, *tool).get("packages", {}), dict) else {}
+    # find_packages(include=["myops", "myops.*"]) declares myops; a pattern, nothing.
+    packages += [n for v in [*_arguments(ext_dir, FINDS, "include"), find.get("include"),
+                             _setup_cfg(ext_dir, "options.packages.find", "include")]
+                 for n in _names(v) if not any(c in n for c in "*?[")]
+    modules = [*(n for v in _arguments(ext_dir, ("setup",), "py_modules") for n in _names(v)),
+               *_names(pyproject_table(ext_dir, *tool).get("py-modules")),
+               *_names(_setup_cfg(ext_dir, "options", "py_modules"))]
+    excluded = [n for v in [*_arguments(ext_dir, FINDS, "exclude"), find.get("exclude"),
+                            _setup_cfg(ext_dir, "options.packages.find", "exclude")]
+                for n in _names(v)]
+    return extensions, [p.split(".")[0] for p in packages], set(modules), excluded
+
+
+def _import_name(ext_dir: Path, dist: str, given: str | None = None) -> str:
+    """The top-level module the wheel's users import: the package its extension modules
+    live in (acme.fastops._C: acme, a namespace package or not), else the packages it
+    declares, else a top-level extension module or py_modules' (PyTorch's tutorial
+    builds lltm_cpp so), else the packages found in the source tree but those excluded."""
+    if given is not None:
+        if not all(part.isidentifier() for part in given.split(".")):
+            raise UserError(f"--import {given}", "is not a Python module name",
+                            "pass the name the tests import, e.g. --import mypackage")
+        return given
+    extensions, packages, modules, excluded = _declared(ext_dir)
+    found = []
     for base in (ext_dir / "src", ext_dir):
         if base.is_dir():
-            candidates += sorted(p.parent.name for p in base.glob("*/__init__.py")
-                                 if p.parent.name not in SKIP)
+            found += sorted(p.parent.name for p in base.glob("*/__init__.py")
+                            if p.parent.name not in SKIP)
+    candidates = ({n.split(".")[0] for n in extensions if "." in n} or set(packages)
+                  or {n for n in extensions if "." not in n} | modules
+                  or {n for n in found if not any(fnmatch.fnmatchcase(n, x) for x in excluded)})
     wanted = canonicalize_name(dist).replace("-", "_")
+    if len(candidates) == 1:
+        return candidates.pop()
     if wanted in candidates:
         return wanted
     if candidates:
-        return candidates[0]
-    raise UserError(str(ext_dir), "no Python package (a folder with __init__.py) found",
-                    "name it with 'import:' in the matrix by hand")
+        raise UserError(str(ext_dir), f"cannot tell which of {', '.join(sorted(candidates))} "
+                        "the tests import", "pass it as --import NAME")
+    raise UserError(str(ext_dir), "no Python package (a folder with __init__.py) or extension "
+                    "module named in setup.py or pyproject.toml found",
+                    "pass the module the tests import as --import NAME")
 
 
 def _pythons(project: Project, facts: TorchFacts, series: str,
@@ -199,9 +402,18 @@ def matrix_text(project: Project, path: str, compat: Compat, torch: str | None,
         raise UserError(None, f"torch {series} is not in the compatibility facts",
                         f"choose one of {known}")
     for python in pythons or ():
+        if not PYTHON.fullmatch(python):
+            raise UserError(f"--python {python}", "is not a Python series (3.X, or 3.Xt for "
+                            "a free-threaded build)", 'pass one such as "3.12"')
         if not project.accepts(python):
             raise UserError(f"--python {python}", f"{project.requires_python_in} requires "
                             f"Python {project.requires_python}", "pass a Python it takes")
+        if not compat.supports_python(series, python):
+            threaded = facts.python_free_threaded
+            raise UserError(f"--python {python}", f"torch {series} ships for Python "
+                            f"{facts.python.min}–{facts.python.max}"
+                            + (f" and free-threaded {', '.join(threaded)}" if threaded else
+                               ", none free-threaded"), "pass one of those, or another --torch")
     pythons = sorted(pythons or _pythons(project, facts, series,
                                          today or datetime.date.today()), key=version_key)
     cuda = {f"cu{v.replace('.', '')}": v for v in facts.cuda} if project.cuda else {}
@@ -298,7 +510,9 @@ def matrix_text(project: Project, path: str, compat: Compat, torch: str | None,
         ]
 
     def cell(python: str, flavor: str) -> str:
-        return f"{'' if project.abi3 else f'py{python}-'}torch{series}-{flavor}"
+        # The stable ABI leaves free-threaded builds out: an abi3 wheel serves none of them.
+        each = not project.abi3 or python.endswith("t")
+        return f"{f'py{python}-' if each else ''}torch{series}-{flavor}"
 
     here = f"{sys.version_info.major}.{sys.version_info.minor}"
     pr = dict.fromkeys([cell(pythons[0], "cpu"), cell(pythons[-1], built[-1])])
@@ -418,7 +632,8 @@ def installed_engine_spec() -> str | None:
 
 
 def write(ext_dir: Path, output: Path, *, torch: str | None, pythons: list[str] | None,
-          engine_spec: str | None, with_workflow: bool, force: bool) -> list[Path]:
+          engine_spec: str | None, with_workflow: bool, force: bool,
+          import_name: str | None = None) -> list[Path]:
     """Write the matrix, and the workflow at the root of the repository that holds it (the
     only place GitHub reads workflows from); never over a file."""
     engine_spec = engine_spec or installed_engine_spec()
@@ -426,7 +641,7 @@ def write(ext_dir: Path, output: Path, *, torch: str | None, pythons: list[str] 
         raise UserError(None, "the workflow must install this engine, and it was not installed "
                         "from a git URL", "pass --engine-spec 'extmatrix @ "
                         "git+https://…/extmatrix@TAG', or --no-workflow")
-    project = describe(ext_dir)
+    project = describe(ext_dir, import_name)
     _check_output(output)
     repo = repository(output)
     if not ext_dir.resolve().is_relative_to(repo):
