@@ -11,7 +11,6 @@ container (ROCm, CUDA without nvcc on PyPI) are listed but excluded, saying why.
 from __future__ import annotations
 
 import ast
-import configparser
 import datetime
 import fnmatch
 import json
@@ -39,6 +38,7 @@ from .project import (
     pyproject_table,
     pyproject_value,
     requires_python,
+    setup_cfg_value,
     static_name,
     versioned_by_git,
 )
@@ -292,18 +292,8 @@ def _limited_api(ext_dir: Path) -> bool:
             if isinstance(options, dict) and isinstance(options.get("bdist_wheel"), dict)]
     tags.append(pyproject_table(ext_dir, "tool", "distutils", "bdist_wheel")
                 .get("py-limited-api"))
-    tags.append(_setup_cfg(ext_dir, "bdist_wheel", "py_limited_api"))
+    tags.append(setup_cfg_value(ext_dir, "py_limited_api", "bdist_wheel"))
     return any(isinstance(tag, str) and tag.startswith("cp3") for tag in tags)
-
-
-def _setup_cfg(ext_dir: Path, section: str, key: str) -> str:
-    """setup.cfg's `key` in `section`, "" where it has none (or cannot be read)."""
-    config = configparser.ConfigParser(interpolation=None)
-    try:
-        config.read(ext_dir / "setup.cfg", encoding="utf-8")
-        return config.get(section, key, fallback="").strip()
-    except (configparser.Error, UnicodeDecodeError):
-        return ""
 
 
 def _names(value: object) -> list[str]:
@@ -329,20 +319,20 @@ def _declared(ext_dir: Path) -> tuple[list[str], list[str], set[str], list[str]]
                 *_names(pyproject_table(ext_dir, *tool).get("packages")),
                 *(PurePosixPath(p).name for p in _names(pyproject_table(
                     ext_dir, "tool", "scikit-build", "wheel").get("packages")))]
-    cfg_packages = _setup_cfg(ext_dir, "options", "packages")
+    cfg_packages = setup_cfg_value(ext_dir, "packages", "options")
     if not cfg_packages.startswith("find"):
         packages += _names(cfg_packages)
     find = pyproject_table(ext_dir, *tool, "packages", "find") if isinstance(
         pyproject_table(ext_dir, *tool).get("packages", {}), dict) else {}
     # find_packages(include=["myops", "myops.*"]) declares myops; a pattern, nothing.
     packages += [n for v in [*_arguments(ext_dir, FINDS, "include"), find.get("include"),
-                             _setup_cfg(ext_dir, "options.packages.find", "include")]
+                             setup_cfg_value(ext_dir, "include", "options.packages.find")]
                  for n in _names(v) if not any(c in n for c in "*?[")]
     modules = [*(n for v in _arguments(ext_dir, ("setup",), "py_modules") for n in _names(v)),
                *_names(pyproject_table(ext_dir, *tool).get("py-modules")),
-               *_names(_setup_cfg(ext_dir, "options", "py_modules"))]
+               *_names(setup_cfg_value(ext_dir, "py_modules", "options"))]
     excluded = [n for v in [*_arguments(ext_dir, FINDS, "exclude"), find.get("exclude"),
-                            _setup_cfg(ext_dir, "options.packages.find", "exclude")]
+                            setup_cfg_value(ext_dir, "exclude", "options.packages.find")]
                 for n in _names(v)]
     return extensions, [p.split(".")[0] for p in packages], set(modules), excluded
 

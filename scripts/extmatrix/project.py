@@ -243,13 +243,13 @@ def _stated_by_setuptools(ext_dir: Path) -> bool:
     setup.cfg's [metadata] version (but attr:), or setup(version=...), literal or not."""
     if "version" in pyproject_table(ext_dir, "tool", "setuptools", "dynamic"):
         return True
-    stated = _setup_cfg_metadata(ext_dir, "version")
+    stated = setup_cfg_value(ext_dir, "version")
     if stated and not stated.startswith("attr:"):
         return True
     return _setup_passes(ext_dir, "version")
 
 
-def _setup_cfg_metadata(ext_dir: Path, key: str, section: str = "metadata") -> str:
+def setup_cfg_value(ext_dir: Path, key: str, section: str = "metadata") -> str:
     """setup.cfg's [metadata] (or other `section`) `key`, "" where it has none (or cannot be
     read)."""
     setup_cfg = configparser.ConfigParser(interpolation=None)
@@ -299,7 +299,7 @@ def static_name(ext_dir: Path) -> str | None:
     literal setup(name="...") in setup.py."""
     if isinstance(name := pyproject_table(ext_dir, "project").get("name"), str):
         return name
-    return _setup_cfg_metadata(ext_dir, "name") or _setup_keyword(ext_dir, "name")
+    return setup_cfg_value(ext_dir, "name") or _setup_keyword(ext_dir, "name")
 
 
 def static_requires_python(ext_dir: Path) -> tuple[str, str] | None:
@@ -307,7 +307,7 @@ def static_requires_python(ext_dir: Path) -> tuple[str, str] | None:
     [project] requires-python, setup.cfg's python_requires, or a literal one in setup.py."""
     if isinstance(text := pyproject_table(ext_dir, "project").get("requires-python"), str):
         return text, "pyproject.toml"
-    if text := _setup_cfg_metadata(ext_dir, "python_requires", section="options"):
+    if text := setup_cfg_value(ext_dir, "python_requires", section="options"):
         return text, "setup.cfg"
     if text := _setup_keyword(ext_dir, "python_requires"):
         return text, "setup.py"
