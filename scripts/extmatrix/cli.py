@@ -188,7 +188,10 @@ def _facts(args: argparse.Namespace) -> int:
     for note in notes:
         print(f"# {note}", file=sys.stderr)
     if not diff:
-        print(f"{path}: agrees with the indexes that answered", file=sys.stderr)
+        # Not "agrees": what no index answered for stays as written, unchecked.
+        unchecked = (f"; {len(notes)} note(s) above say what could not be checked and stays "
+                     "as written" if notes else "")
+        print(f"{path}: no change from the indexes that answered{unchecked}", file=sys.stderr)
         return 0
     sys.stdout.write(diff)
     if args.write:
