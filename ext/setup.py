@@ -15,11 +15,18 @@ import subprocess
 import sys
 from pathlib import Path
 
-import torch
 from setuptools import setup
-from torch.utils import cpp_extension
+
+try:
+    import torch
+    from torch.utils import cpp_extension
+except ModuleNotFoundError:  # an isolated build: pip's fresh environment has no torch
+    sys.exit("segment-ops: no torch where this build runs: install the torch the wheel is "
+             "for, then build with --no-build-isolation (pip wheel --no-build-isolation "
+             "--no-deps .)")
 
 VERSION = "0.1.0"
+PACKAGE = "segment_ops"  # the import package; its compiled module is PACKAGE._C
 # torch >= 2.9 supports CPython >= 3.10, so the wheel is tagged cp310-abi3.
 LIMITED_API_TAG, LIMITED_API_HEX = "cp310", "0x030A0000"
 TORCH_MAJOR, TORCH_MINOR = (int(p) for p in re.match(r"(\d+)\.(\d+)", torch.__version__).groups())
@@ -146,7 +153,7 @@ class BuildExt(cpp_extension.BuildExtension):
                 f"(e.g. {ARCH_EXAMPLE[VARIANT]!r}); it never detects GPUs"
             )
         super().run()
-        facts = Path(self.get_ext_fullpath("segment_ops._C")).with_name("_build_info.json")
+        facts = Path(self.get_ext_fullpath(f"{PACKAGE}._C")).with_name("_build_info.json")
         facts.write_text(json.dumps(build_facts(VARIANT), indent=2) + "\n")
 
 
@@ -166,11 +173,11 @@ def extension(variant):
         cxx_flags.append(f"-DPy_LIMITED_API={LIMITED_API_HEX}")
     if variant == "cpu":
         return cpp_extension.CppExtension(
-            "segment_ops._C", sources, extra_compile_args={"cxx": cxx_flags}, py_limited_api=True
+            f"{PACKAGE}._C", sources, extra_compile_args={"cxx": cxx_flags}, py_limited_api=True
         )
     # On ROCm torch hipifies the .cu and compiles it with hipcc.
     return cpp_extension.CUDAExtension(
-        "segment_ops._C",
+        f"{PACKAGE}._C",
         sources + gpu_sources,
         extra_compile_args={"cxx": cxx_flags, "nvcc": nvcc_flags},
         py_limited_api=True,

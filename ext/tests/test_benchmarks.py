@@ -433,6 +433,9 @@ def test_ab_refuses_what_a_triton_variant_cannot_do_in_one_line(
         ab.load_triton(nameless, f"segment_ops_ab_nameless_{os.getpid()}")
 
 
+# The kernels' namespace as the C++ compiler mangles it (length, then name): renaming
+# the extension renames it.
+NS = f"_ZN{len('segment_ops')}segment_ops"
 RES_USAGE = """
 Fatbin elf code:
 ================
@@ -442,9 +445,9 @@ code version = [1,8]
 Resource usage:
  Common:
   GLOBAL:28 CONSTANT[4]:224
- Function _ZN11segment_ops4cuda6detail15tile_sum_kernelIfLi1ELb0EEEvPKT_:
+ Function {NS}4cuda6detail15tile_sum_kernelIfLi1ELb0EEEvPKT_:
   REG:79 STACK:0 SHARED:30600 LOCAL:0 CONSTANT[0]:592 TEXTURE:0 SURFACE:0 SAMPLER:0
- Function _ZN11segment_ops4cuda6detail15lane_sum_kernelIfLi4EEEvPKT_:
+ Function {NS}4cuda6detail15lane_sum_kernelIfLi4EEEvPKT_:
   REG:{lane_regs} STACK:0 SHARED:1880 LOCAL:{lane_local} CONSTANT[0]:592 TEXTURE:0
 """
 
@@ -453,16 +456,17 @@ def test_ab_resources_lists_kernels_side_by_side_and_marks_those_that_changed(
     monkeypatch, tmp_path, capsys
 ):
     ab = fresh_ab(monkeypatch)
-    dump = RES_USAGE.replace("{lane_regs}", "63").replace("{lane_local}", "0")
+    dump = RES_USAGE.replace("{lane_regs}", "63").replace("{lane_local}", "0").replace(
+        "{NS}", NS)
     assert ab.kernel_resources(dump) == {
-        ("sm_90", "_ZN11segment_ops4cuda6detail15tile_sum_kernelIfLi1ELb0EEEvPKT_"): {
+        ("sm_90", f"{NS}4cuda6detail15tile_sum_kernelIfLi1ELb0EEEvPKT_"): {
             "REG": 79, "STACK": 0, "SHARED": 30600, "LOCAL": 0
         },
-        ("sm_90", "_ZN11segment_ops4cuda6detail15lane_sum_kernelIfLi4EEEvPKT_"): {
+        ("sm_90", f"{NS}4cuda6detail15lane_sum_kernelIfLi4EEEvPKT_"): {
             "REG": 63, "STACK": 0, "SHARED": 1880, "LOCAL": 0
         },
     }
-    tile = "_ZN11segment_ops4cuda6detail15tile_sum_kernelIfLi1ELb0EEEvPKT_"
+    tile = f"{NS}4cuda6detail15tile_sum_kernelIfLi1ELb0EEEvPKT_"
     expected = "tile_sum_kernel<float, 1, false>" if shutil.which("c++filt") else tile
     assert ab.short_names([tile]) == {tile: expected}
     manifest = {
@@ -471,7 +475,8 @@ def test_ab_resources_lists_kernels_side_by_side_and_marks_those_that_changed(
     }
     (tmp_path / "variants.json").write_text(json.dumps(manifest))
     monkeypatch.setattr(ab, "find_cuobjdump", lambda: "cuobjdump")
-    spilled = RES_USAGE.replace("{lane_regs}", "64").replace("{lane_local}", "24")
+    spilled = RES_USAGE.replace("{lane_regs}", "64").replace("{lane_local}", "24").replace(
+        "{NS}", NS)
 
     def cuobjdump(argv, **kwargs):
         text = spilled if argv[-1].endswith("try/lib.so") else dump
