@@ -210,6 +210,28 @@ def test_interrupted_tests_are_recorded_where_the_line_says(project, good, capsy
     assert wheels(project) == [good] and saved.build == "built"
 
 
+@pytest.mark.parametrize("reason, passes", [
+    ("needs hypothesis", False),  # a test dependency missing: nothing was verified
+    ("needs a CUDA device", True),  # the GPU job's to run, with --require-gpu
+])
+def test_a_run_whose_every_test_skipped_passes_only_for_want_of_a_gpu(project, good, capsys,
+                                                                       reason, passes):
+    (project / "ext" / "tests" / "test_plain_c.py").write_text(
+        f"import pytest\n\npytestmark = pytest.mark.skip(reason={reason!r})\n\n\n"
+        "def test_twice():\n    pass\n")
+    status = main(["test-matrix", *cli(project, "--cell", CELL)])
+    err = capsys.readouterr().err
+    saved = report(project)
+    if passes:
+        assert status == 0 and saved.test == "passed", err
+        assert saved.junit["gpu_skipped"] == 1
+    else:
+        assert status == 1 and saved.test == "failed"
+        assert saved.reason.startswith("no test passed: all 1 skipped, 1 not for want of a GPU "
+                                       "(the log lists why); see ")
+        assert reason in Path(saved.reason.rsplit("see ", 1)[1]).read_text()
+
+
 def test_a_file_where_the_cells_results_go_is_kept_and_named(project, capsys):
     (project / "dist").mkdir()
     (project / "dist" / CELL).write_text("my notes\n")

@@ -295,6 +295,8 @@ def run_suite(ctx: Context, venv: Path, cell_dist: Path, suffix: str,
     if facts:
         junit["gpu_skipped"] = int(facts.get("gpu_skipped", 0))
     if result.returncode == 0:
+        if nothing := _nothing_verified(junit):
+            return "failed", junit, f"{nothing}; see {steps.shown}"
         return "passed", junit, None
     output = steps.output_since(start)
     return "failed", junit, f"{test_failure(result.returncode, output, facts)}; see {steps.shown}"
@@ -399,6 +401,20 @@ def test_cmd(ctx: Context, venv: Path, cell_dist: Path,
             # from) and the skipped tests' reasons.
             "-p", "no:cacheprovider", "--rootdir", str(tests), "-q", "-rfEs",
             f"--junitxml={junit}", *ext.test_args], env
+
+
+def _nothing_verified(junit: dict[str, int]) -> str | None:
+    """Why a run pytest calls a success verified nothing: every test skipped, some for
+    another reason than a missing GPU (a test dependency missing, say). Skips for want of a
+    GPU alone pass: those tests are the GPU job's (--require-gpu) to run."""
+    skipped = junit.get("skipped", 0)
+    if not junit or junit.get("passed", 0) > 0 or not skipped:
+        return None
+    other = skipped - junit.get("gpu_skipped", 0)
+    if other <= 0:
+        return None
+    return (f"no test passed: all {skipped} skipped, {other} not for want of a GPU (the "
+            "log lists why)")
 
 
 def test_failure(code: int, output: str, facts: dict) -> str:
