@@ -108,6 +108,16 @@ def test_unknown_metadata_is_not_cpu():
     assert "pypi_cuda" not in facts.series_facts(found)["2.11"].fields()
 
 
+def test_unread_metadata_says_which_facts_stay_unset():
+    # 2.14.1's metadata files answered 404: what the file never had cannot be "as written".
+    known = facts.series_facts(facts.pypi_facts(main_json(), {}))["2.11"]
+    notes: list[str] = []
+    facts._pypi_changes("2.11", {"pypi_cuda": "13.0"}, known, {}, notes)
+    assert notes[-1] == ("torch 2.11: no metadata of 2.11.0 could be read, so pypi_cuda and "
+                         "platforms are left as written (platforms unset: read them from one "
+                         "of its wheels)")
+
+
 def test_series_facts_have_compat_yaml_shape(releases):
     series = facts.series_facts(releases)
     assert list(series) == ["2.5", "2.6", "2.7", "2.8", "2.9", "2.10", "2.11", "2.12", "2.13",

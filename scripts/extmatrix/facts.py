@@ -554,8 +554,11 @@ def _pypi_changes(
             notes.append(f"torch {name}: {latest.version} has no {platform} wheel for "
                          f"{', '.join(missing)} (the python range is the union of platforms)")
     if latest.cuda is None:
+        unset = [key for key in ("pypi_cuda", "platforms") if key not in entry]
         notes.append(f"torch {name}: no metadata of {latest.version} could be read, so "
-                     "pypi_cuda and platforms are left as written")
+                     "pypi_cuda and platforms are left as written" + (
+                         f" ({' and '.join(unset)} unset: read them from one of its wheels)"
+                         if unset else ""))
     fields = known.fields()
     # A free-threaded build PyPI lacks may still be on download.pytorch.org (2.6's cp313t
     # was published there only, as experimental): PyPI can add to the list, not shorten it.
