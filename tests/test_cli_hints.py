@@ -114,3 +114,21 @@ def test_strict_fails_a_stable_wheel_left_untested_beside_a_torch_it_serves():
         "here")
     rows = report.summary_rows([stable], strict=True)
     assert [failed for _, failed in rows] == [True, False, True]
+
+
+def test_ctrl_c_while_the_engine_loads_is_the_one_line_too():
+    import subprocess
+    import sys
+
+    # The console script's own route: extmatrix._entry imports the CLI, which takes a
+    # moment; the interrupt lands inside that import.
+    code = ("import sys\n"
+            "class Interrupt:\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name == 'extmatrix.cli':\n"
+            "            raise KeyboardInterrupt\n"
+            "sys.meta_path.insert(0, Interrupt())\n"
+            "from extmatrix._entry import main\n"
+            "sys.exit(main())\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert (done.returncode, done.stderr) == (130, "extmatrix: interrupted\n")
