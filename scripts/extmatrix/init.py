@@ -38,7 +38,10 @@ from .project import (
     pyproject_table,
     pyproject_value,
     requires_python,
+    setup_arguments,
+    setup_calls,
     setup_cfg_value,
+    setup_literal,
     static_name,
     versioned_by_git,
 )
@@ -207,45 +210,11 @@ def _dist_name(ext_dir: Path) -> str:
                     "setup.py", "add [project] name to pyproject.toml")
 
 
-UNKNOWN = object()  # a value setup.py computes: it cannot be read without running setup.py
-
-
-def _setup_py(ext_dir: Path) -> tuple[ast.Module, dict[str, object]] | None:
-    """setup.py's syntax tree, with its constants: the names assigned a literal once, at
-    the top level (PACKAGE_NAME = "my-ops"), and nowhere else."""
-    try:
-        tree = ast.parse((ext_dir / "setup.py").read_bytes())
-    except (OSError, SyntaxError, ValueError):
-        return None
-    assigned: dict[str, int] = {}
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
-            assigned[node.id] = assigned.get(node.id, 0) + 1
-        elif isinstance(node, ast.alias):  # an import binds a name too
-            bound = (node.asname or node.name).split(".")[0]
-            assigned[bound] = assigned.get(bound, 0) + 1
-    constants = {}
-    for node in tree.body:
-        if (isinstance(node, ast.Assign) and len(node.targets) == 1
-                and isinstance(target := node.targets[0], ast.Name)
-                and assigned[target.id] == 1
-                and (value := _literal(node.value, {})) is not UNKNOWN):
-            constants[target.id] = value
-    return tree, constants
-
-
-def _literal(node: ast.expr, constants: dict[str, object]) -> object:
-    """The value of a literal, or of a name of setup.py's constants; UNKNOWN otherwise."""
-    if isinstance(node, ast.Name):
-        return constants.get(node.id, UNKNOWN)
-    try:
-        return ast.literal_eval(node)
-    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-        return UNKNOWN
-
-
-def _callee(call: ast.Call) -> str:
-    return getattr(call.func, "id", None) or getattr(call.func, "attr", None) or ""
+def _setup_value(ext_dir: Path, keyword: str) -> str | None:
+    """A string setup.py passes setup() as `keyword`, through a constant (name=NAME)."""
+    found = set(setup_arguments(ext_dir, ("setup",), keyword))
+    value = found.pop() if len(found) == 1 else None
+    return value if isinstance(value, str) else None
 
 
 # Extension, CppExtension, CUDAExtension, Pybind11Extension, or a variable holding one of
@@ -254,41 +223,17 @@ EXTENSIONS = ("*extension",)
 FINDS = ("find_packages", "find_namespace_packages")
 
 
-def _calls(ext_dir: Path, callees: tuple[str, ...]) -> tuple[list[ast.Call], dict[str, object]]:
-    """setup.py's calls of a callee whose name (in lower case) matches one of `callees`,
-    with setup.py's constants."""
-    if (parsed := _setup_py(ext_dir)) is None:
-        return [], {}
-    tree, constants = parsed
-    return [node for node in ast.walk(tree) if isinstance(node, ast.Call)
-            and any(fnmatch.fnmatchcase(_callee(node).lower(), c) for c in callees)], constants
-
-
-def _arguments(ext_dir: Path, callees: tuple[str, ...], keyword: str) -> list[object]:
-    """The values setup.py passes as `keyword` to those calls (UNKNOWN for a computed one)."""
-    calls, constants = _calls(ext_dir, callees)
-    return [_literal(k.value, constants) for call in calls for k in call.keywords
-            if k.arg == keyword]
-
-
-def _setup_value(ext_dir: Path, keyword: str) -> str | None:
-    """A string setup.py passes setup() as `keyword`, through a constant (name=NAME)."""
-    found = set(_arguments(ext_dir, ("setup",), keyword))
-    value = found.pop() if len(found) == 1 else None
-    return value if isinstance(value, str) else None
-
-
 def _limited_api(ext_dir: Path) -> bool:
     """Whether setuptools builds an abi3 wheel: an extension built with py_limited_api=True,
     or bdist_wheel's py_limited_api = cp3X in setup.cfg, setup(options=...) or pyproject.toml.
     Only literals count (py_limited_api=False says the opposite; a computed one is unknown)."""
-    if any(v is True for v in _arguments(ext_dir, EXTENSIONS, "py_limited_api")):
+    if any(v is True for v in setup_arguments(ext_dir, EXTENSIONS, "py_limited_api")):
         return True
     modules = pyproject_value(ext_dir, ("tool", "setuptools", "ext-modules"), list, [])
     if any(isinstance(m, dict) and m.get("py-limited-api") is True for m in modules):
         return True
     tags = [options.get("bdist_wheel", {}).get("py_limited_api")
-            for options in _arguments(ext_dir, ("setup",), "options")
+            for options in setup_arguments(ext_dir, ("setup",), "options")
             if isinstance(options, dict) and isinstance(options.get("bdist_wheel"), dict)]
     tags.append(pyproject_table(ext_dir, "tool", "distutils", "bdist_wheel")
                 .get("py-limited-api"))
@@ -309,13 +254,13 @@ def _declared(ext_dir: Path) -> tuple[list[str], list[str], set[str], list[str]]
     """What the project's files say the wheel holds: extension modules' dotted names,
     packages and top-level modules, and the patterns package discovery excludes."""
     tool = ("tool", "setuptools")
-    calls, constants = _calls(ext_dir, EXTENSIONS)
-    named = [_literal(n, constants) for call in calls
+    calls, constants = setup_calls(ext_dir, EXTENSIONS)
+    named = [setup_literal(n, constants) for call in calls
              for n in call.args[:1] or [k.value for k in call.keywords if k.arg == "name"]]
     extensions = [n for n in named if isinstance(n, str)]
     extensions += [m["name"] for m in pyproject_value(ext_dir, (*tool, "ext-modules"), list, [])
                    if isinstance(m, dict) and isinstance(m.get("name"), str)]
-    packages = [*(n for v in _arguments(ext_dir, ("setup",), "packages") for n in _names(v)),
+    packages = [*(n for v in setup_arguments(ext_dir, ("setup",), "packages") for n in _names(v)),
                 *_names(pyproject_table(ext_dir, *tool).get("packages")),
                 *(PurePosixPath(p).name for p in _names(pyproject_table(
                     ext_dir, "tool", "scikit-build", "wheel").get("packages")))]
@@ -325,13 +270,13 @@ def _declared(ext_dir: Path) -> tuple[list[str], list[str], set[str], list[str]]
     find = pyproject_table(ext_dir, *tool, "packages", "find") if isinstance(
         pyproject_table(ext_dir, *tool).get("packages", {}), dict) else {}
     # find_packages(include=["myops", "myops.*"]) declares myops; a pattern, nothing.
-    packages += [n for v in [*_arguments(ext_dir, FINDS, "include"), find.get("include"),
+    packages += [n for v in [*setup_arguments(ext_dir, FINDS, "include"), find.get("include"),
                              setup_cfg_value(ext_dir, "include", "options.packages.find")]
                  for n in _names(v) if not any(c in n for c in "*?[")]
-    modules = [*(n for v in _arguments(ext_dir, ("setup",), "py_modules") for n in _names(v)),
+    modules = [*(n for v in setup_arguments(ext_dir, ("setup",), "py_modules") for n in _names(v)),
                *_names(pyproject_table(ext_dir, *tool).get("py-modules")),
                *_names(setup_cfg_value(ext_dir, "py_modules", "options"))]
-    excluded = [n for v in [*_arguments(ext_dir, FINDS, "exclude"), find.get("exclude"),
+    excluded = [n for v in [*setup_arguments(ext_dir, FINDS, "exclude"), find.get("exclude"),
                             setup_cfg_value(ext_dir, "exclude", "options.packages.find")]
                 for n in _names(v)]
     return extensions, [p.split(".")[0] for p in packages], set(modules), excluded

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import configparser
+import fnmatch
 import json
 import os
 import shutil
@@ -260,24 +261,76 @@ def setup_cfg_value(ext_dir: Path, key: str, section: str = "metadata") -> str:
         return ""
 
 
-def _setup_calls(ext_dir: Path) -> list[ast.Call]:
-    """setup.py's setup(...) calls, [] where it has none or does not parse."""
+# A value setup.py computes: it cannot be read without running setup.py.
+SETUP_UNKNOWN = object()
+
+
+def setup_py(ext_dir: Path) -> tuple[ast.Module, dict[str, object]] | None:
+    """setup.py's syntax tree, with its constants: the names assigned a literal once, at
+    the top level (PACKAGE_NAME = "my-ops"), and nowhere else."""
     try:
         tree = ast.parse((ext_dir / "setup.py").read_bytes())
     except (OSError, SyntaxError, ValueError):
-        return []
+        return None
+    assigned: dict[str, int] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
+            assigned[node.id] = assigned.get(node.id, 0) + 1
+        elif isinstance(node, ast.alias):  # an import binds a name too
+            bound = (node.asname or node.name).split(".")[0]
+            assigned[bound] = assigned.get(bound, 0) + 1
+    constants = {}
+    for node in tree.body:
+        if (isinstance(node, ast.Assign) and len(node.targets) == 1
+                and isinstance(target := node.targets[0], ast.Name)
+                and assigned[target.id] == 1
+                and (value := setup_literal(node.value, {})) is not SETUP_UNKNOWN):
+            constants[target.id] = value
+    return tree, constants
+
+
+def setup_literal(node: ast.expr, constants: dict[str, object]) -> object:
+    """The value of a literal, or of a name of setup.py's constants; SETUP_UNKNOWN otherwise."""
+    if isinstance(node, ast.Name):
+        return constants.get(node.id, SETUP_UNKNOWN)
+    try:
+        return ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return SETUP_UNKNOWN
+
+
+def _callee(call: ast.Call) -> str:
+    return getattr(call.func, "id", None) or getattr(call.func, "attr", None) or ""
+
+
+def setup_calls(ext_dir: Path, callees: tuple[str, ...]
+                ) -> tuple[list[ast.Call], dict[str, object]]:
+    """setup.py's calls of a callee whose name (in lower case) matches one of `callees`,
+    with setup.py's constants."""
+    if (parsed := setup_py(ext_dir)) is None:
+        return [], {}
+    tree, constants = parsed
     return [node for node in ast.walk(tree) if isinstance(node, ast.Call)
-            and "setup" in (getattr(node.func, "id", None), getattr(node.func, "attr", None))]
+            and any(fnmatch.fnmatchcase(_callee(node).lower(), c) for c in callees)], constants
+
+
+def setup_arguments(ext_dir: Path, callees: tuple[str, ...], keyword: str) -> list[object]:
+    """The values setup.py passes as `keyword` to those calls (SETUP_UNKNOWN for a computed
+    one)."""
+    calls, constants = setup_calls(ext_dir, callees)
+    return [setup_literal(k.value, constants) for call in calls for k in call.keywords
+            if k.arg == keyword]
 
 
 def _setup_passes(ext_dir: Path, keyword: str) -> bool:
-    return any(k.arg == keyword for call in _setup_calls(ext_dir) for k in call.keywords)
+    return any(k.arg == keyword for call in setup_calls(ext_dir, ("setup",))[0]
+               for k in call.keywords)
 
 
 def _setup_keyword(ext_dir: Path, keyword: str) -> str | None:
     """A literal string setup.py passes setup() as `keyword`, where it passes one."""
-    found = {k.value.value for call in _setup_calls(ext_dir) for k in call.keywords
-             if k.arg == keyword and isinstance(k.value, ast.Constant)}
+    found = {k.value.value for call in setup_calls(ext_dir, ("setup",))[0]
+             for k in call.keywords if k.arg == keyword and isinstance(k.value, ast.Constant)}
     value = found.pop() if len(found) == 1 else None
     return value if isinstance(value, str) else None
 
