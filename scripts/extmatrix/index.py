@@ -156,13 +156,13 @@ def _forget_last_index(out: Path) -> None:
         listed = (out / MANIFEST).read_text().splitlines()
     except OSError:
         return
+    root = out.resolve()
     folders = set()
     for name in filter(None, listed):
         path = (out / name).resolve()
-        if path.is_relative_to(out.resolve()) and path.is_file():
+        if path.is_relative_to(root) and path.is_file():
             path.unlink()
-            folders.update(p for p in path.parents if p.is_relative_to(out.resolve())
-                           and p != out.resolve())
+            folders.update(p for p in path.parents if p.is_relative_to(root) and p != root)
     for folder in sorted(folders, key=lambda p: len(p.parts), reverse=True):
         if folder.is_dir() and not any(folder.iterdir()):
             folder.rmdir()

@@ -288,7 +288,7 @@ def summary_table(reports: list[CellReport], strict: bool = False) -> Table:
     return table
 
 
-# The --matrix a repro command must repeat; None where `extmatrix` finds that matrix itself.
+# The options of the run a repro command must repeat (repro_options).
 _REPRO: ContextVar[tuple[str, ...]] = ContextVar("repro_options", default=())
 
 

@@ -205,14 +205,14 @@ def test(cells: list[Cell], ctx: Context, backend_name: str, jobs: int, keep_goi
             return impl.test(cell, ctx, report)
 
     def record(done: list[CellReport]) -> list[CellReport]:
-        """Stopped: what the cells' test runs got, cross checks left out. The log and JUnit
-        file beside each report are that run's already."""
+        """The cells' test results on disk (stopped: without cross checks; the log and JUnit
+        file beside each report are that run's already); those written."""
         written = []
         for report in (r for r in done if r.build == "built" and r.backend != "?"):
             try:
                 with workspace.claim(report.cell, ctx.dist, ctx.work, ctx.say):
                     _save_tested(report, ctx.dist)
-            except Interrupted:  # another run holds the cell now: its record stands
+            except Interrupted:  # stopped while another run holds the cell: its record stands
                 continue
             written.append(report)
         return written
@@ -231,10 +231,7 @@ def test(cells: list[Cell], ctx: Context, backend_name: str, jobs: int, keep_goi
         report.cross_check = (impl.cross_check(cell, other, ctx) if other else
                               "skipped: no test environment of a torch it does not serve; "
                               "test it together with a cell of such a torch")
-    for report in reports:
-        if report.build == "built" and report.backend != "?":
-            with workspace.claim(report.cell, ctx.dist, ctx.work, ctx.say):
-                _save_tested(report, ctx.dist)
+    record(reports)
     return reports
 
 
