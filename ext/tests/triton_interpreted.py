@@ -14,7 +14,9 @@ os.environ["TRITON_INTERPRET"] = "1"
 import json  # noqa: E402
 import sys  # noqa: E402
 
+import numpy  # noqa: E402
 import torch  # noqa: E402
+import triton.language as tl  # noqa: E402
 from triton.runtime import interpreter  # noqa: E402
 
 import segment_ops  # noqa: E402, F401  (the installed one, its op and library)
@@ -32,6 +34,22 @@ def _scalar_index(tensor, scope):
 
 
 interpreter._patch_lang_tensor = _scalar_index
+
+# Triton 3.9's interpreter types a comparison by its operands (int32 for two
+# int32 scalars), so a scalar comparison splatted into a tile's mask becomes
+# int32, which its load rejects ("mask has unsupported dtype"); compiled, the
+# same comparison is int1. Results that are booleans are typed int1 here.
+_binary_op = interpreter.InterpreterBuilder.binary_op
+
+
+def _compare_as_int1(self, lhs, rhs, op):
+    result = _binary_op(self, lhs, rhs, op)
+    if result.data.dtype == numpy.bool_ and result.dtype != tl.int1:
+        return interpreter.TensorHandle(result.data, tl.int1)
+    return result
+
+
+interpreter.InterpreterBuilder.binary_op = _compare_as_int1
 
 
 def lengths(law: str, rows: int, gen: torch.Generator) -> list[int]:
