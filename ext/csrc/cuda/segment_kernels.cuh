@@ -2334,6 +2334,17 @@ __global__ void __launch_bounds__(kThreads, kTileSumBlocksPerSm<T, W, kShort>)
 // segments 86.6 -> 88.5, 85.2 -> 86.2, 78.1 -> 83.9; bf16, 4 columns, power
 // law 63.6 -> 66.5 and short 84.1 -> 85.9; 8 columns 69.7 -> 73.7 and 77.0 ->
 // 78.9. One segment per lane lost up to 16 points on rows of 1 and 2 fp32.
+// Where its time goes on its weakest case, bf16, 4 columns, power law (Nsight
+// Compute, H200, stall samples by the SASS they fall on): a stripe's claim and
+// starts 15 %, the lanes' loop 38 %, the team's segments 28 %, the block's long
+// segments and ends 11 %; 63 registers, 4 blocks per SM (28 warps resident of
+// 32), 44 % of the samples waiting on loads. A stripe waits on memory about 7
+// times: its starts, 1.7 steps of both lane segments and 2.3 of the longer
+// ones' rest (SASS execution counts), and a team segment's loads. The lanes
+// alone are not what holds it: the power law cut into pieces of 32 rows (every
+// segment a lane's, 8 steps a stripe) runs at 45.7 % of copy, yet a change that
+// took a stripe's rest steps from 2.3 to one round trip (kLaneTail) gained
+// nothing on the power law itself.
 constexpr int kLaneRound = 2;
 constexpr int kLaneStripe = kTeam * kLaneRound;
 constexpr int kLaneUnroll = 8;
@@ -2380,6 +2391,10 @@ constexpr int kTeamRows = 2048;  // a team sums segments of up to this many rows
 //   85.4 -> 81.2, with no segment listed: the check per stripe alone.
 // Cut at 256 (one round of loads a segment: 61 and 45 % of copy), the first
 // list gained nothing.
+// Nor did the block take more of them: segments from 512 rows (kTeamRows 512,
+// 256 slots) lost (H200, ab.py, forward % of copy, same run): power law, bf16,
+// 4 columns 70.6 -> 63.1, fp32 85.9 -> 83.2, fp32, 2 columns 71.8 -> 65.3;
+// short segments within 0.2.
 constexpr int kBigSlots = 64;    // segments a block sums at the end, at most
 
 // Rows of 16 bytes: a stripe whose segments are all short is staged first. Its
@@ -2922,7 +2937,11 @@ __device__ inline int64_t warp_lower_bound(const int64_t* __restrict__ indptr, i
 // forward % of copy, same run): power law 70.2 -> 65.6, short segments 87.3
 // -> 76.5; 4 pairs and 8: 64.3 and 79.0; long within 0.3. Reading an odd
 // start's first row alone before the loop cost the stripe a round trip more:
-// 65.3 and 73.8.
+// 65.3 and 73.8. Neither did the rest go faster in longer steps or all at
+// once (H200, ab.py, forward % of copy, same run, 5 rounds): 16 or 12 rows a
+// step, power law 70.1 -> 68.0 and 69.5; the rests of up to 2 (or 4) lanes
+// read in one round, a row a lane, and summed over the team, the old loop past
+// that: 70.1 and 69.2; short and long segments within 0.4.
 // The rows go into the same sums in the same order: each segment's rows one
 // by one from +0.0, rows past its end read as +0.0, which leaves a sum that
 // is never -0.0 unchanged (see strided_share); only the count of such zeros
@@ -3023,7 +3042,12 @@ __global__ void __launch_bounds__(kThreads, kLaneBlocksPerSm<T, W>)
   // two at a time, with the second's starts pulled into L2 (prefetch.global.L2)
   // by 5 lanes while the first was summed (the asm made all 30 indptr loads
   // lose .CONSTANT), lost a little too: bf16, 1 column, short 78.0 -> 77.4 and
-  // 77.8 -> 77.5, power law and long within 0.1.
+  // 77.8 -> 77.5, power law and long within 0.1. The starts of the stripe 8 (or
+  // 24) stripes ahead pulled into L2 by 5 lanes at each claim, the loads kept
+  // .CONSTANT, traded (H200, ab.py, forward % of copy, same run): 4 columns,
+  // bf16, power law 70.5 -> 72.1 (69.6), short 87.2 -> 85.7 (82.1); fp32, power
+  // law 85.1 -> 83.4 (82.3); fp32, 2 columns, power law 71.8 -> 73.2; 1 column,
+  // fp32, short 88.0 -> 89.1 (80.7), bf16 82.6 -> 82.1 (78.0).
   // The next stripe claimed at the top of this one, its starts' low words
   // (exact below 2^32 rows) loaded into 3 registers a lane (a lane's two
   // starts, lane 31 the stripe's last end; the ends shuffled from the next
@@ -3219,7 +3243,11 @@ __global__ void __launch_bounds__(kThreads, kLaneBlocksPerSm<T, W>)
     // (every segment's loads of a round issued before any add, then one team
     // reduction each): bf16, 4 columns, pieces of 64 rows 21.6 -> 35.2 and 36.1,
     // but the power law 69.5 -> 67.5 and 60.0, fp32 84.3 -> 71.9 and 61.1 (4 segments
-    // spilled to the stack on rows of up to 4 bytes).
+    // spilled to the stack on rows of up to 4 bytes). Pulling the queue's first
+    // segment (2 or 4 lines a lane) before the lanes' loop, so that it reached
+    // L2 while the lanes summed, gained nothing: H200 (ab.py, forward % of copy,
+    // same run), power law, bf16, 4 columns 70.6 -> 70.7 and 70.4; fp32 85.9 ->
+    // 85.0 and 84.4; 2 columns 71.8 -> 73.1 and 72.7; short segments within 0.3.
     // On rows of 4 bytes or less the walk is (lane, i) and nothing is pulled:
     // the queue's bounds held beside the lanes' spilled there (fp32, 1 column:
     // 24 bytes of stack) and lost short segments, fp32, 1 column 88.5 -> 84.0,
