@@ -8,7 +8,12 @@ job matrix the engine cannot produce fails here, not in a run on GitHub.
 from __future__ import annotations
 
 import fnmatch
+import json
+import math
+import os
 import re
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -148,9 +153,53 @@ def test_release_builds_every_cell_without_caches():
                                        "with": {"cache": False}}
     wheels = load(WHEELS)
     assert "tags" not in wheels["on"]["push"]  # tags are release.yml's
-    for step in jobs(WHEELS)["cell"]["steps"]:
-        if "actions/cache" in step.get("uses", ""):
-            assert step["if"] == "${{ inputs.cache != false }}"
+    caches = [s for s in jobs(WHEELS)["cell"]["steps"] if "actions/cache" in s.get("uses", "")]
+    assert caches
+    for step in caches:
+        test = EXPR.fullmatch(step["if"])
+        assert test, step["if"]
+        # A push, pull request or schedule has no inputs (null): caches on. A workflow_call
+        # or dispatch: as the input says.
+        on = {value: github_if(test[1], {"inputs.cache": value}) for value in (None, True, False)}
+        assert on == {None: True, True: True, False: False}, step["if"]
+
+
+def github_if(expression: str, values: dict) -> bool:
+    """`A != B` or `A == B` as GitHub evaluates it: operands of different types are
+    compared as numbers (null and false are 0, true 1, a string its number or NaN)."""
+    left, op, right = re.fullmatch(r"(.+?)\s*(!=|==)\s*(.+)", expression).groups()
+    equal = _loosely_equal(_operand(left, values), _operand(right, values))
+    return equal if op == "==" else not equal
+
+
+def _operand(text: str, values: dict):
+    if text in values:
+        return values[text]
+    if call := re.fullmatch(r"toJSON\((.+)\)", text):
+        return json.dumps(_operand(call[1], values))
+    if quoted := re.fullmatch(r"'(.*)'", text):
+        return quoted[1]
+    return {"null": None, "true": True, "false": False}[text]
+
+
+def _loosely_equal(a, b) -> bool:
+    if type(a) is type(b):
+        return a == b
+
+    def number(value) -> float:
+        if value is None or isinstance(value, bool):
+            return float(bool(value))
+        try:
+            return float(value) if str(value).strip() else 0.0
+        except ValueError:
+            return math.nan
+
+    return number(a) == number(b)
+
+
+def test_the_old_cache_test_was_false_on_a_push():
+    # What the caches were gated on: off on every push and pull request.
+    assert github_if("inputs.cache != false", {"inputs.cache": None}) is False
 
 
 def test_status_gates_on_every_job_and_gpu_absence_is_said():
@@ -161,6 +210,30 @@ def test_status_gates_on_every_job_and_gpu_absence_is_said():
     assert "GPU tests not run: no selected cell has a GPU runner" in status["steps"][0]["run"]
     for name, job in wheels.items():
         assert "timeout-minutes" in job, f"{name} has no timeout"
+
+
+@pytest.mark.skipif(not (shutil.which("bash") and shutil.which("jq")), reason="needs bash, jq")
+@pytest.mark.parametrize(("plan", "gpu_cells", "said"), [
+    ("success", '{"include": []}', "GPU tests not run: no selected cell has a GPU runner"),
+    ("success", '{"include": [{"cell": "torch2.11-cu130"}]}', None),
+    ("skipped", "", "GPU tests not run: the plan job's result is skipped"),
+    ("failure", "", "GPU tests not run: the plan job's result is failure"),
+])
+def test_status_says_truly_why_gpu_tests_did_not_run(tmp_path, plan, gpu_cells, said):
+    step = jobs(WHEELS)["status"]["steps"][0]
+    needs = {"checks": "failure" if plan == "skipped" else "success", "plan": plan,
+             "cell": "success" if plan == "success" else "skipped", "gpu": "skipped",
+             "cross-torch": "skipped"}
+    env = {"PATH": os.environ["PATH"], "GITHUB_STEP_SUMMARY": str(tmp_path / "summary"),
+           "RESULTS": json.dumps({job: {"result": r} for job, r in needs.items()}),
+           "GPU_CELLS": gpu_cells}
+    # The step's env names no other variable, and the workflow's default shell is bash -eo pipefail.
+    assert set(step["env"]) == {"RESULTS", "GPU_CELLS"}
+    run = subprocess.run(["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", step["run"]],
+                         env=env, capture_output=True, text=True)
+    assert run.returncode == (0 if plan == "success" else 1), run.stderr
+    said_lines = [line for line in run.stdout.splitlines() if "GPU tests" in line]
+    assert said_lines == ([said] if said else [])
 
 
 def test_a_failing_engine_inside_a_pipe_fails_its_step():
