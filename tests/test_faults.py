@@ -353,3 +353,26 @@ def test_user_side_faults_are_one_line_with_exit_2(project, good, capsys):
     assert build(project) == 2
     line = assert_one_line(capsys.readouterr().err)
     assert "gone.h: dangling symlink (-> nowhere.h)" in line
+
+
+@pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="a machine without a GPU")
+@pytest.mark.parametrize("require_gpu", [False, True])
+def test_the_gpu_gate_holds_for_the_extensions_own_test_command(project, good, capsys,
+                                                                require_gpu):
+    # A command of the extension's own runs no plugin of the engine's: --require-gpu on a
+    # machine without a GPU must still fail, not pass on the command's exit status.
+    matrix = project / "matrix.yaml"
+    matrix.write_text(MATRIX.replace("  abi3: false\n", "  abi3: false\n  test_command: "
+                                     "['{python}', '-c', 'import plain_c']\n"))
+    status = main(["test-matrix", *cli(project, "--cell", CELL),
+                   *(["--require-gpu"] if require_gpu else [])])
+    err = capsys.readouterr().err
+    saved = report(project)
+    if not require_gpu:
+        assert status == 0 and saved.test == "passed", err
+        return
+    assert status == 1 and saved.test == "failed"
+    said, log = saved.reason.rsplit("; see ", 1)
+    assert said == "--require-gpu, but torch sees no GPU on this machine"
+    assert "torch.cuda.is_available()" in Path(log).read_text()
+    assert "Traceback" not in err

@@ -862,3 +862,21 @@ def test_a_failed_torch_install_says_where_torch_was_sought(tmp_path, monkeypatc
         local.prepare_env(cell, tmp_path / "build-env", [], Steps())
     assert failed.value.detail == ("env failed (exit 1): No solution found when resolving "
                                    f"dependencies ({note}); see build.log")
+
+
+def test_a_gpu_job_where_no_test_passed_verified_nothing():
+    every_test_wanted_a_gpu = {"tests": 5, "passed": 0, "skipped": 5, "gpu_skipped": 5}
+    assert local._nothing_verified(every_test_wanted_a_gpu) is None  # the CPU job: the GPU job's
+    said = local._nothing_verified(every_test_wanted_a_gpu, require_gpu=True)
+    assert said == "--require-gpu, yet no test passed: all 5 skipped (the log lists why)"
+    assert local._nothing_verified({"tests": 5, "passed": 1, "skipped": 4, "gpu_skipped": 4},
+                                   require_gpu=True) is None
+
+
+def test_the_extensions_own_test_command_gets_the_engines_plugin(tmp_path):
+    ext = PLAN.matrix.extension.model_copy(update={"test_command": ["{python}", "run.py"]})
+    ctx = Context(PLAN.matrix.model_copy(update={"extension": ext}), Path("/project"),
+                  tmp_path / "dist", tmp_path / "work", tmp_path / "cache", 2, require_gpu=True)
+    cmd, env = local.test_cmd(ctx, tmp_path / "test-env", tmp_path)
+    assert cmd == [str(tmp_path / "test-env" / "bin" / "python"), "run.py"]
+    assert env["PYTEST_PLUGINS"] == local.PLUGIN and env["EXTMATRIX_REQUIRE_GPU"] == "1"

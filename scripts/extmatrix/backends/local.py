@@ -237,6 +237,9 @@ def compile_jobs(ctx: Context) -> int:
 PLUGIN_DIR = Path(__file__).resolve().parent.parent / "pytest_plugin"
 PLUGIN = "extmatrix_cell"
 CELL_FACTS = "test-facts.json"  # what the plugin counted
+# Exit 0 only where torch sees a GPU (CUDA or ROCm): what --require-gpu asks of a cell's
+# test environment when the extension's own test command runs instead of pytest.
+_GPU_PROBE = "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 3)"
 # Not torch's "Failed to initialize NumPy: No module named 'numpy'" warning: a real import error.
 _MISSING_MODULE = re.compile(r"(?:ModuleNotFoundError|ImportError): No module named '([\w.]+)'")
 
@@ -289,13 +292,20 @@ def run_suite(ctx: Context, venv: Path, cell_dist: Path, suffix: str,
     cmd, env = test_cmd(ctx, venv, cell_dist, junit_path)
     with steps.timed("tests"):
         start = (cell_dist / "test.log").stat().st_size
+        if ctx.require_gpu and ext.test_command is not None:
+            # The extension's own command may run no pytest, and so no gate of ours: the
+            # engine asks torch itself, in the test environment, before the tests run.
+            probe = steps.run("tests", [str(envs.python_of(venv)), "-c", _GPU_PROBE],
+                              cwd=suite, check=False)
+            if probe.returncode != 0:
+                return "failed", {}, f"{test_failure(1, '', {'no_gpu': True})}; see {steps.shown}"
         result = steps.run("tests", cmd, env=env, cwd=suite, check=False)
     junit = read_junit(junit_path)
     facts = _read_facts(facts_path)
     if facts:
         junit["gpu_skipped"] = int(facts.get("gpu_skipped", 0))
     if result.returncode == 0:
-        if nothing := _nothing_verified(junit):
+        if nothing := _nothing_verified(junit, ctx.require_gpu):
             return "failed", junit, f"{nothing}; see {steps.shown}"
         return "passed", junit, None
     output = steps.output_since(start)
@@ -394,6 +404,9 @@ def test_cmd(ctx: Context, venv: Path, cell_dist: Path,
     if ctx.require_gpu:
         env["EXTMATRIX_REQUIRE_GPU"] = "1"
     if ext.test_command is not None:
+        # A command that runs pytest gets the plugin too (gate, GPU skips counted); -p
+        # naming it as well is harmless, and any other program ignores the variable.
+        env["PYTEST_PLUGINS"] = PLUGIN
         fill = {"python": str(envs.python_of(venv)), "tests": str(tests), "junit": str(junit)}
         return [arg.format_map(fill) for arg in ext.test_command], env
     return [str(envs.python_of(venv)), "-m", "pytest", str(tests), "-p", PLUGIN,
@@ -403,13 +416,17 @@ def test_cmd(ctx: Context, venv: Path, cell_dist: Path,
             f"--junitxml={junit}", *ext.test_args], env
 
 
-def _nothing_verified(junit: dict[str, int]) -> str | None:
+def _nothing_verified(junit: dict[str, int], require_gpu: bool = False) -> str | None:
     """Why a run pytest calls a success verified nothing: every test skipped, some for
     another reason than a missing GPU (a test dependency missing, say). Skips for want of a
-    GPU alone pass: those tests are the GPU job's (--require-gpu) to run."""
+    GPU alone pass: those tests are the GPU job's (--require-gpu) to run; in that job, a
+    run where no test passed verified nothing, whatever the skips said."""
     skipped = junit.get("skipped", 0)
     if not junit or junit.get("passed", 0) > 0 or not skipped:
         return None
+    if require_gpu:
+        return (f"--require-gpu, yet no test passed: all {skipped} skipped (the log lists "
+                "why)")
     other = skipped - junit.get("gpu_skipped", 0)
     if other <= 0:
         return None
