@@ -376,3 +376,33 @@ def test_the_gpu_gate_holds_for_the_extensions_own_test_command(project, good, c
     assert said == "--require-gpu, but torch sees no GPU on this machine"
     assert "torch.cuda.is_available()" in Path(log).read_text()
     assert "Traceback" not in err
+
+
+def test_an_unreadable_record_of_the_last_good_build_stops_before_anything_is_touched(
+        project, good, capsys):
+    source = project / "ext" / "src" / "native.c"
+    source.write_text(source.read_text() + "\n#error the kernel does not compile\n")
+    assert build(project) == 1  # a failed build: the good wheel stays, with its record
+    record = project / "dist" / CELL / "last-good.json"
+    record.write_text("{garbage")
+    before = sorted(p.name for p in record.parent.iterdir())
+    capsys.readouterr()
+    assert build(project) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    (line,) = [line for line in err.splitlines() if line.startswith(f"{CELL}: ")]
+    assert line.startswith(f"{CELL}: build could not finish: {record}: the record of the cell's "
+                           "last good build cannot be read (not JSON: ")
+    assert line.endswith("restore it, or move the cell's folder away to start the cell afresh")
+    assert sorted(p.name for p in record.parent.iterdir()) == before
+    assert wheels(project) == [good] and record.read_text() == "{garbage"
+
+
+def test_a_wheel_whose_records_were_deleted_outlives_a_failed_build(project, good):
+    (project / "dist" / CELL / "last-good.json").unlink()
+    (project / "dist" / CELL / "report.json").unlink()
+    source = project / "ext" / "src" / "native.c"
+    source.write_text(source.read_text() + "\n#error the kernel does not compile\n")
+    assert build(project) == 1
+    assert report(project).build == "failed"
+    assert wheels(project) == [good]

@@ -30,7 +30,7 @@ from pathlib import Path, PurePosixPath
 
 from filelock import FileLock, Timeout
 
-from .errors import Interrupted, StepFailed, UserError
+from .errors import Interrupted, StepFailed, UserError, describe_os_error
 from .steps import cancelled
 
 LAST_GOOD = "last-good.json"
@@ -108,12 +108,31 @@ def begin(cell_id: str, dist: Path) -> Attempt:
     if final.exists() and not final.is_dir():  # the swap would put it where staging is deleted
         raise UserError(str(final), "a file stands where the cell's results go",
                         "move it away and build again")
+    _check_record(final / LAST_GOOD)
     root = dist / ".staging" / cell_id
     shutil.rmtree(root, ignore_errors=True)  # we hold the lock: nothing in there is alive
     attempt_id = new_attempt_id()
     staging = root / attempt_id
     staging.mkdir(parents=True)
     return Attempt(attempt_id, staging, final)
+
+
+def _check_record(path: Path) -> None:
+    """Refuse to start on a last-good record that cannot be read: a failed build would then
+    not know which wheel to carry forward."""
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return
+    except (OSError, ValueError) as exc:
+        why = describe_os_error(exc) if isinstance(exc, OSError) else f"not JSON: {exc}"
+        raise UserError(str(path), f"the record of the cell's last good build cannot be read "
+                        f"({why})", "restore it, or move the cell's folder away to start "
+                        "the cell afresh") from None
+    if not isinstance(data, dict):
+        raise UserError(str(path), "the record of the cell's last good build is not a JSON "
+                        "object", "restore it, or move the cell's folder away to start the "
+                        "cell afresh")
 
 
 def last_good(final: Path) -> dict | None:
@@ -141,6 +160,12 @@ def publish(attempt: Attempt, report_json: str, good: bool, kept: dict | None) -
     elif kept is not None:
         _link_or_copy(attempt.final / str(kept["wheel"]), attempt.staging / str(kept["wheel"]))
         (attempt.staging / LAST_GOOD).write_text(json.dumps(kept, indent=2) + "\n")
+    elif attempt.final.is_dir():
+        # Wheels no record accounts for (their records deleted by hand, say): kept as they
+        # are. Only a good build replaces a wheel.
+        for wheel in attempt.final.glob("*.whl"):
+            if wheel.is_file():
+                _link_or_copy(wheel, attempt.staging / wheel.name)
     swap_in(attempt.staging, attempt.final)
     shutil.rmtree(attempt.staging.parent, ignore_errors=True)
 
