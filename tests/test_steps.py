@@ -243,3 +243,14 @@ def test_the_tests_step_says_what_failed_not_pytests_tally():
     assert local.test_failure(1, PYTEST_FAILURE, {}) == (
         "tests failed (exit 1): test_opcheck: RuntimeError: opcheck(op, ...): test_schema "
         "failed with The schema of row_sum is wrong")
+
+
+def test_a_failure_names_its_log_so_that_any_folder_finds_it(tmp_path, monkeypatch):
+    # The message is kept in the cell's report and shown again by commands run elsewhere.
+    monkeypatch.chdir(tmp_path)
+    log = steps.Steps(Path("dist") / "cell" / "build.log")
+    with pytest.raises(StepFailed) as failed:
+        log.run("compile", [sys.executable, "-c", "import sys; sys.exit(3)"])
+    log.close()
+    named = Path(failed.value.detail.rsplit("; see ", 1)[1])
+    assert named.is_absolute() and named == tmp_path / "dist" / "cell" / "build.log"

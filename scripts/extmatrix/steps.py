@@ -165,11 +165,9 @@ class Steps:
 
 
 def _display(path: Path) -> str:
-    """A path relative to where the user stands when it is below it."""
-    try:
-        return str(path.relative_to(Path.cwd()))
-    except ValueError:
-        return str(path)
+    """The log's absolute path: a message naming it is kept in the cell's report and shown
+    again later, by commands run from other folders (test-matrix, repro, a CI summary)."""
+    return os.path.abspath(path)
 
 
 def _export(key: str, value: str) -> str:
