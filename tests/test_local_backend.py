@@ -880,3 +880,36 @@ def test_the_extensions_own_test_command_gets_the_engines_plugin(tmp_path):
     cmd, env = local.test_cmd(ctx, tmp_path / "test-env", tmp_path)
     assert cmd == [str(tmp_path / "test-env" / "bin" / "python"), "run.py"]
     assert env["PYTEST_PLUGINS"] == local.PLUGIN and env["EXTMATRIX_REQUIRE_GPU"] == "1"
+
+
+@pytest.mark.parametrize(("module", "verdict"), [
+    # Linked against libtorch: without torch loaded first it cannot find libc10, and beside
+    # the wrong torch it fails on a symbol. Neither is a refusal.
+    ("raise ImportError('/x/_C.so: undefined symbol: _ZN3c1015SmallVectorBase')",
+     "FAILED beside torch2.14-cpu's torch (2.14"),
+    ("raise ImportError('fake_ext was built for torch 2.13, this is ' + torch.__version__)",
+     "ok beside torch2.14-cpu's torch (2.14"),
+])
+def test_the_cross_check_imports_torch_first(tmp_path, module, verdict):
+    cell, other = PLAN.cell("torch2.13-cpu"), PLAN.cell("torch2.14-cpu")
+    ext = PLAN.matrix.extension.model_copy(update={"import_name": "fake_ext",
+                                                   "mismatch_message": None})
+    ctx = Context(PLAN.matrix.model_copy(update={"extension": ext}), tmp_path, tmp_path / "dist",
+                  tmp_path / "work", tmp_path / "cache", 1)
+    venv = ctx.work / other.id / "test-env"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    (site,) = venv.glob("lib/python*/site-packages")
+    (site / "torch").mkdir()
+    (site / "torch" / "__init__.py").write_text("__version__ = '2.14.0+cpu'\n")
+    from wheel.wheelfile import WheelFile
+
+    (ctx.dist / cell.id).mkdir(parents=True)
+    with WheelFile(ctx.dist / cell.id / "fake_ext-1.0-cp39-abi3-linux_x86_64.whl", "w") as wf:
+        wf.writestr("fake_ext/__init__.py", "import sys\nif 'torch' not in sys.modules:\n"
+                    "    raise ImportError('libc10.so: cannot open shared object file')\n"
+                    f"import torch\n{module}\n")
+        wf.writestr("fake_ext-1.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: fake-ext\n"
+                    "Version: 1.0\n")
+        wf.writestr("fake_ext-1.0.dist-info/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: false\n"
+                    "Tag: cp39-abi3-linux_x86_64\n")
+    assert local.cross_check(cell, other, ctx).startswith(verdict)

@@ -501,8 +501,10 @@ def cross_check(cell: Cell, other: Cell, ctx: Context) -> str:
         why = (installed.stderr.strip().splitlines() or ["?"])[-1]
         return f"skipped: could not install the wheel beside {other.id}'s torch: {why}"
     ext = ctx.matrix.extension
+    # torch first, as its users import it: a binary linked against libtorch cannot even
+    # find libc10 before torch is loaded, an ImportError that says nothing of its torch.
     result = subprocess.run(
-        [str(envs.python_of(venv)), "-c", f"import {ext.import_name}"],
+        [str(envs.python_of(venv)), "-c", f"import torch\nimport {ext.import_name}"],
         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(target)},
         cwd=target)
     shutil.rmtree(target, ignore_errors=True)
@@ -517,7 +519,8 @@ def cross_check(cell: Cell, other: Cell, ctx: Context) -> str:
             return f"FAILED {label}: imported without error; {fix}"
         return (f"loads {label}: the import works with torch {other.torch} too (the pin "
                 f"{cell.requires_torch} may be tighter than needed)")
-    if "undefined symbol" in last or not last.startswith("ImportError") or (
+    if ("undefined symbol" in last or "cannot open shared object file" in last
+            or not last.startswith("ImportError")) or (
             ext.mismatch_message and ext.mismatch_message not in last):
         return f"FAILED {label}: {last or f'exit {result.returncode}'}; {fix}"
     return f"ok {label}: {last}"
