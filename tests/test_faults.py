@@ -406,3 +406,25 @@ def test_a_wheel_whose_records_were_deleted_outlives_a_failed_build(project, goo
     assert build(project) == 1
     assert report(project).build == "failed"
     assert wheels(project) == [good]
+
+
+def test_a_wheel_tagged_abi3_whose_binary_is_not_is_refused_by_the_local_build(project, capsys):
+    # Tagged cp39-abi3, built without Py_LIMITED_API and calling outside the limited API: it
+    # would install on every Python and fail to load on most.
+    (project / "ext" / "setup.py").write_text(
+        "from setuptools import Extension, setup\n\n"
+        "setup(ext_modules=[Extension('plain_c._native', ['src/native.c'], "
+        "py_limited_api=True)], options={'bdist_wheel': {'py_limited_api': 'cp39'}})\n")
+    source = project / "ext" / "src" / "native.c"
+    source.write_text(source.read_text() + "\nint show(PyObject *o) { return PyObject_Print(o, "
+                      "stdout, 0); }\n")
+    (project / "matrix.yaml").write_text(
+        MATRIX.replace("abi3: false", "abi3: true").replace(
+            "local: [py3.11-torch2.13-cpu, py3.11-torch2.13-rocm7.2]", "local: [torch2.13-cpu]"))
+    assert main(["build", *cli(project, "--cell", "torch2.13-cpu")]) == 1
+    err = capsys.readouterr().err
+    saved = CellReport.read(project / "dist" / "torch2.13-cpu" / "report.json")
+    assert saved.build == "failed" and saved.reason.startswith("abi3audit failed (exit 1)")
+    assert "PyObject_Print" in Path(saved.reason.rsplit("; see ", 1)[1]).read_text()
+    assert not list((project / "dist" / "torch2.13-cpu").glob("*.whl"))
+    assert "Traceback" not in err

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from extmatrix import wheels
-from extmatrix.backends import Context, check_wheel, container
+from extmatrix.backends import Context, audit_abi3, check_wheel
 from extmatrix.cells import plan_file
 from extmatrix.cli import main
 from extmatrix.errors import StepFailed
@@ -230,7 +230,7 @@ def test_abi3audit_audits_an_abi3_cells_wheel_tagged_abi3(tmp_path, tag, audited
     wheel = fake_wheel(tmp_path, f"fastclip-0.2.0+pt213cpu-{tag}.whl", library(tmp_path, OP))
     steps = Steps(tmp_path / "build.log")
     try:
-        container.audit_abi3(cell, wheel, steps)
+        audit_abi3(cell, wheel, steps)
     finally:
         steps.close()
     assert ("abi3audit" in steps.timings) is audited

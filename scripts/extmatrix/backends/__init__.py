@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -129,6 +130,17 @@ def stamp_wheel(cell: Cell, wheel: Path, report: CellReport, steps: Steps) -> Pa
         steps.note(f"stamped {stamped.name}: {'; '.join(changes)}")
     report.stamped = changes
     return stamped
+
+
+def audit_abi3(cell: Cell, wheel: Path, steps: Steps) -> None:
+    """abi3audit an abi3 cell's wheel, whichever backend built it: a wheel tagged abi3 whose
+    binary calls beyond the limited API installs on every Python and breaks on most. It
+    refuses one not tagged abi3, and a py3-none wheel has no Python ABI to audit: check_wheel
+    looks for Python in its binaries instead."""
+    if cell.abi3 and not wheels.no_python_abi(wheel.name):
+        with steps.timed("abi3audit"):
+            steps.run("abi3audit", [sys.executable, "-m", "abi3audit", "--strict", "--report",
+                                    str(wheel)])
 
 
 def check_wheel(cell: Cell, ctx: Context, wheel: Path, report: CellReport, staging: Path,

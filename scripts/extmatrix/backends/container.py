@@ -26,10 +26,8 @@ from ..engines import Engine
 from ..errors import NotBuildable, UserError
 from ..project import build_requirements
 from ..report import CellReport
-from ..steps import Steps
-from ..wheels import no_python_abi
 from ..workspace import single_wheel
-from . import Context, building, check_wheel, copy_sources, local, stamp_wheel
+from . import Context, audit_abi3, building, check_wheel, copy_sources, local, stamp_wheel
 
 PROJECT = "/project"  # where cibuildwheel copies the extension, and where --shell mounts it
 # cibuildwheel's step titles, as timing names in the report.
@@ -77,15 +75,6 @@ def build(cell: Cell, ctx: Context) -> CellReport:
         report.repair = asdict(repair)
         check_wheel(cell, ctx, wheel, report, staging, None, repair.problems)
     return report
-
-
-def audit_abi3(cell: Cell, wheel: Path, steps: Steps) -> None:
-    """abi3audit an abi3 cell's wheel; it refuses one not tagged abi3, and a py3-none wheel
-    has no Python ABI to audit: check_wheel looks for Python in its binaries instead."""
-    if cell.abi3 and not no_python_abi(wheel.name):
-        with steps.timed("abi3audit"):
-            steps.run("abi3audit", [sys.executable, "-m", "abi3audit", "--strict", "--report",
-                                    str(wheel)])
 
 
 def _prepare(cell: Cell, ctx: Context, report: CellReport) -> tuple[Engine, str]:

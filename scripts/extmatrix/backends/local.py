@@ -25,7 +25,7 @@ from ..project import build_requirements
 from ..report import CellReport, ServedTorch
 from ..steps import Steps, first_cause
 from ..workspace import single_wheel
-from . import Context, building, check_wheel, copy_sources, stamp_wheel
+from . import Context, audit_abi3, building, check_wheel, copy_sources, stamp_wheel
 
 STAMP = "inputs.sha256"  # beside the last wheel: what it was built from
 
@@ -64,6 +64,7 @@ def build(cell: Cell, ctx: Context) -> CellReport:
         project.check_version_taken(built, from_git, ctx.ext_dir, top)
         with steps.timed("check"):
             wheel = stamp_wheel(cell, built, report, steps)
+            audit_abi3(cell, wheel, steps)
             check_wheel(cell, ctx, wheel, report, staging, venv)
     return report
 
