@@ -92,3 +92,11 @@ def test_tests_skipped_for_want_of_a_gpu_are_counted_apart():
                          test="passed", junit={"passed": 0, "skipped": 3, "gpu_skipped": 3})
     (row, failed), = report.summary_rows([skipped])
     assert row[2] == "passed: 0 passed, 3 skipped (3 need a GPU)" and not failed
+
+
+def test_a_hand_edited_report_with_one_failure_count_is_summarised():
+    # Valid to the report's schema, and once a KeyError ('failures') in every summary.
+    edited = CellReport(cell="py3.11-torch2.13-cpu", backend="local", build="built",
+                        test="failed", junit={"passed": 2, "errors": 1})
+    (row, failed), = report.summary_rows([edited])
+    assert row[2] == "failed: 2 passed, 0 skipped, 1 failed" and failed

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -112,3 +113,45 @@ def test_the_container_shell_has_the_cells_torch_and_wheel(tmp_path):
     finally:
         child.close()
     assert child.exitstatus == 0
+
+
+def test_a_failed_cell_keeps_its_status_and_an_empty_environment_is_not_entered(tmp_path):
+    # The test environment's install fails (a test requirement no index has): the shell must
+    # enter the build environment, which holds torch, not the empty test one, and the exit
+    # status is the cell's failure, not the shell's `exit 0`.
+    shutil.copytree(ROOT / "tests" / "extensions" / "plain-c", tmp_path / "ext")
+    (tmp_path / "matrix.yaml").write_text(
+        MATRIX.replace("  abi3: false\n", "  abi3: false\n  test_requires: [no-such-pkg-zzq]\n"))
+    env = {**os.environ, "HOME": str(tmp_path), "TERM": "dumb", "SHELL": "/bin/bash",
+           "EXTMATRIX_WORK": str(tmp_path / "work")}
+    env.pop("CI", None)
+    child = pexpect.spawn(sys.executable, ["-m", "extmatrix.cli", "repro", CELL, "--matrix",
+                                           str(tmp_path / "matrix.yaml"), "--shell"],
+                          env=env, cwd=str(tmp_path), encoding="utf-8", timeout=600,
+                          dimensions=(40, 500))
+    try:
+        child.expect("entering its build environment")
+        child.expect(rf"\({CELL}\) ", timeout=60)
+        child.sendline("python -c 'import torch; print(\"TORCH\", torch.__version__)'")
+        child.expect(r"TORCH 2\.13\.0", timeout=120)
+        child.sendline("exit 0")
+        child.expect(pexpect.EOF, timeout=60)
+    finally:
+        child.close()
+    assert child.exitstatus == 1
+
+
+def test_no_shell_for_a_cell_this_machine_cannot_build(tmp_path):
+    shutil.copytree(ROOT / "tests" / "extensions" / "plain-c", tmp_path / "ext")
+    (tmp_path / "matrix.yaml").write_text(
+        MATRIX.replace("flavor: [cpu]", "flavor: [cpu, rocm7.2]").replace(
+            "  cpu: {}\n", "  cpu: {}\n  rocm7.2: {archs: [gfx942]}\n"))
+    env = {**os.environ, "EXTMATRIX_WORK": str(tmp_path / "work")}
+    env.pop("CI", None)
+    run = subprocess.run([sys.executable, "-m", "extmatrix.cli", "repro",
+                          "py3.11-torch2.13-rocm7.2", "--matrix", str(tmp_path / "matrix.yaml"),
+                          "--shell"], env=env, cwd=tmp_path, capture_output=True, text=True,
+                         stdin=subprocess.DEVNULL, timeout=600)
+    assert run.returncode == 1, run.stderr
+    assert "extmatrix: no shell: cell py3.11-torch2.13-rocm7.2 has no environment yet" in run.stderr
+    assert "build it first" not in run.stderr and "Traceback" not in run.stderr

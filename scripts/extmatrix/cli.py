@@ -116,9 +116,19 @@ def _repro(args: argparse.Namespace) -> int:
     if reports[0].build == "built":
         reports = run.test([cell], ctx, args.backend, 1, True, console, known=plan.cells)
     status = run.finish(reports, args.backend, console, strict=True)
-    if args.shell:
-        return run.shell(cell, ctx, args.backend)
-    return status
+    if not args.shell:
+        return status
+    try:
+        code = run.shell(cell, ctx, args.backend)
+    except UserError as exc:
+        if status == 0:
+            raise
+        # The run above just failed to make an environment: no mistake of the user's, and
+        # building again (the usual advice) would fail the same way.
+        print(f"extmatrix: no shell: {exc.problem}", file=sys.stderr)
+        return status
+    # The cell's result, not the shell's last command, is what the status reports.
+    return status or code
 
 
 def _images(args: argparse.Namespace) -> int:

@@ -214,7 +214,7 @@ def _tests(r: CellReport) -> str:
     # job must run, and "passed" with nothing run is no pass to trust.
     gpu = f" ({j['gpu_skipped']} need a GPU)" if j.get("gpu_skipped") else ""
     return f"{r.test}: {j.get('passed', 0)} passed, {j.get('skipped', 0)} skipped{gpu}" + (
-        f", {j['failures'] + j['errors']} failed" if j.get("failures") or j.get("errors") else "")
+        f", {_failed(j)} failed" if _failed(j) else "")
 
 
 def _wheel(r: CellReport) -> str:
@@ -267,12 +267,17 @@ def _served_status(served: ServedTorch) -> str:
     return f"{status}: {first_line(served.reason)}" if served.reason else status
 
 
+def _failed(junit: dict[str, int]) -> int:
+    # A report edited by hand may hold one of the two counts alone.
+    return junit.get("failures", 0) + junit.get("errors", 0)
+
+
 def _served_tests(served: ServedTorch) -> str:
     j = served.junit
     if not j:
         return served.test
     return f"{served.test}: {j.get('passed', 0)} passed, {j.get('skipped', 0)} skipped" + (
-        f", {j['failures'] + j['errors']} failed" if j.get("failures") or j.get("errors") else "")
+        f", {_failed(j)} failed" if _failed(j) else "")
 
 
 # "foreign torch": the wheel imported beside another cell's torch: refused cleanly, or loads.

@@ -29,7 +29,8 @@ def enter(cell: Cell, ctx: Context) -> int:
     else its build environment (torch + build tools, the compiler settings exported)."""
     test_env, build_env = ctx.work / cell.id / "test-env", ctx.work / cell.id / "build-env"
     report = _report(ctx, cell)
-    if envs.python_of(test_env).exists() and report is not None and report.test != "not-run":
+    if (report is not None and report.test != "not-run"
+            and _holds(test_env, cell, ctx.matrix.extension.name)):
         venv, which, cwd = test_env, "test environment", ctx.work / cell.id
         exports = {}
         installed = f"torch {cell.torch_spec.split('==')[-1]} and {report.wheel}"
@@ -48,6 +49,16 @@ def enter(cell: Cell, ctx: Context) -> int:
     with tempfile.TemporaryDirectory(prefix=f"extmatrix-{cell.id}-") as tmp:
         cmd, env = _shell_command(Path(tmp), cell, exports, prefix)
         return subprocess.call(cmd, env=env, cwd=cwd)
+
+
+def _holds(venv: Path, cell: Cell, name: str) -> bool:
+    """Whether the environment has torch and the extension installed: a test environment
+    whose install failed exists all the same, empty."""
+    if not envs.python_of(venv).exists():
+        return False
+    found = {p.name.split("-", 1)[0].lower() for p in venv.glob("lib/python*/site-packages/*"
+                                                                ".dist-info")}
+    return {"torch", name.replace("-", "_").replace(".", "_").lower()} <= found
 
 
 def _added_to_path(path: str) -> list[str]:
