@@ -279,6 +279,15 @@ RENAMED = replace("setup.py", 'name="classic-ops"', 'name="my-ops"')  # not the 
                        package("src/aaa")), "cmake_op"),
     # PyTorch's tutorial: a top-level extension module and no package at all.
     ("tutorial-lltm", None, "lltm_cpp"),
+    # A private top-level extension module (_lltm_C) beside the package users import, its
+    # packages found by a call init cannot evaluate.
+    ("tutorial-lltm", edits(replace("setup.py", 'CppExtension("lltm_cpp"',
+                                    'CppExtension("_lltm_C"'),
+                            replace("setup.py", 'ext_modules=', 'packages=find_packages(), '
+                                    'ext_modules='),
+                            replace("setup.py", "from setuptools import setup",
+                                    "from setuptools import find_packages, setup"),
+                            package("lltm")), "lltm"),
     # A namespace package: acme/ has no __init__.py.
     ("plain-c", edits(move("src/plain_c/__init__.py", "src/acme/plain_c/__init__.py"),
                       replace("setup.py", '"plain_c._native"', '"acme.plain_c._native"')),

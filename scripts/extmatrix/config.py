@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import keyword
 import re
 import string
 import types
@@ -86,8 +87,21 @@ def _check_python(value: str) -> str:
 
 def _check_name(value: str) -> str:
     if not _NAME.fullmatch(value):
-        raise ValueError(f"'{value}' is not a valid name; use letters, digits, '.', '_' or '-'")
+        raise ValueError(f"'{value}' is not a valid name; use letters, digits, '.', '_' or '-', "
+                         "starting with a letter or digit")
     return value
+
+
+def _check_import_name(value: str) -> str:
+    def importable(name: str) -> bool:
+        return all(p.isidentifier() and not keyword.iskeyword(p) for p in name.split("."))
+
+    if importable(value):
+        return value
+    guess = ".".join(re.sub(r"\W", "_", p) for p in value.split(".") if p)
+    hint = f", as in `import {guess}`" if guess and importable(guess) else ""
+    raise ValueError(f"'{value}' is not a Python import name; use identifiers joined by "
+                     f"'.'{hint}")
 
 
 def _with_samples(value: str) -> str:
@@ -206,6 +220,7 @@ FlavorName = Annotated[str, AfterValidator(_check_flavor)]
 TorchVersion = Annotated[str, AfterValidator(_check_torch)]
 PythonVersion = Annotated[str, AfterValidator(_check_python)]
 Name = Annotated[str, AfterValidator(_check_name)]
+ImportName = Annotated[str, AfterValidator(_check_import_name)]
 ToolkitVersion = Annotated[str, AfterValidator(_check_toolkit)]
 IndexUrl = Annotated[str, AfterValidator(_check_index)]
 ImageRef = Annotated[str, AfterValidator(_check_image)]
@@ -238,7 +253,7 @@ class Extension(_Model):
         "beside it). Lifts only that rule: the folder must still be a Python project.",
     )
     name: Name = Field(description="Distribution name, as in the wheel file name.")
-    import_name: Name = Field(alias="import", description="Top-level import name.")
+    import_name: ImportName = Field(alias="import", description="Top-level import name.")
     tests: TestsPath = Field(
         "tests", description="Test folder, relative to `path` and inside it (no '..')."
     )

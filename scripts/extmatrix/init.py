@@ -285,8 +285,9 @@ def _declared(ext_dir: Path) -> tuple[list[str], list[str], set[str], list[str]]
 def _import_name(ext_dir: Path, dist: str, given: str | None = None) -> str:
     """The top-level module the wheel's users import: the package its extension modules
     live in (acme.fastops._C: acme, a namespace package or not), else the packages it
-    declares, else a top-level extension module or py_modules' (PyTorch's tutorial
-    builds lltm_cpp so), else the packages found in the source tree but those excluded."""
+    declares, else a public top-level extension module or py_modules' (PyTorch's
+    tutorial builds lltm_cpp so), else the packages found in the source tree but those
+    excluded, else a private top-level module (_foo_C)."""
     if given is not None:
         if not all(part.isidentifier() for part in given.split(".")):
             raise UserError(f"--import {given}", "is not a Python module name",
@@ -298,9 +299,13 @@ def _import_name(ext_dir: Path, dist: str, given: str | None = None) -> str:
         if base.is_dir():
             found += sorted(p.parent.name for p in base.glob("*/__init__.py")
                             if p.parent.name not in SKIP)
+    top = {n for n in extensions if "." not in n} | modules
+    # A private top-level module (_foo_C) is what the package imports, not what its users
+    # do: the packages in the tree come first, and it only where there are none.
+    public = {n for n in top if not n.startswith("_")}
+    tree = {n for n in found if not any(fnmatch.fnmatchcase(n, x) for x in excluded)}
     candidates = ({n.split(".")[0] for n in extensions if "." in n} or set(packages)
-                  or {n for n in extensions if "." not in n} | modules
-                  or {n for n in found if not any(fnmatch.fnmatchcase(n, x) for x in excluded)})
+                  or public or tree or top)
     wanted = canonicalize_name(dist).replace("-", "_")
     if len(candidates) == 1:
         return candidates.pop()
