@@ -387,7 +387,8 @@ def test_summary_markdown_lists_repro_commands():
     assert "- `torch2.14-cu130`: `extmatrix repro torch2.14-cu130`" in text
 
 
-def test_test_matrix_without_builds_reports_missing_and_fails(tmp_path, capsys):
+def test_test_matrix_without_builds_reports_missing_and_fails(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("EXTMATRIX_WORK", str(tmp_path / "work"))  # not the checkout's
     status = main(["test-matrix", "--matrix", str(ROOT / "matrix.yaml"), "--cell",
                    "torch2.13-cpu", "--dist", str(tmp_path)])
     err = capsys.readouterr().err
@@ -395,6 +396,18 @@ def test_test_matrix_without_builds_reports_missing_and_fails(tmp_path, capsys):
     assert "torch2.13-cpu: no build result in" in err
     assert "reproduce: extmatrix repro torch2.13-cpu" in err
     assert not (tmp_path / "torch2.13-cpu").exists()  # nothing is made up for it
+
+
+@pytest.mark.parametrize("command", ["test-matrix", "build"])
+def test_a_dist_that_is_a_file_is_named_as_one(tmp_path, capsys, monkeypatch, command):
+    monkeypatch.setenv("EXTMATRIX_WORK", str(tmp_path / "work"))
+    (notes := tmp_path / "notes.txt").write_text("mine\n")
+    status = main([command, "--matrix", str(ROOT / "matrix.yaml"), "--cell", "torch2.13-cpu",
+                   "--dist", str(notes)])
+    assert status == 2
+    assert capsys.readouterr().err == (f"--dist {notes}: is a file, not a folder; "
+                                       "point --dist at a folder (it is made if missing)\n")
+    assert notes.read_text() == "mine\n"
 
 
 def test_fingerprint_follows_source_contents_not_build_products(tmp_path):

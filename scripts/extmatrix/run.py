@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import threading
@@ -46,11 +47,16 @@ def context(plan: Plan, *, dist: str | None, parallel: int, require_gpu: bool = 
     work = Path(os.environ.get("EXTMATRIX_WORK") or root / ".extmatrix")
     out = Path(dist).resolve() if dist else root / "dist"
     for folder, flag in ((out, "--dist"), (work, "$EXTMATRIX_WORK")):
+        if folder.exists() and not folder.is_dir():
+            raise UserError(f"{flag} {folder}", "is a file, not a folder",
+                            f"point {flag} at a folder (it is made if missing)")
         try:
             workspace.check_writable(folder)
         except OSError as exc:
+            full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
             raise UserError(None, f"cannot write to {folder}: {exc.strerror or exc}",
-                            f"free space there or point {flag} at a writable folder") from None
+                            f"free space there or point {flag} at another folder" if full
+                            else f"point {flag} at a writable folder") from None
     ctx = Context(plan.matrix, root, out, work, toolchain.cache_root(), max_jobs(parallel),
                   require_gpu, echo, rebuild, matrix_file=root / Path(plan.source.file).name)
     if console is not None:
