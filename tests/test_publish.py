@@ -40,12 +40,13 @@ def matrix(tmp_path: Path, abi3: str = "false") -> Path:
 
 
 def built(dist: Path, cell: str, name: str, data: bytes, test: str = "passed",
-          serves: list[dict] | None = None) -> None:
+          serves: list[dict] | None = None, junit: dict | None = None) -> None:
     """A cell's last good build, as `extmatrix build` then `test-matrix` leave it."""
     (dist / cell).mkdir(parents=True)
     (dist / cell / name).write_bytes(data)
     (dist / cell / "last-good.json").write_text(json.dumps(
-        {"build": "built", "wheel": name, "test": test, "serves": serves or []}))
+        {"build": "built", "wheel": name, "test": test, "serves": serves or [],
+         "junit": junit or {}}))
 
 
 def index(tmp_path: Path, *cells: str) -> int:
@@ -281,3 +282,20 @@ def test_index_output_that_is_a_file_is_a_one_line_error_and_urls_are_escaped(tm
     assert main([*args, "--base-url", 'https://x/"><script>']) == 0
     page = (tmp_path / "dist" / "index" / "torch-2.13.0+cpu.html").read_text()
     assert "<script>" not in page and "https://x/&quot;&gt;&lt;script&gt;/wheels/" in page
+
+
+def test_a_wheel_whose_every_test_skipped_is_not_published(tmp_path, capsys):
+    # The CPU job calls a run whose tests all skipped for want of a GPU "passed" (they are
+    # the GPU job's): nothing of the wheel was verified, and the index is no place for it.
+    matrix(tmp_path)
+    cp = "fastclip-0.2.0+pt213cpu-cp3{}-cp3{}-linux_x86_64.whl"
+    built(tmp_path / "dist", "py3.11-torch2.13-cpu", cp.format(11, 11), b"ok",
+          junit={"tests": 4, "passed": 1, "skipped": 3, "gpu_skipped": 3})
+    built(tmp_path / "dist", "py3.12-torch2.13-cpu", cp.format(12, 12), b"unverified",
+          junit={"tests": 3, "passed": 0, "skipped": 3, "gpu_skipped": 3})
+    assert index(tmp_path) == 0
+    assert capsys.readouterr().err.splitlines()[0] == (
+        f"left out py3.12-torch2.13-cpu: no test of {cp.format(12, 12)} ran (all 3 skipped); "
+        "run its tests where they can run: test-matrix --require-gpu on a GPU machine")
+    assert [p.name for p in (tmp_path / "dist" / "index" / "wheels").iterdir()] == [
+        cp.format(11, 11)]
