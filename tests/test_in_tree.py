@@ -316,3 +316,36 @@ def test_an_extension_that_is_its_own_tests_folder_leaves_its_package_out(ext, t
     done = in_image(ext, tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "2 passed" in done.stdout
+
+
+def with_root_conftest(ext: Path) -> None:
+    """A conftest.py at the extension's top, whose fixture a test uses: pytest loads it for
+    the tests in place."""
+    (ext / "conftest.py").write_text("import pytest\n\n\n@pytest.fixture\ndef grid():\n"
+                                     "    return [1, 2, 3]\n")
+    (ext / "test" / "test_grid.py").write_text("def test_grid(grid):\n"
+                                               "    assert sum(grid) == 6\n")
+
+
+def test_a_conftest_above_the_tests_comes_with_their_copy(ext, tmp_path, monkeypatch):
+    with_root_conftest(ext)
+    outcome, junit, _, suite = local_suite(ext, tmp_path, monkeypatch)
+    assert outcome == "passed", (ext / "dist" / CELL / "test.log").read_text()
+    assert junit["passed"] == 3 and (suite / "conftest.py").is_file()
+
+
+def test_a_conftest_above_the_tests_comes_with_their_in_image_copy(ext, tmp_path):
+    with_root_conftest(ext)
+    ctx = Context(plan_file(ext / "matrix.yaml").matrix, ext, ext / "dist", ext / ".extmatrix",
+                  tmp_path / "cache", 1)
+    command = cibw.test_command(ctx.matrix.extension, container._pytest_settings(ctx),
+                                container._conftests(ctx))
+    line = prepare_command(command, project=str(ext), package=str(ext), wheel="/w.whl")
+    scratch = tmp_path / "test_cwd"
+    scratch.mkdir(parents=True)
+    path = f"{python_in(tmp_path / 'venv' / 'bin')}{os.pathsep}{os.environ['PATH']}"
+    done = subprocess.run(["sh", "-c", line], capture_output=True, text=True, cwd=scratch,
+                          env={**os.environ, "PATH": path,
+                               "PYTHONPATH": str(installed(tmp_path, ext))})
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "3 passed" in done.stdout

@@ -15,6 +15,7 @@ import re
 import shlex
 import string
 import zipfile
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
@@ -138,10 +139,12 @@ def container_env(cell: Cell, host: Host, python: str) -> dict[str, str]:
 
 def environment(cell: Cell, extension: Extension, host: Host, python: str,
                 build_requires: list[str], build_env: dict[str, str] | None = None,
-                pytest_settings: str | None = None) -> dict[str, str]:
+                pytest_settings: str | None = None,
+                conftests: Sequence[str] = ()) -> dict[str, str]:
     """The CIBW_* variables that make `cibuildwheel --platform linux` build this cell;
     `build_env`: more variables for the build inside the container; `pytest_settings`: the
-    file, in the extension, pytest takes the tests' settings from (workspace.pytest_settings)."""
+    file, in the extension, pytest takes the tests' settings from (workspace.pytest_settings);
+    `conftests`: those above the tests folder (workspace.conftests_above)."""
     plat = cell.platform.upper()
     mounts = [f"--volume={host.ccache_dir}:{CCACHE_MOUNT}",
               f"--volume={host.pip_cache_dir}:{PIP_CACHE_MOUNT}"]
@@ -163,7 +166,7 @@ def environment(cell: Cell, extension: Extension, host: Host, python: str,
         "CIBW_BEFORE_TEST": "pip install " + shlex.quote(cell.torch_spec),
         "CIBW_TEST_EXTRAS": "test",
         "CIBW_TEST_REQUIRES": shlex.join(extension.test_requirements),
-        "CIBW_TEST_COMMAND": test_command(extension, pytest_settings),
+        "CIBW_TEST_COMMAND": test_command(extension, pytest_settings, conftests),
         "CIBW_BUILD_VERBOSITY": "1",
     }
 
@@ -173,7 +176,8 @@ def literal(text: str) -> str:
     return shlex.quote(CIBW_PLACEHOLDERS.sub(r"#\g<0>", text))
 
 
-def test_command(extension: Extension, pytest_settings: str | None = None) -> str:
+def test_command(extension: Extension, pytest_settings: str | None = None,
+                 conftests: Sequence[str] = ()) -> str:
     """The shell line cibuildwheel runs the tests with, in its test venv (`python` is the
     venv's, first on PATH) and a scratch folder; every matrix value in it is quoted.
 
@@ -188,7 +192,8 @@ def test_command(extension: Extension, pytest_settings: str | None = None) -> st
     # Each into its folder at the same place in the suite: `cp -R` then merges a test source
     # that holds the tests folder with their copy.
     into = [(rel, (root / rel).parent) for rel in
-            [*extension.test_sources, *([pytest_settings] if pytest_settings else [])]]
+            [*extension.test_sources, *([pytest_settings] if pytest_settings else []),
+             *conftests]]
     folders = dict.fromkeys([tests.parent, *(folder for _, folder in into)])
     stage = [f"mkdir -p {' '.join(literal(str(f)) for f in folders)}",
              f"cp -RL {{package}}/{literal(extension.tests)} {literal(str(tests))}",

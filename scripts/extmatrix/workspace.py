@@ -360,6 +360,16 @@ def pytest_settings(ext_dir: Path, tests: str) -> Path | None:
     return None
 
 
+def conftests_above(ext_dir: Path, tests: str) -> list[Path]:
+    """The conftest.py files between the extension's folder and its tests folder (one inside
+    that comes with the copy): in place, pytest loads those below its settings' folder, and
+    the copy keeps them where they were, so that it loads the same ones."""
+    top = ext_dir.resolve()
+    found = [folder / "conftest.py" for folder in (top / tests).resolve().parents
+             if folder.is_relative_to(top) and (folder / "conftest.py").is_file()]
+    return sorted(found)
+
+
 def _holds_pytest_settings(path: Path) -> bool:
     if not path.is_file():
         return False
@@ -413,4 +423,8 @@ def stage_tests(ext_dir: Path, tests: str, import_name: str, suite: Path,
         (suite / "pytest.ini").write_text("")
     else:
         shutil.copy2(settings, root / settings.relative_to(top))
+    for conftest in conftests_above(ext_dir, tests):
+        place = root / conftest.relative_to(top)
+        place.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(conftest, place)
     return copy

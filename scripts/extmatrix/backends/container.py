@@ -52,7 +52,7 @@ def build(cell: Cell, ctx: Context) -> CellReport:
                                            bool(tracked), steps.note, builds_here=False)
         env = {**engine.env, **cibw.environment(cell, ctx.matrix.extension, host, python,
                                                 build_requirements(ctx.ext_dir), from_git,
-                                                _pytest_settings(ctx))}
+                                                _pytest_settings(ctx), _conftests(ctx))}
         out = ctx.work / cell.id / "wheelhouse-container"
         shutil.rmtree(out, ignore_errors=True)  # the last good wheel is safe in dist/<cell>/
         stats = _ccache_env(ctx, host)
@@ -98,6 +98,13 @@ def _pytest_settings(ctx: Context) -> str | None:
     """Where the tests' pytest settings lie in the extension, for the in-image tests' copy."""
     found = workspace.pytest_settings(ctx.ext_dir, ctx.matrix.extension.tests)
     return found.relative_to(ctx.ext_dir.resolve()).as_posix() if found else None
+
+
+def _conftests(ctx: Context) -> list[str]:
+    """The conftest.py files above the tests folder, for the in-image tests' copy."""
+    top = ctx.ext_dir.resolve()
+    return [found.relative_to(top).as_posix()
+            for found in workspace.conftests_above(ctx.ext_dir, ctx.matrix.extension.tests)]
 
 
 def _host(cell: Cell, ctx: Context, engine: Engine) -> cibw.Host:
