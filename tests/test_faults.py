@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from extmatrix.cli import main
-from extmatrix.report import CellReport
+from extmatrix.report import CellReport, summary_rows
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = ROOT / "tests" / "extensions" / "plain-c"
@@ -428,3 +428,40 @@ def test_a_wheel_tagged_abi3_whose_binary_is_not_is_refused_by_the_local_build(p
     assert "PyObject_Print" in Path(saved.reason.rsplit("; see ", 1)[1]).read_text()
     assert not list((project / "dist" / "torch2.13-cpu").glob("*.whl"))
     assert "Traceback" not in err
+
+
+ABI3_SETUP = ("from setuptools import Extension, setup\n\n"
+              "setup(ext_modules=[Extension('plain_c._native', ['src/native.c'], "
+              "py_limited_api=True)], options={'bdist_wheel': {'py_limited_api': 'cp39'}})\n")
+
+
+def test_an_abi3_wheel_is_tested_under_each_python_installed_and_names_the_rest(
+        project, capsys, monkeypatch):
+    from extmatrix import envs
+
+    (project / "ext" / "setup.py").write_text(ABI3_SETUP)
+    (project / "matrix.yaml").write_text(
+        MATRIX.replace("abi3: false", "abi3: true").replace('["3.11"]', '["3.11", "3.12"]')
+        .replace("local: [py3.11-torch2.13-cpu, py3.11-torch2.13-rocm7.2]",
+                 "local: [torch2.13-cpu]"))
+    here = os.path.realpath(sys.executable)
+    cell = ["--cell", "torch2.13-cpu"]
+    assert main(["build", *cli(project, *cell)]) == 0, capsys.readouterr().err
+    dist = project / "dist" / "torch2.13-cpu"
+
+    monkeypatch.setattr(envs, "installed_pythons", lambda c, first_only=False: [("3.11", here)])
+    assert main(["test-matrix", *cli(project, *cell)]) == 0, capsys.readouterr().err
+    alone = CellReport.read(dist / "report.json")
+    assert alone.pythons == {"3.11": "passed", "3.12": "not installed here"}
+    (row, _), = summary_rows([alone])
+    assert row[2].endswith("; on Python 3.11 (3.12 not installed here)"), row[2]
+
+    # A second Python found (this interpreter again, standing in for 3.12): its own env.
+    monkeypatch.setattr(envs, "installed_pythons",
+                        lambda c, first_only=False: [("3.11", here), ("3.12", here)])
+    assert main(["test-matrix", *cli(project, *cell)]) == 0, capsys.readouterr().err
+    both = CellReport.read(dist / "report.json")
+    assert both.pythons == {"3.11": "passed", "3.12": "passed"}
+    assert both.junit["passed"] == 2 * alone.junit["passed"] > 0
+    assert (dist / "junit-py3.12.xml").is_file()
+    assert sum("test-env" in c and "uv venv" in c for c in both.commands) == 2

@@ -107,18 +107,30 @@ def sources_for(cell: Cell) -> Sources:
 
 def find_python(cell: Cell) -> str:
     """An installed interpreter for the cell: the build Python, else any Python it tests."""
+    return installed_pythons(cell, first_only=True)[0][1]
+
+
+def installed_pythons(cell: Cell, first_only: bool = False) -> list[tuple[str, str]]:
+    """(series, interpreter) of each Python the cell is tested under that is installed here
+    (an abi3 cell: every Python it serves; another: its own), the running one first; raises
+    NotBuildable when there is none."""
     wanted = [cell.python] if not cell.abi3 else list(cell.test_pythons)
     here = f"{sys.version_info.major}.{sys.version_info.minor}"
+    found: list[tuple[str, str]] = []
     if here in wanted:
         # The interpreter itself, not the venv we run in (nox gives each session its own).
-        return os.path.realpath(sys.executable)
+        found.append((here, os.path.realpath(sys.executable)))
     env = {**os.environ, "UV_PYTHON_DOWNLOADS": "never"}
     for version in wanted:
-        found = subprocess.run([uv(), "python", "find", version], capture_output=True, text=True,
-                               env=env)
-        if found.returncode == 0 and found.stdout.strip():
-            return found.stdout.strip()
-    raise NotBuildable(f"no Python {' or '.join(wanted)} is installed here")
+        if (found and first_only) or version == here:
+            continue
+        located = subprocess.run([uv(), "python", "find", version], capture_output=True,
+                                 text=True, env=env)
+        if located.returncode == 0 and located.stdout.strip():
+            found.append((version, located.stdout.strip()))
+    if not found:
+        raise NotBuildable(f"no Python {' or '.join(wanted)} is installed here")
+    return found
 
 
 def python_of(venv: Path) -> Path:

@@ -112,6 +112,9 @@ def _span(pythons: tuple[str, ...]) -> str:
     return " ".join(pythons)
 
 
+NOT_INSTALLED = "not installed here"  # CellReport.pythons: a Python the wheel was not tested on
+
+
 @dataclass
 class ServedTorch:
     """A stable-ABI wheel's tests beside one torch release it promises to serve."""
@@ -158,8 +161,12 @@ class CellReport:
     disk_free_gb: dict[str, float | None] = field(default_factory=dict)  # start, end
     junit: dict[str, int] = field(default_factory=dict)
     serves: list[ServedTorch] = field(default_factory=list)  # stable-ABI cells: one per torch
+    # abi3 cells: the outcome under each Python the wheel serves (or "not installed here").
+    pythons: dict[str, str] = field(default_factory=dict)
     cross_check: str | None = None
     commands: list[str] = field(default_factory=list)
+    # How many of `commands` the build ran: each test run replaces the ones after them.
+    build_commands: int | None = None
 
     @property
     def failed(self) -> bool:
@@ -214,7 +221,17 @@ def _tests(r: CellReport) -> str:
     # job must run, and "passed" with nothing run is no pass to trust.
     gpu = f" ({j['gpu_skipped']} need a GPU)" if j.get("gpu_skipped") else ""
     return f"{r.test}: {j.get('passed', 0)} passed, {j.get('skipped', 0)} skipped{gpu}" + (
-        f", {_failed(j)} failed" if _failed(j) else "")
+        f", {_failed(j)} failed" if _failed(j) else "") + _pythons(r)
+
+
+def _pythons(r: CellReport) -> str:
+    """Under which Pythons an abi3 wheel was tested, and which it serves untested."""
+    if not r.pythons:
+        return ""
+    ran = [p for p, outcome in r.pythons.items() if outcome != NOT_INSTALLED]
+    missing = [p for p, outcome in r.pythons.items() if outcome == NOT_INSTALLED]
+    return f"; on Python {', '.join(ran)}" + (
+        f" ({', '.join(missing)} not installed here)" if missing else "")
 
 
 def _wheel(r: CellReport) -> str:

@@ -81,6 +81,7 @@ def building(ctx: Context, cell: Cell, backend: str) -> Iterator[tuple[CellRepor
         finally:
             report.timings.update(steps.timings)
             report.commands = steps.commands
+            report.build_commands = len(steps.commands)
             report.finished = workspace.now()
             report.disk_free_gb["end"] = _free_gb(ctx.work)
             steps.close()

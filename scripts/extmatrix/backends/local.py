@@ -22,7 +22,7 @@ from ..cells import Cell
 from ..compat import same_series
 from ..errors import Interrupted, NotBuildable, StepFailed, UserError, describe_os_error
 from ..project import build_requirements
-from ..report import CellReport, ServedTorch
+from ..report import NOT_INSTALLED, CellReport, ServedTorch
 from ..steps import Steps, first_cause
 from ..workspace import single_wheel
 from . import Context, audit_abi3, building, check_wheel, copy_sources, stamp_wheel
@@ -253,19 +253,15 @@ def test(cell: Cell, ctx: Context, report: CellReport) -> CellReport:
                                                        cell_dist.glob("junit-*.xml"))):
         (cell_dist / stale).unlink(missing_ok=True)
     steps = Steps(cell_dist / "test.log", echo=ctx.echo)
+    if report.build_commands is not None:  # an earlier test run's commands go
+        del report.commands[report.build_commands:]
     try:
         wheel = single_wheel(cell_dist)
         sources = envs.sources_for(cell)
         if cell.stable:
             _test_stable(cell, ctx, wheel, sources, steps, report)
         else:
-            venv = ctx.work / cell.id / "test-env"
-            with steps.timed("test-env"):
-                steps.run("test-env", envs.create_cmd(venv, envs.find_python(cell)))
-                steps.run("test-env", envs.install_cmd(
-                    venv, test_requirements(ctx, wheel, cell), sources))
-            report.test, report.junit, reason = run_suite(ctx, venv, cell_dist, "", steps)
-            report.reason = reason if report.test == "failed" else None
+            _test_per_python(cell, ctx, wheel, sources, steps, report)
     except Interrupted:
         report.test, report.reason = "failed", "tests interrupted (Ctrl-C or SIGTERM)"
     except (NotBuildable, StepFailed, UserError) as exc:
@@ -277,6 +273,41 @@ def test(cell: Cell, ctx: Context, report: CellReport) -> CellReport:
         report.commands += steps.commands
         steps.close()
     return report
+
+
+def _test_per_python(cell: Cell, ctx: Context, wheel: Path, sources: envs.Sources,
+                     steps: Steps, report: CellReport) -> None:
+    """The wheel's tests under each Python it is tested under that is installed here (an
+    abi3 wheel serves several): the first in test-env, which repro --shell and the cross
+    check of other cells use, the others beside it."""
+    cell_dist = ctx.dist / cell.id
+    installed = envs.installed_pythons(cell)
+    outcomes: dict[str, tuple[str, dict[str, int], str | None]] = {}
+    for n, (version, python) in enumerate(installed):
+        venv = ctx.work / cell.id / ("test-env" if n == 0 else f"test-env-py{version}")
+        with steps.timed("test-env"):
+            steps.run("test-env", envs.create_cmd(venv, python))
+            steps.run("test-env", envs.install_cmd(
+                venv, test_requirements(ctx, wheel, cell), sources))
+        outcomes[version] = run_suite(ctx, venv, cell_dist, "" if n == 0 else f"-py{version}",
+                                      steps)
+    totals: dict[str, int] = {}
+    for _, junit, _ in outcomes.values():
+        for key, value in junit.items():
+            totals[key] = totals.get(key, 0) + value
+    failed = [(version, reason) for version, (test, _, reason) in outcomes.items()
+              if test == "failed"]
+    report.junit = totals
+    report.test = "failed" if failed else "passed"
+    if not failed:
+        report.reason = None
+    elif len(outcomes) == 1:
+        report.reason = failed[0][1]
+    else:
+        report.reason = f"under Python {failed[0][0]}: {failed[0][1]}"
+    if cell.abi3:
+        report.pythons = {p: outcomes[p][0] if p in outcomes else NOT_INSTALLED
+                          for p in cell.test_pythons}
 
 
 def run_suite(ctx: Context, venv: Path, cell_dist: Path, suffix: str,
