@@ -282,3 +282,33 @@ def test_a_job_matrix_github_would_refuse_is_a_one_line_error(monkeypatch, capsy
     assert err == (f"extmatrix: the cells job would have {len(cells)} entries, more than the "
                    f"{len(cells) - 1} GitHub Actions runs from one matrix; select fewer cells "
                    "(--subset, -k) or make the extension abi3\n")
+
+
+def test_the_cross_pair_shares_a_python(tmp_path):
+    # Per-Python wheels: a cp310 wheel has no place beside a Python 3.12 torch; the check
+    # would be skipped, and the job green.
+    (tmp_path / "ext").mkdir()
+    (tmp_path / "ext" / "pyproject.toml").write_text("[project]\nname = 'fastclip'\n")
+    (tmp_path / "ext" / "tests").mkdir()
+    (tmp_path / "matrix.yaml").write_text(
+        "extension: {path: ext, name: fastclip, import: fastclip, abi3: false}\n"
+        "axes:\n  torch: ['2.13', '2.14']\n  flavor: [cpu]\n  python: ['3.11', '3.12']\n"
+        "flavors:\n  cpu: {}\n")
+    plan = plan_file(tmp_path / "matrix.yaml")
+    by_id = {c.id: c for c in plan.cells}
+    apart = [by_id["py3.11-torch2.13-cpu"], by_id["py3.12-torch2.14-cpu"]]
+    assert workflow.matrix(apart, "cross") == []
+    shared = [*apart, by_id["py3.12-torch2.13-cpu"]]
+    (pair,) = workflow.matrix(shared, "cross")
+    assert {pair["first"], pair["second"]} == {"py3.12-torch2.13-cpu", "py3.12-torch2.14-cpu"}
+
+
+def test_a_cross_check_that_could_not_be_made_fails_only_the_strict_run():
+    from extmatrix.report import CROSS_NOT_MADE, CellReport, failure
+
+    r = CellReport(cell="c", backend="local", build="built", test="passed",
+                   cross_check=f"{CROSS_NOT_MADE} beside d's torch: no matching distribution")
+    assert failure(r, strict=True) and not failure(r, strict=False)
+    alone = CellReport(cell="c", backend="local", build="built", test="passed",
+                       cross_check="skipped: no test environment of a torch it does not serve")
+    assert not failure(alone, strict=True)

@@ -112,6 +112,8 @@ def _span(pythons: tuple[str, ...]) -> str:
     return " ".join(pythons)
 
 
+# A cross check that found another cell's torch but could not install the wheel beside it.
+CROSS_NOT_MADE = "skipped: could not install the wheel"
 NOT_INSTALLED = "not installed here"  # CellReport.pythons: a Python the wheel was not tested on
 
 
@@ -248,9 +250,11 @@ def _times(r: CellReport) -> str:
 
 def failure(r: CellReport, strict: bool) -> bool:
     """Failed, or not buildable where the cell had to be built (named, or --strict), or
-    (--strict) a stable-ABI wheel left untested beside a torch it serves."""
+    (--strict) a stable-ABI wheel left untested beside a torch it serves, or a cross check
+    with a foreign torch at hand that could not be made."""
     return r.failed or (strict and (r.build == "not-buildable"
-                                    or any(s.test != "passed" for s in r.serves)))
+                                    or any(s.test != "passed" for s in r.serves)
+                                    or (r.cross_check or "").startswith(CROSS_NOT_MADE)))
 
 
 def first_line(text: str | None) -> str:

@@ -5,8 +5,9 @@ so matrix.yaml stays the one place that says what runs where:
 
 - cells: every selected cell, built and tested on its `runner`;
 - gpu:   the cells whose flavor names a `gpu_runner`, tested there with --require-gpu;
-- cross: one pair of cells of different torch releases, whose wheels are each imported
-         beside the other's torch (CPU cells first: they are the cheapest to install).
+- cross: one pair of cells of different torch releases and a Python in common, whose
+         wheels are each imported beside the other's torch (CPU cells first: they are the
+         cheapest to install).
          Stable-ABI cells are left out: their own job tests them beside every torch
          they serve.
 """
@@ -38,9 +39,19 @@ def _jobs(cells: list[Cell], job: str) -> list[dict]:
                          key=lambda c: (c.family != "cpu", c.id))
         for first in ordered:
             other = next((c for c in ordered if c.torch_series != first.torch_series
-                          and c.platform == first.platform), None)
+                          and c.platform == first.platform and _share_a_python(c, first)),
+                         None)
             if other is not None:
                 return [{"cells": f"{first.id} {other.id}", "runner": first.runner,
                          "first": first.id, "second": other.id}]
         return []
     return [c.to_json() for c in cells]
+
+
+def _share_a_python(a: Cell, b: Cell) -> bool:
+    """Whether each wheel installs where the other's torch is tested: a cp312 wheel has no
+    place in a Python 3.10 environment, and the check would be skipped, not made."""
+    def pythons(c: Cell) -> set[str]:
+        return set(c.test_pythons) if c.abi3 else {c.python}
+
+    return bool(pythons(a) & pythons(b))

@@ -22,7 +22,7 @@ from ..cells import Cell
 from ..compat import same_series
 from ..errors import Interrupted, NotBuildable, StepFailed, UserError, describe_os_error
 from ..project import build_requirements
-from ..report import NOT_INSTALLED, CellReport, ServedTorch
+from ..report import CROSS_NOT_MADE, NOT_INSTALLED, CellReport, ServedTorch
 from ..steps import Steps, first_cause
 from ..workspace import single_wheel
 from . import Context, audit_abi3, building, check_wheel, copy_sources, stamp_wheel
@@ -531,7 +531,7 @@ def cross_check(cell: Cell, other: Cell, ctx: Context) -> str:
     if installed.returncode != 0:
         shutil.rmtree(target, ignore_errors=True)
         why = (installed.stderr.strip().splitlines() or ["?"])[-1]
-        return f"skipped: could not install the wheel beside {other.id}'s torch: {why}"
+        return f"{CROSS_NOT_MADE} beside {other.id}'s torch: {why}"
     ext = ctx.matrix.extension
     # torch first, as its users import it: a binary linked against libtorch cannot even
     # find libc10 before torch is loaded, an ImportError that says nothing of its torch.
