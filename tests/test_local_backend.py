@@ -925,4 +925,9 @@ def test_the_cross_check_imports_torch_first(tmp_path, module, verdict):
                     "Version: 1.0\n")
         wf.writestr("fake_ext-1.0.dist-info/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: false\n"
                     "Tag: cp39-abi3-linux_x86_64\n")
-    assert local.cross_check(cell, other, ctx).startswith(verdict)
+    commands: list[str] = []
+    assert local.cross_check(cell, other, ctx, commands).startswith(verdict)
+    # What it ran is in the cell's test log and its report, for repro to show.
+    assert len(commands) == 2 and "import torch" in commands[1] and "uv pip install" in commands[0]
+    log = (ctx.dist / cell.id / "test.log").read_text()
+    assert "import fake_ext" in log and "ImportError" in log

@@ -234,7 +234,7 @@ def test(cells: list[Cell], ctx: Context, backend_name: str, jobs: int, keep_goi
         cell = by_id[report.cell]
         other = next((o for o in [*tested, *earlier]
                       if foreign(cell, o) and o.platform == cell.platform), None)
-        report.cross_check = (impl.cross_check(cell, other, ctx) if other else
+        report.cross_check = (impl.cross_check(cell, other, ctx, report.commands) if other else
                               "skipped: no test environment of a torch it does not serve; "
                               "test it together with a cell of such a torch")
     record(reports)

@@ -515,32 +515,46 @@ def read_junit(path: Path) -> dict[str, int]:
     return totals
 
 
-def cross_check(cell: Cell, other: Cell, ctx: Context) -> str:
-    """This cell's wheel imported beside another cell's torch.
+def cross_check(cell: Cell, other: Cell, ctx: Context,
+                commands: list[str] | None = None) -> str:
+    """This cell's wheel imported beside another cell's torch; its commands go to the cell's
+    test log (and to `commands`), as the tests' do, so that repro shows them.
 
     A clear ImportError is right ("ok"). A crash, an undefined symbol or any other
     error is wrong everywhere ("FAILED"). An import that works is news, not a failure
     ("loads"), unless the matrix says `cross_torch: refuse`."""
+    log = Steps(ctx.dist / cell.id / "test.log", echo=ctx.echo)
+    try:
+        return _cross_check(cell, other, ctx, log)
+    finally:
+        log.close()
+        if commands is not None:
+            commands += log.commands
+
+
+def _cross_check(cell: Cell, other: Cell, ctx: Context, log: Steps) -> str:
     venv = ctx.work / other.id / "test-env"
     wheel = single_wheel(ctx.dist / cell.id)
     target = ctx.work / cell.id / f"cross-{other.id}"
     shutil.rmtree(target, ignore_errors=True)
-    installed = subprocess.run(
-        [envs.uv(), "pip", "install", "--quiet", "--no-deps", "--target", str(target),
-         "--python", str(envs.python_of(venv)), str(wheel)], capture_output=True, text=True)
+    start = log.log_path.stat().st_size
+    installed = log.run("cross-check", [
+        envs.uv(), "pip", "install", "--quiet", "--no-deps", "--target", str(target),
+        "--python", str(envs.python_of(venv)), str(wheel)], check=False)
     if installed.returncode != 0:
         shutil.rmtree(target, ignore_errors=True)
-        why = (installed.stderr.strip().splitlines() or ["?"])[-1]
+        why = (log.output_since(start).strip().splitlines() or ["?"])[-1]
         return f"{CROSS_NOT_MADE} beside {other.id}'s torch: {why}"
     ext = ctx.matrix.extension
     # torch first, as its users import it: a binary linked against libtorch cannot even
     # find libc10 before torch is loaded, an ImportError that says nothing of its torch.
-    result = subprocess.run(
-        [str(envs.python_of(venv)), "-c", f"import torch\nimport {ext.import_name}"],
-        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(target)},
-        cwd=target)
+    start = log.log_path.stat().st_size
+    result = log.run("cross-check", [str(envs.python_of(venv)), "-c",
+                                     f"import torch\nimport {ext.import_name}"],
+                     env={"PYTHONPATH": str(target)}, cwd=target, check=False)
+    output = log.output_since(start)
     shutil.rmtree(target, ignore_errors=True)
-    last = (result.stderr.strip().splitlines() or [""])[-1]
+    last = (output.strip().splitlines() or [""])[-1]
     label = f"beside {other.id}'s torch ({other.torch})"
     fix = ("pin torch in the wheel's requirements and compare torch.__version__ at import, "
            "raising ImportError before the binary loads")
