@@ -303,3 +303,32 @@ def test_both_backends_install_the_same_test_requirements(settings, wanted, tmp_
     with zipfile.ZipFile(wheel, "w") as zf:
         zf.writestr("segment_ops-0.1.0.dist-info/METADATA", "Name: segment-ops\n")
     assert local.test_requirements(ctx, wheel, cell)[2:] == wanted
+
+
+def test_cache_folders_with_a_space_stay_one_mount_each():
+    # cibuildwheel splits create_args as a shell would: a space must not split a mount.
+    from cibuildwheel.oci_container import OCIContainerEngineConfig
+
+    cell = PLAN.cell("torch2.13-cpu")
+    host = replace(ci_host(cell), ccache_dir="/home/me/my cache/ccache",
+                   pip_cache_dir="/home/me/my cache/pip")
+    env = cibw.environment(cell, EXT, host, "3.11", BUILD_REQUIRES)
+    config = OCIContainerEngineConfig.from_config_string(env["CIBW_CONTAINER_ENGINE"])
+    assert config.create_args == (f"--volume=/home/me/my cache/ccache:{cibw.CCACHE_MOUNT}",
+                                  f"--volume=/home/me/my cache/pip:{cibw.PIP_CACHE_MOUNT}")
+
+
+def test_the_container_shell_shows_no_index_credentials(tmp_path, monkeypatch, capsys):
+    cell = PLAN.cell("torch2.13-cpu")
+    secret = Sources(None, ("https://bob:s3cret@mirror.example/simple",), ())
+    host = cibw.Host("podman", secret, str(tmp_path / "ccache"), str(tmp_path / "pip"), None, 2)
+    monkeypatch.setattr(container, "_prepare", lambda c, ctx, r: (Engine("podman", "podman"),
+                                                                  "3.11"))
+    monkeypatch.setattr(container, "_host", lambda c, ctx, e: host)
+    ran = []
+    monkeypatch.setattr(container.subprocess, "call", lambda cmd, env: ran.append(cmd) or 0)
+    ctx = Context(PLAN.matrix, ROOT, tmp_path / "dist", tmp_path / "work", tmp_path / "cache", 1)
+    assert container.shell(cell, ctx) == 0
+    shown = capsys.readouterr().err
+    assert "s3cret" not in shown and "https://***@mirror.example/simple" in shown
+    assert any("s3cret" in arg for arg in ran[0])  # the container itself gets the index

@@ -146,8 +146,10 @@ def environment(cell: Cell, extension: Extension, host: Host, python: str,
     file, in the extension, pytest takes the tests' settings from (workspace.pytest_settings);
     `conftests`: those above the tests folder (workspace.conftests_above)."""
     plat = cell.platform.upper()
-    mounts = [f"--volume={host.ccache_dir}:{CCACHE_MOUNT}",
-              f"--volume={host.pip_cache_dir}:{PIP_CACHE_MOUNT}"]
+    # cibuildwheel splits create_args as a shell would: a cache folder with a space in it
+    # must stay one argument.
+    mounts = [shlex.quote(f"--volume={host.ccache_dir}:{CCACHE_MOUNT}"),
+              shlex.quote(f"--volume={host.pip_cache_dir}:{PIP_CACHE_MOUNT}")]
     inner = {**container_env(cell, host, python), **(build_env or {})}
     excludes = " ".join(f"--exclude {shlex.quote(p)}" for p in REPAIR_EXCLUDES[cell.family])
     return {

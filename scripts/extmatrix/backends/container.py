@@ -26,6 +26,7 @@ from ..engines import Engine
 from ..errors import NotBuildable, UserError
 from ..project import build_requirements
 from ..report import CellReport
+from ..steps import redact
 from ..workspace import single_wheel
 from . import Context, audit_abi3, building, check_wheel, copy_sources, local, stamp_wheel
 
@@ -85,8 +86,10 @@ def _prepare(cell: Cell, ctx: Context, report: CellReport) -> tuple[Engine, str]
     engine = engines.detect(None, ctx.root, ctx.cache)
     labels = engine.labels(cell.image)
     if labels is None:
+        matrix = ("" if ctx.matrix_file in (None, Path.cwd() / "matrix.yaml")
+                  else f" --matrix {shlex.quote(str(ctx.matrix_file))}")
         raise NotBuildable(f"{engine.name} has no image {cell.image}; build it with "
-                           f"'extmatrix images --cell {cell.id}'")
+                           f"'extmatrix images{matrix} --cell {cell.id}'")
     abis = labels.get("io.extmatrix.python-abis")
     python = cibw.build_python(cell, abis.split() if abis else None)
     base = labels.get("io.extmatrix.base-image", "unknown base")
@@ -177,13 +180,15 @@ def shell(cell: Cell, ctx: Context) -> int:
     repair = config["CIBW_REPAIR_WHEEL_COMMAND"].format(dest_dir="/tmp/repaired",
                                                         wheel="/tmp/wheel/*.whl")
     exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in engine.env.items())
-    print(f"# {cell.id} in {cell.image}, the extension mounted read-write at {PROJECT}; "
-          f"pip's local sources and CA bundle read-only under {cibw.HOST_MOUNT}.\n"
-          "# cibuildwheel runs there:\n"
-          f"#   {config['CIBW_BEFORE_BUILD']}\n"
-          "#   python -m pip wheel . --no-build-isolation --no-deps -w /tmp/wheel\n"
-          f"#   {repair}\n"
-          f"$ {exports + ' ' if exports else ''}{shlex.join(cmd)}", file=sys.stderr, flush=True)
+    # Index URLs from pip's settings reach the container's environment: never shown as given.
+    print(redact(f"# {cell.id} in {cell.image}, the extension mounted read-write at {PROJECT}; "
+                 f"pip's local sources and CA bundle read-only under {cibw.HOST_MOUNT}.\n"
+                 "# cibuildwheel runs there:\n"
+                 f"#   {config['CIBW_BEFORE_BUILD']}\n"
+                 "#   python -m pip wheel . --no-build-isolation --no-deps -w /tmp/wheel\n"
+                 f"#   {repair}\n"
+                 f"$ {exports + ' ' if exports else ''}{shlex.join(cmd)}"),
+          file=sys.stderr, flush=True)
     return subprocess.call(cmd, env={**os.environ, **engine.env})
 
 
