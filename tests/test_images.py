@@ -6,6 +6,7 @@ import json
 import shutil
 import subprocess
 import sys
+import zipfile
 from dataclasses import replace
 from pathlib import Path
 
@@ -168,3 +169,35 @@ def test_a_base_pinned_by_tag_only_is_warned_about():
                               "pinned by tag only")
     assert images.unpinned(images.needed([PLAN.cell("torch2.13-cpu")], "local", "extmatrix")) \
         == []  # the local stand-in is made here, not pulled
+
+
+def test_a_project_without_docker_files_builds_with_the_engines(tmp_path, capsys):
+    # A maintainer's repository as it is: no docker/ of its own.
+    (tmp_path / "ext" / "tests").mkdir(parents=True)
+    (tmp_path / "ext" / "pyproject.toml").write_text("[project]\nname = 'fastclip'\n")
+    (tmp_path / "matrix.yaml").write_text(
+        "extension: {path: ext, name: fastclip, import: fastclip}\n"
+        "axes:\n  torch: ['2.13']\n  flavor: [cpu]\n  python: ['3.11']\n"
+        "defaults:\n  cpu: {base_image: 'quay.io/pypa/manylinux_2_28_{platform}:2025.11.09-1'}\n"
+        "flavors:\n  cpu: {}\n")
+    folder = engines.docker_folder(tmp_path)
+    assert (folder / "Dockerfile").is_file() and (folder / "podman" / "containers.conf").is_file()
+    assert main(["images", "--matrix", str(tmp_path / "matrix.yaml"), "--print-bake"]) == 0
+    (target,) = json.loads(capsys.readouterr().out)["target"].values()
+    assert target["context"] == str(folder)
+    # A project with its own docker/ keeps it, named relative to where the bake runs.
+    (tmp_path / "docker").mkdir()
+    assert engines.docker_folder(tmp_path) == tmp_path / "docker"
+    assert images.context_of(tmp_path) == "docker"
+
+
+@pytest.mark.cells  # builds the engine's wheel (hatchling from the package index)
+def test_the_engines_wheel_carries_the_container_files(tmp_path):
+    from extmatrix import envs
+
+    subprocess.run([envs.uv(), "build", "--wheel", "--quiet", "-o", str(tmp_path), str(ROOT)],
+                   check=True)
+    (wheel,) = tmp_path.glob("extmatrix-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert {"extmatrix/docker/Dockerfile", "extmatrix/docker/podman/containers.conf",
+            "extmatrix/docker/local-base/bootstrap.sh"} <= names

@@ -137,7 +137,8 @@ def _images(args: argparse.Namespace) -> int:
     plan, cells = selected(args, default_subset="local")
     if args.print_bake:
         base = args.base if args.base in images.BASES else "upstream"
-        sys.stdout.write(images.bake_json(images.needed(cells, base, plan.matrix.images.prefix)))
+        sys.stdout.write(images.bake_json(images.needed(cells, base, plan.matrix.images.prefix),
+                                          images.context_of(Path(plan.source.file).resolve().parent)))
         return 0
     ctx = run.context(plan, dist=None, parallel=1)
     return images.build(ctx, cells, args.engine, args.base)

@@ -32,6 +32,20 @@ SYSTEM_CA_BUNDLES = (
 PODMAN_DIR = Path("docker") / "podman"  # relative to the project root
 
 
+def docker_folder(project: Path) -> Path:
+    """The container files (Dockerfile, podman settings, local base): the project's own
+    docker/ where it has one, which its maintainer may adapt, else those that come with the
+    engine, so that any extension's repository can build in a container as it is."""
+    own = project / "docker"
+    if own.is_dir():
+        return own
+    here = Path(__file__).resolve().parent
+    for shipped in (here / "docker", here.parents[1] / "docker"):  # a wheel; a checkout
+        if (shipped / "Dockerfile").is_file():
+            return shipped
+    return own
+
+
 @dataclass(frozen=True)
 class Engine:
     name: str  # docker | podman
@@ -108,12 +122,13 @@ def _fails(cmd: list[str]) -> bool:
 
 
 def podman(project: Path, cache: Path) -> Engine:
-    conf = project / PODMAN_DIR / "containers.conf"
-    template = project / PODMAN_DIR / "storage.conf.in"
+    folder = docker_folder(project) / "podman"
+    conf, template = folder / "containers.conf", folder / "storage.conf.in"
     for needed in (conf, template):
         if not needed.is_file():
             raise UserError(str(needed), "podman settings file is missing",
-                            f"restore {PODMAN_DIR}/ from the project template")
+                            "restore it (the engine's own are in its docker/podman/), or "
+                            "remove the project's docker/ to use the engine's")
     state = cache / "podman"
     storage = state / "storage.conf"
     text = (template.read_text().replace("@GRAPHROOT@", str(state / "storage"))

@@ -99,13 +99,20 @@ def needed(cells: list[Cell], base: str, prefix: str) -> list[Image]:
     return list(found.values())
 
 
-def bake(images: list[Image]) -> dict:
+def context_of(project: Path) -> str:
+    """The bake context: the project's docker/, relative to the project root where the
+    bake runs, or the engine's own (engines.docker_folder)."""
+    folder = engines.docker_folder(project)
+    return DOCKER_DIR if folder == project / DOCKER_DIR else str(folder)
+
+
+def bake(images: list[Image], context: str = DOCKER_DIR) -> dict:
     """The bake file: docker buildx bake -f FILE, run from the project root."""
     return {
         "group": {"default": {"targets": [i.target for i in images]}},
         "target": {
             i.target: {
-                "context": DOCKER_DIR,
+                "context": context,
                 "dockerfile": "Dockerfile",
                 "target": i.family,
                 "platforms": [OCI_PLATFORMS[i.platform]],
@@ -118,8 +125,8 @@ def bake(images: list[Image]) -> dict:
     }
 
 
-def bake_json(images: list[Image]) -> str:
-    return json.dumps(bake(images), indent=2) + "\n"
+def bake_json(images: list[Image], context: str = DOCKER_DIR) -> str:
+    return json.dumps(bake(images, context), indent=2) + "\n"
 
 
 def unpinned(images: list[Image]) -> list[str]:
@@ -206,7 +213,7 @@ def bootstrap(engine: Engine, ctx: Context, ca: Path | None) -> tuple[list[str],
            "WORKDIR": str(ctx.cache / "container" / "rootfs"),
            "ROOTFS_IMAGE": local_rootfs(prefix), "BASE_IMAGE": local_base(prefix),
            "CA_BUNDLE": str(ca) if ca else ""}
-    return [str(ctx.root / DOCKER_DIR / "local-base" / "bootstrap.sh")], env
+    return ["bash", str(engines.docker_folder(ctx.root) / "local-base" / "bootstrap.sh")], env
 
 
 class ImageFailed(Exception):
@@ -247,13 +254,13 @@ def build(ctx: Context, cells: list[Cell], engine_choice: str | None, base_choic
         if engine.name == "docker":
             path = ctx.work / "docker-bake.json"
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(bake_json(todo))
+            path.write_text(bake_json(todo, context_of(ctx.root)))
             secret = ["--set", f"*.secrets={ca_secret(ca)}"] if ca else []
             cmd = engine.cmd("buildx", "bake", "-f", str(path), "--load", *secret,
                              *(i.target for i in todo))
             _run(cmd, engine.env, ctx.root, out, ", ".join(i.tag for i in todo))
         else:
-            targets = bake(todo)["target"]
+            targets = bake(todo, context_of(ctx.root))["target"]
             for image in todo:
                 _run(podman_build(engine, targets[image.target], ca), engine.env, ctx.root, out,
                      image.tag)
