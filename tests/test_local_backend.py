@@ -886,13 +886,15 @@ def test_a_gpu_job_where_no_test_passed_verified_nothing():
                                    require_gpu=True) is None
 
 
-def test_the_extensions_own_test_command_gets_the_engines_plugin(tmp_path):
+def test_the_extensions_own_test_command_gets_the_engines_plugin(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTEST_PLUGINS", "theirs.plugin")  # kept: ours is added
     ext = PLAN.matrix.extension.model_copy(update={"test_command": ["{python}", "run.py"]})
     ctx = Context(PLAN.matrix.model_copy(update={"extension": ext}), Path("/project"),
                   tmp_path / "dist", tmp_path / "work", tmp_path / "cache", 2, require_gpu=True)
     cmd, env = local.test_cmd(ctx, tmp_path / "test-env", tmp_path)
     assert cmd == [str(tmp_path / "test-env" / "bin" / "python"), "run.py"]
-    assert env["PYTEST_PLUGINS"] == local.PLUGIN and env["EXTMATRIX_REQUIRE_GPU"] == "1"
+    assert env["PYTEST_PLUGINS"] == f"theirs.plugin,{local.PLUGIN}"
+    assert env["EXTMATRIX_REQUIRE_GPU"] == "1"
 
 
 @pytest.mark.parametrize(("module", "verdict"), [
@@ -931,3 +933,58 @@ def test_the_cross_check_imports_torch_first(tmp_path, module, verdict):
     assert len(commands) == 2 and "import torch" in commands[1] and "uv pip install" in commands[0]
     log = (ctx.dist / cell.id / "test.log").read_text()
     assert "import fake_ext" in log and "ImportError" in log
+
+
+def test_a_test_run_that_fails_early_keeps_no_results_of_the_last_one(tmp_path):
+    cell = PLAN.cell("torch2.13-cpu")
+    ctx = Context(PLAN.matrix, ROOT, tmp_path / "dist", tmp_path / "work", tmp_path / "cache", 1)
+    (ctx.dist / cell.id).mkdir(parents=True)  # and no wheel in it
+    last = CellReport(cell=cell.id, backend="local", build="built", junit={"passed": 4},
+                      pythons={"3.11": "passed"})
+    tested = local.test(cell, ctx, last)
+    assert tested.test == "failed" and tested.junit == {} and tested.pythons == {}
+
+
+def test_the_shell_knows_installed_distributions_by_their_normalized_names(tmp_path):
+    from extmatrix import shell
+
+    site = tmp_path / "venv" / "lib" / "python3.11" / "site-packages"
+    site.mkdir(parents=True)
+    (tmp_path / "venv" / "bin").mkdir()
+    (tmp_path / "venv" / "bin" / "python").write_text("")
+    for name in ("torch-2.13.0+cpu.dist-info", "Lim.Ops-1.0.dist-info"):
+        (site / name).mkdir()
+    cell = PLAN.cell("torch2.13-cpu")
+    assert shell._holds(tmp_path / "venv", cell, "lim-ops")
+    assert shell._holds(tmp_path / "venv", cell, "Lim_Ops")
+    assert not shell._holds(tmp_path / "venv", cell, "other-ops")
+
+
+def test_the_cross_check_partner_shares_a_python(tmp_path, monkeypatch):
+    from extmatrix import run
+    from extmatrix.cells import plan_file as load
+
+    (tmp_path / "ext" / "tests").mkdir(parents=True)
+    (tmp_path / "ext" / "pyproject.toml").write_text("[project]\nname = 'fastclip'\n")
+    (tmp_path / "matrix.yaml").write_text(
+        "extension: {path: ext, name: fastclip, import: fastclip, abi3: false}\n"
+        "axes:\n  torch: ['2.13', '2.14']\n  flavor: [cpu]\n  python: ['3.11', '3.12']\n"
+        "flavors:\n  cpu: {}\n")
+    plan = load(tmp_path / "matrix.yaml")
+    cells = [plan.cell(i) for i in ("py3.12-torch2.13-cpu", "py3.11-torch2.14-cpu",
+                                    "py3.12-torch2.14-cpu")]
+    ctx = Context(plan.matrix, tmp_path, tmp_path / "dist", tmp_path / "work",
+                  tmp_path / "cache", 1)
+    for cell in cells:
+        (ctx.dist / cell.id).mkdir(parents=True)
+        CellReport(cell=cell.id, backend="local", build="built").write(
+            ctx.dist / cell.id / "report.json")
+    monkeypatch.setattr(local, "test", lambda cell, ctx, report: CellReport(
+        cell=cell.id, backend="local", build="built", test="passed"))
+    pairs = {}
+    monkeypatch.setattr(local, "cross_check", lambda cell, other, ctx, commands=None: pairs
+                        .setdefault(cell.id, other.id) and "ok")
+    run.test(cells, ctx, "local", 1, True, run.console())
+    # py3.11-torch2.14-cpu: no cell of another torch shares its Python, so none is tried.
+    assert pairs == {"py3.12-torch2.13-cpu": "py3.12-torch2.14-cpu",
+                     "py3.12-torch2.14-cpu": "py3.12-torch2.13-cpu"}

@@ -100,3 +100,11 @@ def test_a_hand_edited_report_with_one_failure_count_is_summarised():
                         test="failed", junit={"passed": 2, "errors": 1})
     (row, failed), = report.summary_rows([edited])
     assert row[2] == "failed: 2 passed, 0 skipped, 1 failed" and failed
+
+
+def test_the_pythons_an_abi3_wheel_was_not_tested_under_show_without_junit_counts():
+    # An extension's own test command may write no JUnit file: the Pythons still show.
+    r = CellReport(cell="torch2.13-cpu", backend="local", build="built", test="passed",
+                   pythons={"3.11": "passed", "3.12": "not installed here"})
+    (row, _), = report.summary_rows([r])
+    assert row[2] == "passed; on Python 3.11 (3.12 not installed here)"

@@ -76,6 +76,15 @@ class Cell:
         return {"cell": data.pop("id"), **data}
 
 
+def share_a_python(a: Cell, b: Cell) -> bool:
+    """Whether each cell's wheel installs where the other's torch is tested: a cp312 wheel
+    has no place in a Python 3.10 environment (a cross check there is skipped, not made)."""
+    def pythons(c: Cell) -> set[str]:
+        return set(c.test_pythons) if c.abi3 else {c.python}
+
+    return bool(pythons(a) & pythons(b))
+
+
 @dataclass(frozen=True)
 class Dropped:
     combo: str

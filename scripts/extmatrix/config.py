@@ -269,7 +269,8 @@ class Extension(_Model):
         description="One wheel serves every Python of a cell: cp3X-abi3, or py3-none where its "
         "binaries link no libpython (a TORCH_LIBRARY library); the Python axis then only "
         "multiplies the tests: the wheel is tested under each of its Pythons installed on the "
-        "machine, and the report names those that are not.",
+        "machine, and the report names those that are not (a stable-ABI cell's wheel: under "
+        "one of them, beside each torch release it serves).",
     )
     test_args: list[TestArgument] = Field(
         default_factory=list, description="Extra pytest arguments for the matrix tests."

@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
@@ -115,7 +116,9 @@ def installed_pythons(cell: Cell, first_only: bool = False) -> list[tuple[str, s
     (an abi3 cell: every Python it serves; another: its own), the running one first; raises
     NotBuildable when there is none."""
     wanted = [cell.python] if not cell.abi3 else list(cell.test_pythons)
-    here = f"{sys.version_info.major}.{sys.version_info.minor}"
+    # 3.13t: a free-threaded interpreter serves no 3.13 cell, and the other way round.
+    here = (f"{sys.version_info.major}.{sys.version_info.minor}"
+            f"{'t' if sysconfig.get_config_var('Py_GIL_DISABLED') else ''}")
     found: list[tuple[str, str]] = []
     if here in wanted:
         # The interpreter itself, not the venv we run in (nox gives each session its own).

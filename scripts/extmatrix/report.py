@@ -217,7 +217,7 @@ def _status(r: CellReport) -> str:
 
 def _tests(r: CellReport) -> str:
     if not r.junit:
-        return r.test
+        return r.test + _pythons(r)
     j = r.junit
     # Skips for want of a GPU said apart: on a GPU-less runner they are the tests the GPU
     # job must run, and "passed" with nothing run is no pass to trust.

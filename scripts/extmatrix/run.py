@@ -19,7 +19,7 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from . import envs, project, steps, toolchain, workspace
 from .backends import Context, local, max_jobs, not_sources
-from .cells import Cell, Plan
+from .cells import Cell, Plan, share_a_python
 from .errors import Interrupted, UserError, describe_os_error
 from .report import CellReport, failure, repro_lines, summary_markdown, summary_table
 
@@ -232,8 +232,8 @@ def test(cells: list[Cell], ctx: Context, backend_name: str, jobs: int, keep_goi
         if report.test != "passed":
             continue
         cell = by_id[report.cell]
-        other = next((o for o in [*tested, *earlier]
-                      if foreign(cell, o) and o.platform == cell.platform), None)
+        other = next((o for o in [*tested, *earlier] if foreign(cell, o)
+                      and o.platform == cell.platform and share_a_python(cell, o)), None)
         report.cross_check = (impl.cross_check(cell, other, ctx, report.commands) if other else
                               "skipped: no test environment of a torch it does not serve; "
                               "test it together with a cell of such a torch")

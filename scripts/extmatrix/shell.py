@@ -17,6 +17,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from packaging.utils import canonicalize_name
+
 from . import envs, toolchain
 from .backends import Context, local
 from .cells import Cell
@@ -56,9 +58,9 @@ def _holds(venv: Path, cell: Cell, name: str) -> bool:
     whose install failed exists all the same, empty."""
     if not envs.python_of(venv).exists():
         return False
-    found = {p.name.split("-", 1)[0].lower() for p in venv.glob("lib/python*/site-packages/*"
-                                                                ".dist-info")}
-    return {"torch", name.replace("-", "_").replace(".", "_").lower()} <= found
+    found = {canonicalize_name(p.name.split("-", 1)[0])
+             for p in venv.glob("lib/python*/site-packages/*.dist-info")}
+    return {"torch", canonicalize_name(name)} <= found
 
 
 def _added_to_path(path: str) -> list[str]:

@@ -14,7 +14,7 @@ so matrix.yaml stays the one place that says what runs where:
 
 from __future__ import annotations
 
-from .cells import Cell
+from .cells import Cell, share_a_python
 from .errors import UserError
 
 JOBS = ("cells", "gpu", "cross")
@@ -39,7 +39,7 @@ def _jobs(cells: list[Cell], job: str) -> list[dict]:
                          key=lambda c: (c.family != "cpu", c.id))
         for first in ordered:
             other = next((c for c in ordered if c.torch_series != first.torch_series
-                          and c.platform == first.platform and _share_a_python(c, first)),
+                          and c.platform == first.platform and share_a_python(c, first)),
                          None)
             if other is not None:
                 return [{"cells": f"{first.id} {other.id}", "runner": first.runner,
@@ -47,11 +47,3 @@ def _jobs(cells: list[Cell], job: str) -> list[dict]:
         return []
     return [c.to_json() for c in cells]
 
-
-def _share_a_python(a: Cell, b: Cell) -> bool:
-    """Whether each wheel installs where the other's torch is tested: a cp312 wheel has no
-    place in a Python 3.10 environment, and the check would be skipped, not made."""
-    def pythons(c: Cell) -> set[str]:
-        return set(c.test_pythons) if c.abi3 else {c.python}
-
-    return bool(pythons(a) & pythons(b))

@@ -255,6 +255,7 @@ def test(cell: Cell, ctx: Context, report: CellReport) -> CellReport:
     steps = Steps(cell_dist / "test.log", echo=ctx.echo)
     if report.build_commands is not None:  # an earlier test run's commands go
         del report.commands[report.build_commands:]
+    report.junit, report.pythons, report.serves = {}, {}, []  # and its results
     try:
         wheel = single_wheel(cell_dist)
         sources = envs.sources_for(cell)
@@ -329,8 +330,12 @@ def run_suite(ctx: Context, venv: Path, cell_dist: Path, suffix: str,
             # engine asks torch itself, in the test environment, before the tests run.
             probe = steps.run("tests", [str(envs.python_of(venv)), "-c", _GPU_PROBE],
                               cwd=suite, check=False)
-            if probe.returncode != 0:
+            if probe.returncode == 3:
                 return "failed", {}, f"{test_failure(1, '', {'no_gpu': True})}; see {steps.shown}"
+            if probe.returncode != 0:
+                why = first_cause(steps.output_since(start)) or f"exit {probe.returncode}"
+                return "failed", {}, (f"torch does not import in the test environment: {why}; "
+                                      f"see {steps.shown}")
         result = steps.run("tests", cmd, env=env, cwd=suite, check=False)
     junit = read_junit(junit_path)
     facts = _read_facts(facts_path)
@@ -438,7 +443,8 @@ def test_cmd(ctx: Context, venv: Path, cell_dist: Path,
     if ext.test_command is not None:
         # A command that runs pytest gets the plugin too (gate, GPU skips counted); -p
         # naming it as well is harmless, and any other program ignores the variable.
-        env["PYTEST_PLUGINS"] = PLUGIN
+        env["PYTEST_PLUGINS"] = ",".join(filter(None, [os.environ.get("PYTEST_PLUGINS"),
+                                                        PLUGIN]))
         fill = {"python": str(envs.python_of(venv)), "tests": str(tests), "junit": str(junit)}
         return [arg.format_map(fill) for arg in ext.test_command], env
     return [str(envs.python_of(venv)), "-m", "pytest", str(tests), "-p", PLUGIN,
