@@ -643,6 +643,11 @@ def _stable_cells(matrix: Matrix, src: Source, compat: Compat, flavors: dict[str
         raise src.error(at + ("from",), f"torch {series(torch)} has no versioned stable ABI "
                         "(TORCH_TARGET_VERSION)",
                         f"start from {min(known, key=version_key)} or later")
+    if group.below and group.below.count(".") > 1:
+        # torch<2.12.1 would take 2.12.0 and leave out 2.12.1, the release the group tests.
+        raise src.error(at + ("below",), f"'below: {group.below}' names a release, not a "
+                        "release series", "give the first series the wheels do not serve, "
+                        f"such as '{_next_series(group.below)}'")
     if group.below and version_key(group.below) <= version_key(series(torch)):
         raise src.error(at + ("below",), f"'below: {group.below}' leaves no torch release "
                         f"from {series(torch)} on", f"give a release after {series(torch)}")
@@ -688,6 +693,11 @@ def _stable_cells(matrix: Matrix, src: Source, compat: Compat, flavors: dict[str
                           if group.replace else [])
                 results.append((cell, served))
     return results
+
+
+def _next_series(version: str) -> str:
+    major, minor = version.split(".")[:2]
+    return f"{major}.{int(minor) + 1}"
 
 
 def _in_range(torch: str, start: str, below: str | None) -> bool:
@@ -767,12 +777,16 @@ def _cell(matrix: Matrix, src: Source, compat: Compat, torch: str, flavor: _Flav
             "platform": platform}
 
     def expand_text(key: str, text: str) -> str:
+        at = ("flavors", flavor.name, key)
+        if getattr(matrix.flavors[flavor.name], key) is None:
+            at = ("defaults", flavor.family, key)
+        if not s.toolkit and "{toolkit}" in text:
+            # A CPU flavor has no toolkit: the text would be cut where it stood.
+            raise src.error(at, f"'{text}' names {{toolkit}}, which flavor '{flavor.name}' has "
+                            "none of", "write the value out for this flavor")
         try:
             return text.format(**fill)
         except (KeyError, IndexError, ValueError):
-            at = ("flavors", flavor.name, key)
-            if getattr(matrix.flavors[flavor.name], key) is None:
-                at = ("defaults", flavor.family, key)
             fix = "placeholders are {flavor}, {toolkit}, {torch} and {platform}"
             raise src.error(at, f"bad placeholder in '{text}'", fix) from None
     tag = s.toolkit if flavor.family != "cpu" else "latest"
