@@ -219,10 +219,18 @@ class _Builder:
         if node.tag in (_INT, _FLOAT):
             return node.value  # versions are text: 2.10 stays "2.10"
         try:
-            return self.loader.construct_object(node, deep=True)
+            value = self.loader.construct_object(node, deep=True)
         except yaml.constructor.ConstructorError as exc:
             raise UserError(_mark(node, source.file),
                             printable(f"cannot read value: {exc.problem}")) from None
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:  # "\ud800": half of a UTF-16 pair, no character
+                raise UserError(_mark(node, source.file), "the text holds a lone surrogate "
+                                "escape, which is no character",
+                                "write the character itself") from None
+        return value
 
     def _mapping(self, node: yaml.MappingNode, path: Path_, alias: yaml.Mark | None) -> dict:
         source = self.source
@@ -299,7 +307,8 @@ class _Builder:
         key = self.build(key_node, path + ("<key>",), alias)
         if not isinstance(key, (str, int, float, bool)) or key is None:
             raise UserError(_mark(key_node, self.source.file), "mapping keys must be plain scalars")
-        return str(key)
+        # A key is a name as written: YAML 1.1 reads `on`, `no` or `yes` as booleans.
+        return key_node.value if isinstance(key, bool) else str(key)
 
     def _refuse(self, node: yaml.Node, alias: yaml.Mark | None) -> None:
         file = self.source.file
