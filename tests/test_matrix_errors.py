@@ -131,3 +131,16 @@ def test_hostile_input_ends_quickly_in_one_line(kind, message, tmp_path, capsys)
     assert status == 2
     assert err.count("\n") == 1 and err.startswith(matrix + message), err
     assert elapsed < 5
+
+
+def test_a_subset_asked_of_a_matrix_without_subsets_says_so(tmp_path, capsys, monkeypatch):
+    from extmatrix.cli import main
+
+    (tmp_path / "ext" / "tests").mkdir(parents=True)
+    (tmp_path / "ext" / "pyproject.toml").write_text("[project]\nname = 'demo'\n")
+    (tmp_path / "matrix.yaml").write_text(
+        "extension: {path: ext, name: demo, import: demo}\naxes:\n  torch: ['2.14']\n"
+        "  flavor: [cpu]\n  python: ['3.12']\nflavors:\n  cpu: {}\n")
+    assert main(["plan", "--matrix", str(tmp_path / "matrix.yaml"), "--subset", "pr"]) == 2
+    assert capsys.readouterr().err == ("extmatrix: unknown subset 'pr'; the matrix names none: "
+                                       "add 'subsets:' to it\n")

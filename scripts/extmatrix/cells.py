@@ -135,7 +135,8 @@ class Plan:
             if subset not in self.matrix.subsets:
                 names = list(self.matrix.subsets)
                 close = difflib.get_close_matches(subset, names, n=1)
-                fix = f"did you mean '{close[0]}'?" if close else f"subsets: {', '.join(names)}"
+                fix = (f"did you mean '{close[0]}'?" if close else f"subsets: {', '.join(names)}"
+                       if names else "the matrix names none: add 'subsets:' to it")
                 raise UserError(None, printable(f"unknown subset '{subset}'"), printable(fix))
             globs = self.matrix.subsets[subset]
             chosen = [c for c in chosen if any(fnmatch.fnmatchcase(c.id, g) for g in globs)]

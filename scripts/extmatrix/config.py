@@ -400,7 +400,7 @@ class Matrix(_Model):
         default_factory=list, description="Stable-ABI cells: named stableX.Y-FLAVOR, built "
         "once, tested beside every torch of the matrix they serve.")
     exclude: list[Rule] = Field(default_factory=list)
-    subsets: dict[Name, list[str]] = Field(default_factory=dict)
+    subsets: dict[Name, Annotated[list[str], Field(min_length=1)]] = Field(default_factory=dict)
     images: Images = Field(default_factory=Images)
 
 
