@@ -249,11 +249,12 @@ class _Flavor:
 
 def expand(matrix: Matrix, src: Source, compat: Compat) -> Plan:
     for axis in ("torch", "flavor", "python", "platform"):
-        values = getattr(matrix.axes, axis)
+        values, seen = getattr(matrix.axes, axis), set()
         for i, value in enumerate(values):
-            if value in values[:i]:  # (an abi3 cell would test that Python twice)
+            if value in seen:  # (an abi3 cell would test that Python twice)
                 raise src.error(("axes", axis, i), f"{axis} '{value}' is listed twice",
                                 "list each value once")
+            seen.add(value)
     flavors = {name: _resolve_flavor(name, matrix, src, compat) for name in matrix.flavors}
     for i, name in enumerate(matrix.axes.flavor):
         if name not in flavors:
@@ -449,6 +450,12 @@ def _resolve_flavor(name: str, matrix: Matrix, src: Source, compat: Compat) -> _
         raise src.error(at, f"flavor {name} lists no GPU archs",
                         "add 'archs: [...]' (archs are never detected on a builder)")
     for key, archs in (("archs", merged.archs), ("ptx", merged.ptx or [])):
+        seen: set[str] = set()
+        for i, arch in enumerate(archs):
+            if arch in seen:
+                raise src.error(where_set(key) + (i,), f"arch '{arch}' is listed twice",
+                                "list each arch once")
+            seen.add(arch)
         for bad in compat.unsupported_archs(family, toolkit, archs):
             index = archs.index(bad)
             path = where_set(key) + (index,)
