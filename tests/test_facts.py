@@ -312,3 +312,19 @@ def test_index_changes_drop_only_the_arch_list_of_the_flavor_gone():
                                 ["2.12.0", "2.12.1"], changed) == [
         "only_in 7.1: 2.12.1 (of 2.12.0, 2.12.1)"]
     assert "rocm_archs" not in changed
+
+
+@pytest.mark.parametrize(("edit", "said"), [
+    # plan reads 2.10 as written; plain YAML, which the refresh rewrites, reads 2.1.
+    (lambda text: text.replace('\n  "2.10":', "\n  2.10:"),
+     'torch series written as numbers (2.1 here); quote every series key, as in "2.10":'),
+    (lambda text: "torch: [\n", "YAML syntax error"),
+])
+def test_refresh_refuses_a_facts_file_it_would_misread_in_one_line(tmp_path, capsys, edit, said):
+    from extmatrix.cli import main
+
+    path = tmp_path / "compat.yaml"
+    path.write_text(edit(BUILTIN.read_text()))
+    assert main(["facts", "refresh", "--compat", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and said in err and "Traceback" not in err

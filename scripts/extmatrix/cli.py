@@ -195,6 +195,7 @@ def _facts(args: argparse.Namespace) -> int:
     from .config import validate
 
     path = Path(args.compat) if args.compat else compat.BUILTIN
+    compat.Compat.load(path)  # a mistake in the file: its one line, before any index is read
     new_text, diff, notes = facts.refresh(path)
     for note in notes:
         print(f"# {note}", file=sys.stderr)

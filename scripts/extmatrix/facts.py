@@ -33,6 +33,8 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
+from .errors import UserError
+
 PYPI = "https://pypi.org"
 FLAVOR_BASE = "https://download.pytorch.org/whl"
 JSON = "application/json"
@@ -502,6 +504,12 @@ def refresh(
     # Plain YAML types on purpose: the rewritten text is checked by parsing it back the same way.
     data = yaml.safe_load(old_text)
     torch: dict[str, dict[str, Any]] = data["torch"]
+    numbers = [k for k in torch if not isinstance(k, str)]
+    if numbers:  # 2.10 unquoted reads as 2.1: the rewrite would name another series
+        raise UserError(str(path), f"torch series written as numbers ({numbers[0]!r} here)",
+                        'quote every series key, as in "2.10":')
+    if not torch:
+        raise UserError(str(path), "lists no torch series", "add one, as in \"2.14\": {...}")
     day = (today or datetime.date.today()).isoformat()
 
     pypi_data = fetch_pypi(fetch, torch, pypi=pypi)
