@@ -128,7 +128,14 @@ def test_engine_choice_errors_are_one_line(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("EXTMATRIX_ENGINE", "lxc")
     assert main(["images", "--matrix", MATRIX, "--cell", "torch2.13-cpu"]) == 2
     assert capsys.readouterr().err == (
-        "extmatrix: unknown container engine 'lxc'; use docker or podman\n")
+        "$EXTMATRIX_ENGINE: unknown container engine 'lxc'; use docker or podman\n")
+    # A build says so before any cell starts, and records no failed attempt.
+    monkeypatch.setenv("EXTMATRIX_WORK", str(tmp_path / "work"))
+    assert main(["build", "--matrix", MATRIX, "--cell", "torch2.13-cpu", "--backend",
+                 "container", "--dist", str(tmp_path / "dist")]) == 2
+    assert capsys.readouterr().err == (
+        "$EXTMATRIX_ENGINE: unknown container engine 'lxc'; use docker or podman\n")
+    assert not (tmp_path / "dist" / "torch2.13-cpu").exists()
 
 
 def test_ca_bundle_setting(tmp_path, monkeypatch):

@@ -70,12 +70,19 @@ class Engine:
         return found if isinstance(found, dict) else {}
 
 
+def check_choice(choice: str | None = None) -> str:
+    """`choice`, or $EXTMATRIX_ENGINE, or auto; a UserError for a name no engine has."""
+    chosen = choice or os.environ.get("EXTMATRIX_ENGINE") or "auto"
+    if chosen not in ("auto", *ENGINES):
+        where = None if choice else "$EXTMATRIX_ENGINE"
+        raise UserError(where, f"unknown container engine '{chosen}'", "use docker or podman")
+    return chosen
+
+
 def detect(choice: str | None, project: Path, cache: Path) -> Engine:
     """The engine named by `choice` (or $EXTMATRIX_ENGINE), else the first usable one;
     `Engine.why` says how it was chosen, a NotBuildable what to install or start."""
-    choice = choice or os.environ.get("EXTMATRIX_ENGINE") or "auto"
-    if choice not in ("auto", *ENGINES):
-        raise UserError(None, f"unknown container engine '{choice}'", "use docker or podman")
+    choice = check_choice(choice)
     named = "" if choice == "auto" else " (asked for)"
     docker_why = _docker_problem() if choice in ("auto", "docker") else None
     if choice in ("auto", "docker") and docker_why is None:

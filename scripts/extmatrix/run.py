@@ -187,6 +187,10 @@ def crash_log(exc: BaseException) -> str:
 def build(cells: list[Cell], ctx: Context, backend_name: str, jobs: int, keep_going: bool,
           console: Console) -> list[CellReport]:
     impl = backend(backend_name)
+    if backend_name == "container":  # a mistake every cell would make: one line first
+        from . import engines
+
+        engines.check_choice()
     return each_cell(cells, lambda c: impl.build(c, ctx), "build", jobs, keep_going, console,
                      ctx.dist, _published)
 
