@@ -208,3 +208,10 @@ def test_the_engines_wheel_carries_the_container_files(tmp_path):
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {"extmatrix/docker/Dockerfile", "extmatrix/docker/podman/containers.conf",
             "extmatrix/docker/local-base/bootstrap.sh"} <= names
+
+
+def test_a_cuda_patch_release_builds_the_toolkit_of_its_series():
+    # The Dockerfile looks for /usr/local/cuda-X.Y and pins nvidia-cuda-nvcc==X.Y.*.
+    image = images.Image("extmatrix-cuda:13.0.2", "x86_64", "cuda", "13.0.2", "base:1", ("c",))
+    assert image.args()["CUDA_VERSION"] == "13.0"
+    assert image.labels()["io.extmatrix.toolkit"] == "13.0.2"

@@ -56,7 +56,9 @@ class Image:
     def args(self) -> dict[str, str]:
         args = {"BASE_IMAGE": self.base}
         if self.family == "cuda":
-            args["CUDA_VERSION"] = self.toolkit or ""
+            # CUDA installs as /usr/local/cuda-X.Y and its PyPI packages go by X.Y.*: a patch
+            # release named in the matrix (13.0.2) would find neither.
+            args["CUDA_VERSION"] = ".".join((self.toolkit or "").split(".")[:2])
         if self.family == "rocm":  # one base for the tools stage and ROCm itself
             args.update(ROCM_BASE_IMAGE=self.base, ROCM_VERSION=self.toolkit or "")
         return args
