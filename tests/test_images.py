@@ -215,3 +215,27 @@ def test_a_cuda_patch_release_builds_the_toolkit_of_its_series():
     image = images.Image("extmatrix-cuda:13.0.2", "x86_64", "cuda", "13.0.2", "base:1", ("c",))
     assert image.args()["CUDA_VERSION"] == "13.0"
     assert image.labels()["io.extmatrix.toolkit"] == "13.0.2"
+
+
+def test_a_failed_image_build_names_its_cause_and_a_log_that_holds_it(tmp_path, monkeypatch,
+                                                                      capsys):
+    fake = tmp_path / "podman"
+    fake.write_text("#!/bin/sh\necho 'STEP 1/9: FROM quay.io/pypa/manylinux_2_28_x86_64'\n"
+                    "echo 'Error: pinging container registry quay.io: dial tcp: lookup quay.io:"
+                    " no such host' >&2\nexit 125\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(engines, "detect", lambda choice, root, cache: Engine("podman",
+                                                                              str(fake)))
+    monkeypatch.setattr(engines, "ca_bundle", lambda: None)
+    plan = plan_file(MATRIX)
+    from extmatrix.backends import Context
+
+    ctx = Context(plan.matrix, ROOT, tmp_path / "dist", tmp_path / "work", tmp_path / "cache", 1)
+    out = tmp_path / "out.txt"
+    with out.open("w") as fh:
+        assert images.build(ctx, [plan.cell("torch2.13-cpu")], None, "upstream", fh) == 1
+    line = capsys.readouterr().err.strip()
+    assert line.startswith("extmatrix: building extmatrix-cpu:latest failed (exit 125): Error: "
+                           "pinging container registry quay.io"), line
+    log = Path(line.rsplit("; see ", 1)[1])
+    assert "no such host" in log.read_text() and "no such host" in out.read_text()

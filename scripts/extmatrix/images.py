@@ -25,6 +25,7 @@ from .backends import Context
 from .cells import Cell
 from .engines import Engine
 from .errors import NotBuildable, UserError
+from .steps import first_cause, redact
 from .toolchain import host_platform
 
 BASES = ("upstream", "local")
@@ -250,6 +251,7 @@ def build(ctx: Context, cells: list[Cell], engine_choice: str | None, base_choic
         ca = ctx.work / "no-ca-bundle.pem"
         ca.parent.mkdir(parents=True, exist_ok=True)
         ca.write_text("")
+    logs = ctx.work / "images"
     try:
         if base == "local":
             _local_base(engine, ctx, ca, out)
@@ -260,12 +262,12 @@ def build(ctx: Context, cells: list[Cell], engine_choice: str | None, base_choic
             secret = ["--set", f"*.secrets={ca_secret(ca)}"] if ca else []
             cmd = engine.cmd("buildx", "bake", "-f", str(path), "--load", *secret,
                              *(i.target for i in todo))
-            _run(cmd, engine.env, ctx.root, out, ", ".join(i.tag for i in todo))
+            _run(cmd, engine.env, ctx.root, out, ", ".join(i.tag for i in todo), logs)
         else:
             targets = bake(todo, context_of(ctx.root))["target"]
             for image in todo:
                 _run(podman_build(engine, targets[image.target], ca), engine.env, ctx.root, out,
-                     image.tag)
+                     image.tag, logs)
     except ImageFailed as exc:
         print(f"extmatrix: {exc}", file=sys.stderr)
         return 1
@@ -279,12 +281,27 @@ def _local_base(engine: Engine, ctx: Context, ca: Path | None, out: TextIO) -> N
             "debootstrap"):
         raise NotBuildable("--base local needs debootstrap (apt-get install debootstrap)")
     cmd, env = bootstrap(engine, ctx, ca)
-    _run(cmd, env, ctx.root, out, "the local base image")
+    _run(cmd, env, ctx.root, out, "the local base image", ctx.work / "images")
 
 
-def _run(cmd: list[str], env: dict[str, str], cwd: Path, out: TextIO, what: str) -> None:
+def _run(cmd: list[str], env: dict[str, str], cwd: Path, out: TextIO, what: str,
+         logs: Path) -> None:
+    """Run an image build, its output shown as it comes and kept in a log under `logs`,
+    which a failure names with the line that says why."""
     exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
-    print(f"$ {exports + ' ' if exports else ''}{shlex.join(cmd)}", file=out, flush=True)
-    result = subprocess.run(cmd, env={**os.environ, **env}, cwd=cwd)
-    if result.returncode != 0:
-        raise ImageFailed(f"building {what} failed (exit {result.returncode})")
+    line = redact(f"$ {exports + ' ' if exports else ''}{shlex.join(cmd)}")
+    print(line, file=out, flush=True)
+    log = logs / f"{re.sub(r'[^A-Za-z0-9_.-]+', '_', what)[:100]}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("w", encoding="utf-8") as fh:
+        fh.write(line + "\n")
+        proc = subprocess.Popen(cmd, env={**os.environ, **env}, cwd=cwd, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, errors="replace")
+        assert proc.stdout is not None
+        for text in proc.stdout:
+            fh.write(redact(text))
+            out.write(text)
+        code = proc.wait()
+    if code != 0:
+        cause = first_cause(log.read_text(encoding="utf-8"), step="image") or "no error message"
+        raise ImageFailed(f"building {what} failed (exit {code}): {cause}; see {log}")
