@@ -310,3 +310,27 @@ def flavor_toolkit(flavor: str) -> str:
     from extmatrix.config import flavor_toolkit as implied
 
     return implied(flavor) or ""
+
+
+def test_outdated_never_proposes_a_matrix_without_a_python(tmp_path, capsys):
+    (tmp_path / "ext" / "tests").mkdir(parents=True)
+    (tmp_path / "ext" / "pyproject.toml").write_text(
+        "[project]\nname = 'demo'\nrequires-python = '<3.11'\n")
+    path = tmp_path / "matrix.yaml"
+    path.write_text(textwrap.dedent("""\
+        extension: {name: demo, import: demo}
+        axes:
+          torch: ["2.14"]
+          flavor: [cpu]
+          python: ["3.10"]
+        flavors:
+          cpu: {}
+        """))
+    assert main(["plan", "--matrix", str(path), "--outdated", "--check"]) == 1
+    out = capsys.readouterr().out
+    # torch 2.15 ships no Python the project takes: not proposed.
+    assert "add torch" not in out
+    assert "# drop python 3.10: past its end of life (2026-10-31)\n" in out
+    assert "# axes.python stays as it is: the changes would leave it empty" in out
+    assert "python:" not in "".join(line for line in out.splitlines(keepends=True)
+                                    if line.startswith(("+", "-")))

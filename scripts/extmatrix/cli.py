@@ -229,6 +229,9 @@ def _outdated(plan: Plan, check: bool) -> int:
         return 0
     for change in found:
         print(f"# {change}")
+    for axis in outdated.emptied(plan, found):
+        print(f"# axes.{axis} stays as it is: the changes would leave it empty, and a matrix "
+              "needs one")
     if any(c.action == "add" and c.axis == "flavor" for c in found):
         print("# a new GPU flavor also needs its archs under 'flavors:' (they are never guessed)")
     sys.stdout.write(outdated.patch(plan, found))

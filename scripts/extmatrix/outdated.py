@@ -61,7 +61,14 @@ def changes(plan: Plan, today: datetime.date,
     found: list[Change] = []
     newest = max(compat.torch, key=version_key)
     torches = list(listed)
-    if listed and version_key(newest) > max(version_key(t) for t in listed):
+    def takes_a_python(torch: str) -> bool:  # one the project accepts and still supported
+        rng = compat.torch[torch].python
+        return any(accepts_python(accepted, p) and python_end_of_life(p) > today
+                   for p in (f"3.{m}" for m in range(int(rng.min.split(".")[1]),
+                                                      int(rng.max.split(".")[1]) + 1)))
+
+    if listed and version_key(newest) > max(version_key(t) for t in listed) and \
+            takes_a_python(newest):
         facts = compat.torch[newest]
         found.append(Change("add", "torch", newest,
                             f"torch {facts.latest} was released {facts.released}, with "
@@ -102,6 +109,23 @@ def changes(plan: Plan, today: datetime.date,
     return found
 
 
+def emptied(plan: Plan, found: list[Change]) -> list[str]:
+    """The axes the changes would leave without a value: `patch` keeps those as they are
+    (a matrix needs one of each), and says so."""
+    axes = plan.matrix.axes
+    return [axis for axis in ("torch", "flavor", "python")
+            if not _after(axis, getattr(axes, axis), found)]
+
+
+def _after(axis: str, values: list[str], found: list[Change]) -> list[str]:
+    wanted = [v for v in values if not any(
+        c.action == "drop" and c.axis == axis and c.value == v for c in found)]
+    wanted += [c.value for c in found if c.action == "add" and c.axis == axis]
+    if axis != "flavor":
+        wanted.sort(key=version_key)
+    return wanted
+
+
 def patch(plan: Plan, found: list[Change]) -> str:
     """The changes as a unified diff of the matrix file (its one-line axis lists rewritten)."""
     path = Path(plan.source.file)
@@ -109,12 +133,8 @@ def patch(plan: Plan, found: list[Change]) -> str:
     new = list(lines)
     axes = plan.matrix.axes
     for axis, values in (("torch", axes.torch), ("flavor", axes.flavor), ("python", axes.python)):
-        wanted = [v for v in values if not any(
-            c.action == "drop" and c.axis == axis and c.value == v for c in found)]
-        wanted += [c.value for c in found if c.action == "add" and c.axis == axis]
-        if axis != "flavor":
-            wanted.sort(key=version_key)
-        if wanted == list(values):
+        wanted = _after(axis, values, found)
+        if not wanted or wanted == list(values):
             continue
         line = plan.source.where(("axes", axis)).line
         if line is None:
