@@ -334,3 +334,25 @@ def test_outdated_never_proposes_a_matrix_without_a_python(tmp_path, capsys):
     assert "# axes.python stays as it is: the changes would leave it empty" in out
     assert "python:" not in "".join(line for line in out.splitlines(keepends=True)
                                     if line.startswith(("+", "-")))
+
+
+def test_outdated_says_when_its_patch_leaves_a_rule_matching_nothing(tmp_path, capsys):
+    (tmp_path / "ext" / "tests").mkdir(parents=True)
+    (tmp_path / "ext" / "pyproject.toml").write_text("[project]\nname = 'demo'\n")
+    path = tmp_path / "matrix.yaml"
+    path.write_text(textwrap.dedent("""\
+        extension: {name: demo, import: demo, abi3: false}
+        axes:
+          torch: ["2.14", "2.15"]
+          flavor: [cpu]
+          python: ["3.10", "3.12"]
+        flavors:
+          cpu: {}
+        exclude:
+          - {python: "3.10", torch: "2.14"}
+        """))
+    assert main(["plan", "--matrix", str(path), "--outdated"]) == 0
+    out = capsys.readouterr().out
+    assert "# applied as it is, the patch makes a matrix that is refused: matrix.yaml:9:5: " \
+           "exclude[0] matches no combination of the axes" in out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ext", "matrix.yaml"]  # no copy left

@@ -234,7 +234,11 @@ def _outdated(plan: Plan, check: bool) -> int:
               "needs one")
     if any(c.action == "add" and c.axis == "flavor" for c in found):
         print("# a new GPU flavor also needs its archs under 'flavors:' (they are never guessed)")
-    sys.stdout.write(outdated.patch(plan, found))
+    diff = outdated.patch(plan, found)
+    if diff and (why := outdated.refused(plan, diff)):
+        print(f"# applied as it is, the patch makes a matrix that is refused: {why}; adjust "
+              "the matrix's rules with it")
+    sys.stdout.write(diff)
     return 1 if check else 0
 
 

@@ -147,3 +147,40 @@ def patch(plan: Plan, found: list[Change]) -> str:
         items = ", ".join(f"{quote}{v}{quote}" for v in wanted)
         new[line - 1] = f"{flow[1]}[{items}]{flow[2]}\n"
     return "".join(difflib.unified_diff(lines, new, f"a/{path.name}", f"b/{path.name}"))
+
+
+def refused(plan: Plan, diff: str) -> str | None:
+    """Why the matrix the patch makes would be refused (an exclude rule left matching
+    nothing, say), planned from a copy beside the file; None when it plans, or when no copy
+    can be written there."""
+    import tempfile
+
+    from .cells import plan_file
+    from .errors import UserError
+
+    path = Path(plan.source.file)
+    new = _apply(path.read_text().splitlines(keepends=True), diff)
+    try:
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=".outdated-",
+                                         suffix=".yaml", delete=True) as copy:
+            copy.write("".join(new))
+            copy.flush()
+            try:
+                plan_file(copy.name)
+            except UserError as exc:
+                return str(exc).replace(copy.name, path.name)
+    except OSError:
+        return None
+    return None
+
+
+def _apply(lines: list[str], diff: str) -> list[str]:
+    """`lines` with the one-line replacements of `patch`'s diff made."""
+    minus = [d[1:] for d in diff.splitlines(keepends=True) if d.startswith("-") and
+             not d.startswith("---")]
+    plus = [d[1:] for d in diff.splitlines(keepends=True) if d.startswith("+") and
+            not d.startswith("+++")]
+    out = list(lines)
+    for old, new in zip(minus, plus, strict=True):
+        out[out.index(old)] = new
+    return out
