@@ -239,3 +239,13 @@ def test_a_failed_image_build_names_its_cause_and_a_log_that_holds_it(tmp_path, 
                            "pinging container registry quay.io"), line
     log = Path(line.rsplit("; see ", 1)[1])
     assert "no such host" in log.read_text() and "no such host" in out.read_text()
+
+
+def test_the_local_bake_file_holds_only_what_a_local_base_can_build(capsys):
+    assert main(["images", "--matrix", MATRIX, "-k", "*", "--base", "local", "--print-bake"]) == 0
+    bake = json.loads(capsys.readouterr().out)
+    families = {t["target"] for t in bake["target"].values()}
+    assert "rocm" not in families  # images --base local skips them: no ROCm on Debian
+    for target in bake["target"].values():
+        assert not (target["target"] == "cuda" and
+                    int(target["args"]["CUDA_VERSION"].split(".")[0]) < images.FIRST_PYPI_CUDA)

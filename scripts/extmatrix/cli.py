@@ -136,9 +136,13 @@ def _images(args: argparse.Namespace) -> int:
 
     plan, cells = selected(args, default_subset="local")
     if args.print_bake:
+        # The bake file CI builds (upstream bases) unless --base local: then only the images
+        # a local base can make, as `images --base local` builds them (any platform).
         base = args.base if args.base in images.BASES else "upstream"
-        sys.stdout.write(images.bake_json(images.needed(cells, base, plan.matrix.images.prefix),
-                                          images.context_of(Path(plan.source.file).resolve().parent)))
+        wanted = [i for i in images.needed(cells, base, plan.matrix.images.prefix)
+                  if images.skip_reason(i, base, i.platform) is None]
+        sys.stdout.write(images.bake_json(
+            wanted, images.context_of(Path(plan.source.file).resolve().parent)))
         return 0
     ctx = run.context(plan, dist=None, parallel=1)
     return images.build(ctx, cells, args.engine, args.base)
@@ -311,7 +315,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="upstream: the matrix's base images; local: a Debian-made base, no "
                    "registry needed; default: upstream when their registries answer")
     p.add_argument("--print-bake", action="store_true",
-                   help="print the docker buildx bake file (JSON) instead of building")
+                   help="print the docker buildx bake file (JSON) instead of building: on "
+                   "the upstream bases unless --base local, with no registry probed")
     _COMMANDS["images"] = _images
 
     p = sub.add_parser("index", help="publish the good wheels as a find-links page and a "
