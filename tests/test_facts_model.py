@@ -356,3 +356,9 @@ def test_outdated_says_when_its_patch_leaves_a_rule_matching_nothing(tmp_path, c
     assert "# applied as it is, the patch makes a matrix that is refused: matrix.yaml:9:5: " \
            "exclude[0] matches no combination of the axes" in out
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ext", "matrix.yaml"]  # no copy left
+
+
+def test_a_toolkit_written_with_a_leading_zero_is_the_same_release(tmp_path):
+    (cell,) = plan_file(matrix(tmp_path, "2.14", "cu130", '{toolkit: "13.00", archs: ["9.0"]}')
+                        ).cells
+    assert cell.toolkit == "13.0"

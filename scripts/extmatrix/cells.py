@@ -444,7 +444,8 @@ def _resolve_flavor(name: str, matrix: Matrix, src: Source, compat: Compat) -> _
         raise src.error(where_set("toolkit"), f"toolkit {toolkit} does not match flavor {name}",
                         f"use a {label} {implied}.x version")
     if compat.toolkit(family, toolkit) is None:
-        raise src.error(at, f"{label} {implied} is not a known toolkit",
+        raise src.error(where_set("toolkit") if merged.toolkit else at,
+                        f"{label} {toolkit} is not a known toolkit",
                         f"known: {span(list(compat.toolkits(family)))}")
     if not merged.archs:
         raise src.error(at, f"flavor {name} lists no GPU archs",

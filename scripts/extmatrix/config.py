@@ -112,7 +112,7 @@ def _with_samples(value: str) -> str:
 def _check_toolkit(value: str) -> str:
     if not _TOOLKIT.fullmatch(value):
         raise ValueError(f"'{value}' is not a toolkit version; write X.Y or X.Y.Z, e.g. \"13.0\"")
-    return value
+    return ".".join(str(int(part)) for part in value.split("."))  # 13.00 is 13.0
 
 
 def _check_index(value: str) -> str:
