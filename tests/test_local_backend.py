@@ -988,3 +988,36 @@ def test_the_cross_check_partner_shares_a_python(tmp_path, monkeypatch):
     # py3.11-torch2.14-cpu: no cell of another torch shares its Python, so none is tried.
     assert pairs == {"py3.12-torch2.13-cpu": "py3.12-torch2.14-cpu",
                      "py3.12-torch2.14-cpu": "py3.12-torch2.13-cpu"}
+
+
+def test_a_torch_release_that_fails_to_set_up_keeps_the_others_results(tmp_path, monkeypatch):
+    from contextlib import nullcontext
+
+    cell = next(c for c in PLAN.cells if c.stable)
+
+    class Steps:  # the commands succeed but the last install, which fails
+        def __init__(self):
+            self.calls = 0
+
+        def timed(self, name):
+            return nullcontext()
+
+        def run(self, step, cmd, **kwargs):
+            self.calls += 1
+            if self.calls == 3:
+                raise StepFailed("test-env", "test-env failed (exit 1): No solution found")
+
+    monkeypatch.setattr(local, "torch_build", lambda venv: {"version": "2.14.1+cpu",
+                                                           "cuda": None, "hip": None})
+    ctx = Context(PLAN.matrix, ROOT, tmp_path / "dist", tmp_path / "work", tmp_path / "cache", 1)
+    wheel = tmp_path / "w-1.0-cp310-abi3-linux_x86_64.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        zf.writestr("w-1.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: w\nVersion: 1.0\n")
+    served = local._test_beside(cell, ctx, wheel, "2.14.1", envs.Sources(None, (), ()), Steps())
+    assert served.test == "failed" and served.reason == (
+        "the wheel could not be installed beside torch 2.14.1: test-env failed (exit 1): No "
+        "solution found")
+    monkeypatch.setattr(local, "torch_build", lambda venv: (_ for _ in ()).throw(
+        StepFailed("env", "torch does not import in the env: ImportError: libc10.so")))
+    served = local._test_beside(cell, ctx, wheel, "2.14.1", envs.Sources(None, (), ()), Steps())
+    assert served.test == "not-tested" and "libc10.so" in served.reason

@@ -40,13 +40,14 @@ def matrix(tmp_path: Path, abi3: str = "false") -> Path:
 
 
 def built(dist: Path, cell: str, name: str, data: bytes, test: str = "passed",
-          serves: list[dict] | None = None, junit: dict | None = None) -> None:
+          serves: list[dict] | None = None, junit: dict | None = None,
+          requires: list[str] | None = None) -> None:
     """A cell's last good build, as `extmatrix build` then `test-matrix` leave it."""
     (dist / cell).mkdir(parents=True)
     (dist / cell / name).write_bytes(data)
     (dist / cell / "last-good.json").write_text(json.dumps(
         {"build": "built", "wheel": name, "test": test, "serves": serves or [],
-         "junit": junit or {}}))
+         "junit": junit or {}, "requires": requires or []}))
 
 
 def index(tmp_path: Path, *cells: str) -> int:
@@ -305,3 +306,24 @@ def test_a_wheel_whose_every_test_skipped_is_not_published(tmp_path, capsys):
         "run its tests where they can run: test-matrix --require-gpu on a GPU machine")
     assert [p.name for p in (tmp_path / "dist" / "index" / "wheels").iterdir()] == [
         cp.format(11, 11)]
+
+
+def test_a_stable_wheel_built_for_another_range_than_the_matrix_says_is_left_out(tmp_path,
+                                                                                 capsys):
+    (tmp_path / "ext" / "tests").mkdir(parents=True)
+    (tmp_path / "ext" / "pyproject.toml").write_text("[project]\nname = 'fastclip'\n")
+    (tmp_path / "matrix.yaml").write_text(MATRIX.format(abi3="true").replace(
+        '["2.13"]', '["2.13", "2.14"]') + 'stable:\n  - {from: "2.13", below: "2.14", '
+        'flavors: [cpu]}\n')
+    served = [{"torch": "2.13.0", "test": "passed", "build": "2.13.0+cpu"}]
+    name = "fastclip-0.2.0+cpu-cp311-abi3-linux_x86_64.whl"
+    # Built and tested before `below` was added: it claims every later torch.
+    built(tmp_path / "dist", "stable2.13-cpu", name, b"stable", serves=served,
+          requires=["torch>=2.13"])
+    assert index(tmp_path, "stable2.13-cpu") == 2
+    assert (f"stable2.13-cpu: {name} requires torch>=2.13, the matrix now torch<2.14,>=2.13; "
+            "build the cell again") in capsys.readouterr().err
+    shutil.rmtree(tmp_path / "dist")
+    built(tmp_path / "dist", "stable2.13-cpu", name, b"stable", serves=served,
+          requires=["torch<2.14,>=2.13"])
+    assert index(tmp_path, "stable2.13-cpu") == 0

@@ -108,3 +108,19 @@ def test_the_pythons_an_abi3_wheel_was_not_tested_under_show_without_junit_count
                    pythons={"3.11": "passed", "3.12": "not installed here"})
     (row, _), = report.summary_rows([r])
     assert row[2] == "passed; on Python 3.11 (3.12 not installed here)"
+
+
+def test_a_cell_failed_by_strict_says_so_in_its_row():
+    from extmatrix.report import CROSS_NOT_MADE, ServedTorch
+
+    untested = CellReport(cell="stable2.13-cpu", backend="local", build="built", test="passed",
+                          serves=[ServedTorch(torch="2.13.0", test="passed"),
+                                  ServedTorch(torch="2.16.0", reason="could not be installed")])
+    (row, failed), _ = report.summary_rows([untested], strict=True)[:2]
+    assert failed and row[1] == "FAILED (--strict): a torch it serves went untested"
+    (row, failed), _ = report.summary_rows([untested])[:2]
+    assert not failed and row[1] == "ok"
+    skipped = CellReport(cell="c", backend="local", build="built", test="passed",
+                         cross_check=f"{CROSS_NOT_MADE} beside d's torch: no wheel for 3.10")
+    ((row, failed),) = report.summary_rows([skipped], strict=True)
+    assert failed and row[1].startswith("FAILED (--strict): skipped: could not install the wheel")

@@ -17,6 +17,7 @@ import shutil
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from .cells import Cell
@@ -62,6 +63,14 @@ def collect(dist: Path, cells: list[Cell]) -> tuple[list[Entry], list[str]]:
             left_out.append(f"{cell.id}: {wheel.name} is not labelled +{cell.local_version}; "
                             "build the cell again")
             continue
+        # The same label with another torch requirement: built before the matrix changed it
+        # (a stable group's `below`), and its users would get what the cell no longer says.
+        pinned = _torch_pins(good.get("requires"))
+        wanted = Requirement(cell.requires_torch)
+        if pinned and not any(p.specifier == wanted.specifier for p in pinned):
+            left_out.append(f"{cell.id}: {wheel.name} requires {pinned[0]}, the matrix now "
+                            f"{wanted}; build the cell again")
+            continue
         if good.get("test") != "passed":
             left_out.append(f"{cell.id}: the tests of {wheel.name} "
                             f"{'failed' if good.get('test') == 'failed' else 'have not run'}; "
@@ -85,6 +94,19 @@ def collect(dist: Path, cells: list[Cell]) -> tuple[list[Entry], list[str]]:
         digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
         entries += [Entry(page, wheel, canonicalize_name(name), digest) for page in pages]
     return _one_per_name(dist, entries, {c.id: c for c in cells}), left_out
+
+
+def _torch_pins(requires) -> list[Requirement]:
+    """The torch requirements among a build record's Requires-Dist lines."""
+    pins = []
+    for line in requires if isinstance(requires, list) else []:
+        try:
+            found = Requirement(str(line))
+        except InvalidRequirement:
+            continue
+        if found.name == "torch":
+            pins.append(found)
+    return pins
 
 
 def _one_per_name(dist: Path, entries: list[Entry], cells: dict[str, Cell]) -> list[Entry]:

@@ -206,8 +206,12 @@ class CellReport:
 _READER = TypeAdapter(CellReport)
 
 
-def _status(r: CellReport) -> str:
+def _status(r: CellReport, strict: bool = False) -> str:
     if r.build == "built" and not r.failed:
+        if strict and failure(r, strict):  # ok on its own, failed by --strict: say which rule
+            why = ("a torch it serves went untested" if any(s.test != "passed" for s in r.serves)
+                   else first_line(r.cross_check))
+            return f"FAILED (--strict): {why}"
         return "ok"
     status = "FAILED" if r.failed else r.build
     reason = first_line(r.reason or r.cross_check)
@@ -272,7 +276,8 @@ def summary_rows(reports: list[CellReport], strict: bool = False) -> list[tuple[
             "FAILED" if r.cross_check.startswith("FAILED") else
             "refused" if r.cross_check.startswith("ok") else
             "loads" if r.cross_check.startswith("loads") else "skipped")
-        rows.append(([r.cell, _status(r), _tests(r), foreign, _wheel(r), cache, _times(r)],
+        rows.append(([r.cell, _status(r, strict), _tests(r), foreign, _wheel(r), cache,
+                      _times(r)],
                      failure(r, strict)))
         for served in r.serves:
             rows.append(([f"  beside torch {served.torch}", _served_status(served),

@@ -383,14 +383,24 @@ def _test_beside(cell: Cell, ctx: Context, wheel: Path, release: str, sources: e
         except StepFailed as exc:
             served.reason = f"torch {release} could not be installed here: {exc.detail}"
             return served
-        built = torch_build(venv)
+        # A failure here is this release's: the others keep their results.
+        try:
+            built = torch_build(venv)
+        except StepFailed as exc:
+            served.reason = exc.detail
+            return served
         served.build = built.get("version")
         mismatch = _foreign_build(cell, built)
         if mismatch:
             served.reason = f"torch {served.build} installed here {mismatch}"
             return served
-        steps.run("test-env", envs.install_cmd(
-            venv, [spec, *test_requirements(ctx, wheel, cell)[1:]], sources))
+        try:
+            steps.run("test-env", envs.install_cmd(
+                venv, [spec, *test_requirements(ctx, wheel, cell)[1:]], sources))
+        except StepFailed as exc:
+            served.test = "failed"
+            served.reason = f"the wheel could not be installed beside torch {release}: {exc.detail}"
+            return served
     served.test, served.junit, served.reason = run_suite(
         ctx, venv, ctx.dist / cell.id, f"-{release}", steps)
     return served
