@@ -144,3 +144,12 @@ def test_a_subset_asked_of_a_matrix_without_subsets_says_so(tmp_path, capsys, mo
     assert main(["plan", "--matrix", str(tmp_path / "matrix.yaml"), "--subset", "pr"]) == 2
     assert capsys.readouterr().err == ("extmatrix: unknown subset 'pr'; the matrix names none: "
                                        "add 'subsets:' to it\n")
+
+
+def test_a_schema_output_that_cannot_be_written_is_a_usage_mistake(tmp_path, capsys):
+    from extmatrix.cli import main
+
+    target = tmp_path / "missing" / "x.json"
+    assert main(["schema", "--output", str(target)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"--output {target}: cannot be written: ") and err.count("\n") == 1

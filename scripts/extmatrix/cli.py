@@ -254,7 +254,11 @@ def _schema(args: argparse.Namespace) -> int:
             raise UserError(str(target), "the JSON Schema is stale",
                             "run 'extmatrix schema' to regenerate it")
         return 0
-    target.write_text(text)
+    try:
+        target.write_text(text)
+    except OSError as exc:  # where the user pointed --output: their mistake to fix
+        raise UserError(f"--output {target}", f"cannot be written: {exc.strerror or exc}",
+                        "name a file in a folder that exists and is writable") from None
     return 0
 
 
