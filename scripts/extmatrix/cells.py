@@ -284,6 +284,7 @@ def expand(matrix: Matrix, src: Source, compat: Compat) -> Plan:
     stable_cells: list[tuple[Cell, tuple[str | int, ...]]] = []
     replaced: dict[tuple[str, str, str, str], tuple[str, int]] = {}
     claimed: dict[tuple[str, str, str], int] = {}
+    labelled: dict[tuple[str, str], int] = {}
     for i, group in enumerate(matrix.stable):
         for cell, served_by in _stable_cells(matrix, src, compat, flavors, torches, group,
                                              ("stable", i), plan.dropped):
@@ -299,6 +300,14 @@ def expand(matrix: Matrix, src: Source, compat: Compat) -> Plan:
                                 f"both build a +{cell.local_version} wheel for them",
                                 "narrow one of them (from, below, flavors or platforms) "
                                 "or drop one")
+            # Apart in torch, they still build one file name (+cpu): an index holds one.
+            other = labelled.setdefault((cell.flavor, cell.platform), i)
+            if other != i:
+                raise src.error(("stable", i), f"stable[{i}] builds +{cell.local_version} "
+                                f"wheels ({cell.platform}) as stable[{other}] "
+                                f"({src.where(('stable', other))}) does: their files would "
+                                "have one name, and an index holds one file per name",
+                                "merge the two groups, or give one another flavor")
             claimed.update(dict.fromkeys(keys.values(), i))
             stable_cells.append((cell, ("stable", i)))
             replaced.update(dict.fromkeys(served_by, (cell.id, i)))
