@@ -385,6 +385,13 @@ def expand(matrix: Matrix, src: Source, compat: Compat) -> Plan:
 
     for i, rule in enumerate(matrix.include):
         for cell in _included(matrix, src, compat, flavors, rule, ("include", i), plan.dropped):
+            taken = [p for p in cell.test_pythons
+                     if (cell.flavor, cell.platform, cell.torch_series, p) in replaced]
+            if taken:  # the wheel of a stable group stands for it: two wheels for one torch
+                stable, si = replaced[(cell.flavor, cell.platform, cell.torch_series, taken[0])]
+                raise src.error(("include", i), f"include[{i}] adds {cell.id}, which the "
+                                f"stable-ABI wheel of {stable} serves (stable[{si}], replace: "
+                                "true)", "drop the include, or set replace: false in the group")
             add(cell, ("include", i))
     for cell, at in stable_cells:
         add(cell, at)
