@@ -114,6 +114,7 @@ def test_podman_settings_come_from_the_project_and_live_in_the_cache(tmp_path, m
 
 
 def test_engine_choice_errors_are_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("EXTMATRIX_WORK", str(tmp_path / "work"))  # not the checkout's
     monkeypatch.setenv("EXTMATRIX_CACHE", str(tmp_path))
     monkeypatch.setattr(engines, "_docker_problem", lambda: "no daemon answers")
     monkeypatch.setattr(engines, "_podman_problem", lambda: "not installed")
@@ -130,7 +131,6 @@ def test_engine_choice_errors_are_one_line(tmp_path, monkeypatch, capsys):
     assert capsys.readouterr().err == (
         "$EXTMATRIX_ENGINE: unknown container engine 'lxc'; use docker or podman\n")
     # A build says so before any cell starts, and records no failed attempt.
-    monkeypatch.setenv("EXTMATRIX_WORK", str(tmp_path / "work"))
     assert main(["build", "--matrix", MATRIX, "--cell", "torch2.13-cpu", "--backend",
                  "container", "--dist", str(tmp_path / "dist")]) == 2
     assert capsys.readouterr().err == (
@@ -249,3 +249,19 @@ def test_the_local_bake_file_holds_only_what_a_local_base_can_build(capsys):
     for target in bake["target"].values():
         assert not (target["target"] == "cuda" and
                     int(target["args"]["CUDA_VERSION"].split(".")[0]) < images.FIRST_PYPI_CUDA)
+
+
+def test_images_makes_no_results_folder(tmp_path, monkeypatch):
+    # It writes no cell results: a dist/ beside the matrix would be litter.
+    monkeypatch.setenv("EXTMATRIX_WORK", str(tmp_path / "work"))
+    monkeypatch.setattr(engines, "_podman_problem", lambda: "not installed")
+    monkeypatch.setattr(engines, "_docker_problem", lambda: "not installed")
+    (tmp_path / "ext" / "tests").mkdir(parents=True)
+    (tmp_path / "ext" / "pyproject.toml").write_text("[project]\nname = 'fastclip'\n")
+    (tmp_path / "matrix.yaml").write_text(
+        "extension: {path: ext, name: fastclip, import: fastclip}\n"
+        "axes:\n  torch: ['2.13']\n  flavor: [cpu]\n  python: ['3.11']\n"
+        "defaults:\n  cpu: {base_image: 'quay.io/pypa/manylinux_2_28_{platform}:2025.11.09-1'}\n"
+        "flavors:\n  cpu: {}\n")
+    assert main(["images", "--matrix", str(tmp_path / "matrix.yaml")]) == 2
+    assert (tmp_path / "work").is_dir() and not (tmp_path / "dist").exists()

@@ -144,7 +144,7 @@ def _images(args: argparse.Namespace) -> int:
         sys.stdout.write(images.bake_json(
             wanted, images.context_of(Path(plan.source.file).resolve().parent)))
         return 0
-    ctx = run.context(plan, dist=None, parallel=1)
+    ctx = run.context(plan, dist=None, parallel=1, writes_results=False)
     return images.build(ctx, cells, args.engine, args.base)
 
 

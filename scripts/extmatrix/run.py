@@ -41,12 +41,15 @@ def backend(name: str) -> ModuleType:
 
 
 def context(plan: Plan, *, dist: str | None, parallel: int, require_gpu: bool = False,
-            echo=None, rebuild: bool = False, console: Console | None = None) -> Context:
-    """Where a run works and writes; refuses up front what would fail every cell."""
+            echo=None, rebuild: bool = False, console: Console | None = None,
+            writes_results: bool = True) -> Context:
+    """Where a run works and writes; refuses up front what would fail every cell.
+    `writes_results`: False for a command that writes no cell results (images), whose
+    dist/ is then neither checked nor made."""
     root = Path(plan.source.file).resolve().parent
     work = Path(os.environ.get("EXTMATRIX_WORK") or root / ".extmatrix")
     out = Path(dist).resolve() if dist else root / "dist"
-    for folder, flag in ((out, "--dist"), (work, "$EXTMATRIX_WORK")):
+    for folder, flag in ((out, "--dist"), (work, "$EXTMATRIX_WORK"))[0 if writes_results else 1:]:
         if folder.exists() and not folder.is_dir():
             raise UserError(f"{flag} {folder}", "is a file, not a folder",
                             f"point {flag} at a folder (it is made if missing)")
