@@ -49,7 +49,8 @@ def context(plan: Plan, *, dist: str | None, parallel: int, require_gpu: bool = 
     root = Path(plan.source.file).resolve().parent
     work = Path(os.environ.get("EXTMATRIX_WORK") or root / ".extmatrix")
     out = Path(dist).resolve() if dist else root / "dist"
-    for folder, flag in ((out, "--dist"), (work, "$EXTMATRIX_WORK"))[0 if writes_results else 1:]:
+    checked = [(out, "--dist")] if writes_results else []
+    for folder, flag in [*checked, (work, "$EXTMATRIX_WORK")]:
         if folder.exists() and not folder.is_dir():
             raise UserError(f"{flag} {folder}", "is a file, not a folder",
                             f"point {flag} at a folder (it is made if missing)")

@@ -32,7 +32,7 @@ def enter(cell: Cell, ctx: Context) -> int:
     test_env, build_env = ctx.work / cell.id / "test-env", ctx.work / cell.id / "build-env"
     report = _report(ctx, cell)
     if (report is not None and report.test != "not-run"
-            and _holds(test_env, cell, ctx.matrix.extension.name)):
+            and _holds(test_env, ctx.matrix.extension.name)):
         venv, which, cwd = test_env, "test environment", ctx.work / cell.id
         exports = {}
         installed = f"torch {cell.torch_spec.split('==')[-1]} and {report.wheel}"
@@ -53,7 +53,7 @@ def enter(cell: Cell, ctx: Context) -> int:
         return subprocess.call(cmd, env=env, cwd=cwd)
 
 
-def _holds(venv: Path, cell: Cell, name: str) -> bool:
+def _holds(venv: Path, name: str) -> bool:
     """Whether the environment has torch and the extension installed: a test environment
     whose install failed exists all the same, empty."""
     if not envs.python_of(venv).exists():

@@ -15,6 +15,7 @@ import re
 import shutil
 import signal
 import subprocess
+from collections.abc import Iterable
 from pathlib import Path
 
 from .. import envs, project, toolchain, wheels, workspace
@@ -241,6 +242,7 @@ CELL_FACTS = "test-facts.json"  # what the plugin counted
 # Exit 0 only where torch sees a GPU (CUDA or ROCm): what --require-gpu asks of a cell's
 # test environment when the extension's own test command runs instead of pytest.
 _GPU_PROBE = "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 3)"
+NO_GPU = "--require-gpu, but torch sees no GPU on this machine"
 # Not torch's "Failed to initialize NumPy: No module named 'numpy'" warning: a real import error.
 _MISSING_MODULE = re.compile(r"(?:ModuleNotFoundError|ImportError): No module named '([\w.]+)'")
 
@@ -292,13 +294,9 @@ def _test_per_python(cell: Cell, ctx: Context, wheel: Path, sources: envs.Source
                 venv, test_requirements(ctx, wheel, cell), sources))
         outcomes[version] = run_suite(ctx, venv, cell_dist, "" if n == 0 else f"-py{version}",
                                       steps)
-    totals: dict[str, int] = {}
-    for _, junit, _ in outcomes.values():
-        for key, value in junit.items():
-            totals[key] = totals.get(key, 0) + value
     failed = [(version, reason) for version, (test, _, reason) in outcomes.items()
               if test == "failed"]
-    report.junit = totals
+    report.junit = _junit_totals(junit for _, junit, _ in outcomes.values())
     report.test = "failed" if failed else "passed"
     if not failed:
         report.reason = None
@@ -309,6 +307,15 @@ def _test_per_python(cell: Cell, ctx: Context, wheel: Path, sources: envs.Source
     if cell.abi3:
         report.pythons = {p: outcomes[p][0] if p in outcomes else NOT_INSTALLED
                           for p in cell.test_pythons}
+
+
+def _junit_totals(runs: Iterable[dict[str, int]]) -> dict[str, int]:
+    """The JUnit counts of several test runs of one wheel, added up."""
+    totals: dict[str, int] = {}
+    for junit in runs:
+        for key, value in junit.items():
+            totals[key] = totals.get(key, 0) + value
+    return totals
 
 
 def run_suite(ctx: Context, venv: Path, cell_dist: Path, suffix: str,
@@ -331,7 +338,7 @@ def run_suite(ctx: Context, venv: Path, cell_dist: Path, suffix: str,
             probe = steps.run("tests", [str(envs.python_of(venv)), "-c", _GPU_PROBE],
                               cwd=suite, check=False)
             if probe.returncode == 3:
-                return "failed", {}, f"{test_failure(1, '', {'no_gpu': True})}; see {steps.shown}"
+                return "failed", {}, f"{NO_GPU}; see {steps.shown}"
             if probe.returncode != 0:
                 why = first_cause(steps.output_since(start)) or f"exit {probe.returncode}"
                 return "failed", {}, (f"torch does not import in the test environment: {why}; "
@@ -353,11 +360,7 @@ def _test_stable(cell: Cell, ctx: Context, wheel: Path, sources: envs.Sources, s
                  report: CellReport) -> None:
     report.serves = [_test_beside(cell, ctx, wheel, release, sources, steps)
                      for release in cell.serves]
-    totals: dict[str, int] = {}
-    for served in report.serves:
-        for key, value in served.junit.items():
-            totals[key] = totals.get(key, 0) + value
-    report.junit = totals
+    report.junit = _junit_totals(served.junit for served in report.serves)
     failed = [s for s in report.serves if s.test == "failed"]
     tested = [s for s in report.serves if s.test == "passed"]
     report.test = "passed" if tested and not failed else "failed"
@@ -485,7 +488,7 @@ def _nothing_verified(junit: dict[str, int], require_gpu: bool = False) -> str |
 def test_failure(code: int, output: str, facts: dict) -> str:
     """Why the tests failed, as the fix would be stated."""
     if facts.get("no_gpu"):
-        return "--require-gpu, but torch sees no GPU on this machine"
+        return NO_GPU
     missing = _MISSING_MODULE.search(output)
     if missing:
         return (f"the tests need '{missing[1]}', which is not in the test environment: add it "
