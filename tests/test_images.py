@@ -178,8 +178,8 @@ def test_a_base_pinned_by_tag_only_is_warned_about():
         == []  # the local stand-in is made here, not pulled
 
 
-def test_a_project_without_docker_files_builds_with_the_engines(tmp_path, capsys):
-    # A maintainer's repository as it is: no docker/ of its own.
+def byo_project(tmp_path: Path) -> None:
+    """A maintainer's repository as it is: matrix.yaml and its extension, no docker/."""
     (tmp_path / "ext" / "tests").mkdir(parents=True)
     (tmp_path / "ext" / "pyproject.toml").write_text("[project]\nname = 'fastclip'\n")
     (tmp_path / "matrix.yaml").write_text(
@@ -187,6 +187,10 @@ def test_a_project_without_docker_files_builds_with_the_engines(tmp_path, capsys
         "axes:\n  torch: ['2.13']\n  flavor: [cpu]\n  python: ['3.11']\n"
         "defaults:\n  cpu: {base_image: 'quay.io/pypa/manylinux_2_28_{platform}:2025.11.09-1'}\n"
         "flavors:\n  cpu: {}\n")
+
+
+def test_a_project_without_docker_files_builds_with_the_engines(tmp_path, capsys):
+    byo_project(tmp_path)
     folder = engines.docker_folder(tmp_path)
     assert (folder / "Dockerfile").is_file() and (folder / "podman" / "containers.conf").is_file()
     assert main(["images", "--matrix", str(tmp_path / "matrix.yaml"), "--print-bake"]) == 0
@@ -256,12 +260,6 @@ def test_images_makes_no_results_folder(tmp_path, monkeypatch):
     monkeypatch.setenv("EXTMATRIX_WORK", str(tmp_path / "work"))
     monkeypatch.setattr(engines, "_podman_problem", lambda: "not installed")
     monkeypatch.setattr(engines, "_docker_problem", lambda: "not installed")
-    (tmp_path / "ext" / "tests").mkdir(parents=True)
-    (tmp_path / "ext" / "pyproject.toml").write_text("[project]\nname = 'fastclip'\n")
-    (tmp_path / "matrix.yaml").write_text(
-        "extension: {path: ext, name: fastclip, import: fastclip}\n"
-        "axes:\n  torch: ['2.13']\n  flavor: [cpu]\n  python: ['3.11']\n"
-        "defaults:\n  cpu: {base_image: 'quay.io/pypa/manylinux_2_28_{platform}:2025.11.09-1'}\n"
-        "flavors:\n  cpu: {}\n")
+    byo_project(tmp_path)
     assert main(["images", "--matrix", str(tmp_path / "matrix.yaml")]) == 2
     assert (tmp_path / "work").is_dir() and not (tmp_path / "dist").exists()

@@ -36,6 +36,14 @@ flavors:
 pytestmark = pytest.mark.cells
 
 
+def repro_shell(project: Path, env: dict[str, str]):
+    """`extmatrix repro CELL --shell` of the project's matrix, in a pseudo-terminal."""
+    return pexpect.spawn(sys.executable, ["-m", "extmatrix.cli", "repro", CELL, "--matrix",
+                                          str(project / "matrix.yaml"), "--shell"],
+                         env=env, cwd=str(project), encoding="utf-8", timeout=600,
+                         dimensions=(40, 500))
+
+
 @pytest.mark.parametrize("shell", ["bash", "sh-fallback"])
 def test_the_cells_python_wins_over_the_users_startup_files(tmp_path, shell):
     shutil.copytree(ROOT / "tests" / "extensions" / "plain-c", tmp_path / "ext")
@@ -51,10 +59,7 @@ def test_the_cells_python_wins_over_the_users_startup_files(tmp_path, shell):
            "SHELL": "/bin/bash" if shell == "bash" else "/bin/fish-not-installed",
            "EXTMATRIX_WORK": str(tmp_path / "work")}
     env.pop("CI", None)
-    child = pexpect.spawn(sys.executable, ["-m", "extmatrix.cli", "repro", CELL, "--matrix",
-                                           str(tmp_path / "matrix.yaml"), "--shell"],
-                          env=env, cwd=str(tmp_path), encoding="utf-8", timeout=600,
-                          dimensions=(40, 500))
+    child = repro_shell(tmp_path, env)
     try:
         child.expect("entering its test environment")
         child.expect(r"installed there: torch 2\.13\.0\S* and plain_c-1\.0\.0\+pt213cpu")
@@ -125,10 +130,7 @@ def test_a_failed_cell_keeps_its_status_and_an_empty_environment_is_not_entered(
     env = {**os.environ, "HOME": str(tmp_path), "TERM": "dumb", "SHELL": "/bin/bash",
            "EXTMATRIX_WORK": str(tmp_path / "work")}
     env.pop("CI", None)
-    child = pexpect.spawn(sys.executable, ["-m", "extmatrix.cli", "repro", CELL, "--matrix",
-                                           str(tmp_path / "matrix.yaml"), "--shell"],
-                          env=env, cwd=str(tmp_path), encoding="utf-8", timeout=600,
-                          dimensions=(40, 500))
+    child = repro_shell(tmp_path, env)
     try:
         child.expect("entering its build environment")
         child.expect(rf"\({CELL}\) ", timeout=60)
