@@ -98,6 +98,12 @@ def test_python_exclude_on_abi3_needs_every_python(tmp_path):
           - {torch: "2.11", python: "3.1*"}
     """)
     assert not [c for c in cells if c.torch_series == "2.11"]
+    # A rule naming only some of an abi3 cell's Pythons drops nothing: it is an error.
+    with pytest.raises(UserError, match="abi3"):
+        small(tmp_path, extra="""
+            exclude:
+              - {torch: "2.11", python: "3.12"}
+        """)
 
 
 def test_dropped_reasons_explain_missing_combinations(tmp_path):
@@ -301,11 +307,16 @@ def test_init_without_a_stated_name_says_where_to_state_it(tmp_path):
         init.describe(ext)
 
 
-def test_the_plan_table_lists_free_threaded_pythons(tmp_path, capsys):
-    text = SMALL.replace("ABI3", "false").replace('python: ["3.10", "3.12"]',
-                                                  'python: ["3.14t", "3.12", "3.13", "3.14"]')
+def test_the_plan_table_lists_free_threaded_pythons(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")  # one line a row
+    text = SMALL.replace("ABI3", "true").replace('python: ["3.10", "3.12"]',
+                                                 'python: ["3.14t", "3.12", "3.13", "3.14"]')
     assert main(["plan", "--matrix", str(write(tmp_path, text))]) == 0
-    assert "3.14t" in capsys.readouterr().out
+    rows = [[field.strip() for field in line.split("│")[1:-1]]
+            for line in capsys.readouterr().out.splitlines() if line.startswith("│")]
+    pythons = {row[0]: row[4] for row in rows}
+    assert pythons["py3.14t-torch2.11-cpu"] == "3.14t"
+    assert pythons["torch2.11-cpu"] == "3.12–3.14"
 
 
 @pytest.mark.parametrize("axes, message", [

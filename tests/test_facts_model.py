@@ -68,9 +68,12 @@ def test_a_9_0a_cell_passes_when_the_binary_holds_sm_90a(tmp_path):
                     "Metadata-Version: 2.1\nName: demo\nVersion: 1.0+pt214cu130\n"
                     "Requires-Dist: torch==2.14.*\n")
         zf.writestr("demo/_C.abi3.so", b"\x7fELF")
-    cuobjdump = tmp_path / "cuobjdump"  # lists what a real one prints for such a binary
-    cuobjdump.write_text("#!/bin/sh\necho 'ELF file    1: _C.abi3.1.sm_90a.cubin'\n"
-                         "echo 'PTX file    1: _C.abi3.1.sm_90a.ptx'\n")
+    # Lists what a real one prints for such a binary, each kind only when asked for it.
+    cuobjdump = tmp_path / "cuobjdump"
+    cuobjdump.write_text("#!/bin/sh\nfor a in \"$@\"; do case $a in\n"
+                         "--list-elf) echo 'ELF file    1: _C.abi3.1.sm_90a.cubin';;\n"
+                         "--list-ptx) echo 'PTX file    1: _C.abi3.1.sm_90a.ptx';;\n"
+                         "esac; done\n")
     cuobjdump.chmod(0o755)
     facts = wheels.inspect(wheel, cell, cuobjdump)
     assert (facts.sass, facts.ptx, facts.problems) == (["9.0a"], ["9.0a"], [])

@@ -284,11 +284,14 @@ def test_host_sources_come_from_pip_config(monkeypatch):
            "global.find-links='/wheels'\n:env:.find-links='/wheels'\n")
 
     class Done:
-        stdout = out
-        returncode = 0
+        def __init__(self, stdout):
+            self.stdout, self.returncode = stdout, 0
+
+    def pip(argv, **kwargs):  # pip prints that config only when asked for it
+        return Done(out if argv[-2:] == ["config", "list"] else "")
 
     envs.host_sources.cache_clear()
-    monkeypatch.setattr(envs.subprocess, "run", lambda *a, **k: Done())
+    monkeypatch.setattr(envs.subprocess, "run", pip)
     try:
         sources = envs.host_sources()
     finally:

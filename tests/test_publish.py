@@ -245,6 +245,22 @@ def test_abi3audit_audits_an_abi3_cells_wheel_tagged_abi3(tmp_path, tag, audited
         "py3-none, or set extension.abi3: false to build it once per Python"])
 
 
+def test_abi3audit_fails_an_abi3_wheel_whose_binary_calls_beyond_the_limited_api(tmp_path):
+    cell = plan_file(matrix(tmp_path, abi3="true")).cell("torch2.13-cpu")
+    outside = ("void *PyObject_Print(void *, void *, int);\n"  # not in the stable ABI
+               "void *show(void *o) { return PyObject_Print(o, 0, 0); }\n")
+    wheel = fake_wheel(tmp_path, "fastclip-0.2.0+pt213cpu-cp39-abi3-linux_x86_64.whl",
+                       library(tmp_path, outside))
+    steps = Steps(tmp_path / "build.log")
+    try:
+        with pytest.raises(StepFailed) as caught:
+            audit_abi3(cell, wheel, steps)
+    finally:
+        steps.close()
+    assert caught.value.step == "abi3audit"
+    assert "PyObject_Print" in (tmp_path / "build.log").read_text()
+
+
 def test_a_py3_none_wheel_that_needs_python_fails_its_cell_in_one_line(tmp_path):
     cell = plan_file(matrix(tmp_path, abi3="true")).cell("torch2.13-cpu")
     wheel = fake_wheel(tmp_path, PY3, library(tmp_path, MODULE))

@@ -23,7 +23,7 @@ BENCHMARKS = SOURCE_DIR / "benchmarks"
 @pytest.fixture
 def bench(monkeypatch):
     if not (BENCHMARKS / "bench.py").exists():
-        pytest.skip(f"benchmarks not found at {BENCHMARKS} (set SEGMENT_OPS_SRC)")
+        pytest.fail(f"benchmarks not found at {BENCHMARKS} (set SEGMENT_OPS_SRC)")
     return fresh_module(monkeypatch, "bench")
 
 
@@ -95,7 +95,7 @@ def test_timer_warms_an_op_slower_than_its_budget_twice_and_times_it_once(bench,
 def fresh_render(monkeypatch):
     """benchmarks/render.py, imported anew from the sources under test."""
     if not (BENCHMARKS / "render.py").exists():
-        pytest.skip(f"benchmarks not found at {BENCHMARKS} (set SEGMENT_OPS_SRC)")
+        pytest.fail(f"benchmarks not found at {BENCHMARKS} (set SEGMENT_OPS_SRC)")
     return fresh_module(monkeypatch, "render")
 
 
@@ -149,7 +149,7 @@ def test_page_counts_the_cases_short_of_each_target_worst_first(monkeypatch):
 def fresh_ab(monkeypatch):
     """benchmarks/ab.py, imported anew: it binds `bench` (or its absence) at import."""
     if not (BENCHMARKS / "ab.py").exists():
-        pytest.skip(f"benchmarks not found at {BENCHMARKS} (set SEGMENT_OPS_SRC)")
+        pytest.fail(f"benchmarks not found at {BENCHMARKS} (set SEGMENT_OPS_SRC)")
     return fresh_module(monkeypatch, "ab")
 
 

@@ -34,7 +34,7 @@ STABLE_CPU_SOURCES = [SOURCE_DIR / "csrc" / "stable" / "segment_ops.cpp"]
 @pytest.fixture(scope="module", autouse=True)
 def needs_sources_and_compiler():
     if not CPU_SOURCES[0].exists():
-        pytest.skip(f"extension sources not found at {SOURCE_DIR} (set SEGMENT_OPS_SRC)")
+        pytest.fail(f"extension sources not found at {SOURCE_DIR} (set SEGMENT_OPS_SRC)")
     if not shutil.which(os.environ.get("CXX", "c++")):
         pytest.skip("no C++ compiler (c++ or $CXX) on PATH")
 

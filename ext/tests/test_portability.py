@@ -39,7 +39,12 @@ def unguarded_cuda_only(text: str) -> list[tuple[int, str]]:
     return found
 
 
-@pytest.mark.skipif(not CUDA_SOURCES, reason="no CUDA sources next to these tests")
+def test_the_cuda_sources_are_there():
+    # Missing, the check below would run on nothing and pass.
+    where = SOURCE_DIR / "csrc" / "cuda"
+    assert CUDA_SOURCES, f"no CUDA sources under {where} (set SEGMENT_OPS_SRC)"
+
+
 @pytest.mark.parametrize("path", CUDA_SOURCES, ids=lambda p: p.name)
 def test_cuda_only_forms_are_guarded_for_rocm(path):
     assert unguarded_cuda_only(path.read_text()) == []
