@@ -332,6 +332,25 @@ def test_publish_replaces_only_its_own_cell(tmp_path):
     assert list((ctx.dist / ".staging").iterdir()) == []  # nothing left behind
 
 
+def test_a_failed_build_keeps_every_wheel_not_only_the_last_good_one(tmp_path):
+    ctx = ctx_for(tmp_path)
+    cell = PLAN.cell("torch2.13-cpu")
+    final = ctx.dist / cell.id
+    final.mkdir(parents=True)
+    good = "demo-1.0+pt213cpu-cp312-abi3-linux_x86_64.whl"
+    older = "demo-0.9+pt213cpu-cp312-abi3-linux_x86_64.whl"
+    (final / good).write_text("good")
+    (final / older).write_text("older")
+    record = {"build": "built", "test": "passed", "wheel": good}
+    (final / workspace.LAST_GOOD).write_text(json.dumps(record))
+    kept = workspace.last_good(final)
+    attempt = workspace.begin(cell.id, ctx.dist)
+    workspace.publish(attempt, CellReport(cell=cell.id, backend="local", build="failed").to_json(),
+                      False, kept)
+    assert (final / good).read_text() == "good" and (final / older).read_text() == "older"
+    assert json.loads((final / workspace.LAST_GOOD).read_text())["wheel"] == good
+
+
 def test_cells_that_cannot_be_had_here_are_not_attempted(tmp_path):
     ctx = ctx_for(tmp_path)
     rocm = local.build(PLAN.cell("torch2.14-rocm7.2"), ctx)

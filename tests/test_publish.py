@@ -307,6 +307,35 @@ def test_index_output_that_is_a_file_is_a_one_line_error_and_urls_are_escaped(tm
     assert "<script>" not in page and "https://x/&quot;&gt;&lt;script&gt;/wheels/" in page
 
 
+def test_index_never_overwrites_a_page_it_did_not_write(tmp_path, capsys):
+    matrix(tmp_path)
+    built(tmp_path / "dist", "py3.11-torch2.13-cpu",
+          "fastclip-0.2.0+pt213cpu-cp311-cp311-linux_x86_64.whl", b"ok")
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "index.html").write_text("MINE")
+    args = ["index", "--matrix", str(tmp_path / "matrix.yaml"), "--dist", str(tmp_path / "dist"),
+            "--output", str(site)]
+    assert main(args) == 2
+    assert capsys.readouterr().err == (
+        f"{site / 'index.html'}: exists, and no earlier index wrote it (1 such file); pass "
+        "--output an empty or new folder, or move those files away\n")
+    assert sorted(p.name for p in site.iterdir()) == ["index.html"]
+    assert (site / "index.html").read_text() == "MINE"
+    (site / "index.html").unlink()
+    assert main(args) == 0 and main(args) == 0  # its own files it replaces
+
+
+def test_a_record_naming_no_wheel_file_is_left_out_in_one_line(tmp_path, capsys):
+    matrix(tmp_path)
+    built(tmp_path / "dist", "py3.11-torch2.13-cpu", "notawheel.whl", b"x")
+    built(tmp_path / "dist", "py3.12-torch2.13-cpu",
+          "fastclip-0.2.0+pt213cpu-cp312-cp312-linux_x86_64.whl", b"ok")
+    assert index(tmp_path) == 0
+    assert "left out py3.11-torch2.13-cpu: notawheel.whl is not a wheel's file name" in (
+        capsys.readouterr().err)
+
+
 def test_a_wheel_whose_every_test_skipped_is_not_published(tmp_path, capsys):
     # The CPU job calls a run whose tests all skipped for want of a GPU "passed" (they are
     # the GPU job's): nothing of the wheel was verified, and the index is no place for it.

@@ -18,10 +18,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from packaging.requirements import InvalidRequirement, Requirement
-from packaging.utils import canonicalize_name, parse_wheel_filename
+from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
+from packaging.version import InvalidVersion
 
 from .cells import Cell
-from .errors import UserError
+from .errors import UserError, describe_os_error
 from .wheels import for_every_python
 from .workspace import last_good
 
@@ -56,7 +57,12 @@ def collect(dist: Path, cells: list[Cell]) -> tuple[list[Entry], list[str]]:
             left_out.append(f"{cell.id}: no good build")
             continue
         wheel = dist / cell.id / str(good["wheel"])
-        name, version, _, _ = parse_wheel_filename(wheel.name)
+        try:
+            name, version, _, _ = parse_wheel_filename(wheel.name)
+        except (InvalidWheelFilename, InvalidVersion) as exc:
+            left_out.append(f"{cell.id}: {wheel.name} is not a wheel's file name ({exc}); "
+                            "build the cell again")
+            continue
         # A wheel the engine did not stamp for this cell (an older engine's, one copied
         # in) may pin another torch, or none: its users would get a broken install.
         if version.local != cell.local_version:
@@ -141,14 +147,43 @@ def build(dist: Path, cells: list[Cell], out: Path, base_url: str | None
                         "build the cells and run test-matrix first")
     if out.exists() and not out.is_dir():
         raise UserError(str(out), "not a folder", "pass --output a folder for the index")
+    pages: dict[str, list[Entry]] = {}
+    for entry in entries:
+        pages.setdefault(entry.page, []).append(entry)
+    made = sorted({*(f"wheels/{e.wheel.name}" for e in entries), "index.html",
+                   *(f"{page}.html" for page in pages),
+                   *(f"{page}/simple/index.html" for page in pages),
+                   *(f"{e.page}/simple/{e.project}/index.html" for e in entries)})
+    _refuse_files_of_others(out, made)
+    try:
+        written = _write(out, entries, pages, made, base_url)
+    except OSError as exc:
+        raise UserError(f"--output {out}", f"cannot write the index: {describe_os_error(exc)}",
+                        "pass --output a folder you can write to") from None
+    return written, left_out
+
+
+def _refuse_files_of_others(out: Path, made: list[str]) -> None:
+    """The index replaces only what the last index wrote: a page of the user's own in the
+    folder would be overwritten now, and deleted by the next run."""
+    try:
+        ours = set((out / MANIFEST).read_text().splitlines())
+    except OSError:
+        ours = set()
+    theirs = [name for name in made if name not in ours and (out / name).exists()]
+    if theirs:
+        raise UserError(str(out / theirs[0]), f"exists, and no earlier index wrote it "
+                        f"({len(theirs)} such file{'s' if len(theirs) > 1 else ''})",
+                        "pass --output an empty or new folder, or move those files away")
+
+
+def _write(out: Path, entries: list[Entry], pages: dict[str, list[Entry]], made: list[str],
+           base_url: str | None) -> list[Path]:
     _forget_last_index(out)
     wheels_dir = out / "wheels"
     wheels_dir.mkdir(parents=True, exist_ok=True)
     for wheel in {entry.wheel for entry in entries}:
         shutil.copy2(wheel, wheels_dir / wheel.name)
-    pages: dict[str, list[Entry]] = {}
-    for entry in entries:
-        pages.setdefault(entry.page, []).append(entry)
     written = []
     for page, members in sorted(pages.items()):
         flat = out / f"{page}.html"
@@ -168,11 +203,8 @@ def build(dist: Path, cells: list[Cell], out: Path, base_url: str | None
                       prefix))
     (out / "index.html").write_text(_page("Wheels by torch build", [
         f'<a href="{p}.html">{html.escape(p)}</a>' for p in sorted(pages)]))
-    made = [*(f"wheels/{e.wheel.name}" for e in entries), "index.html",
-            *(f"{page}.html" for page in pages), *(f"{page}/simple/index.html" for page in pages),
-            *(f"{e.page}/simple/{e.project}/index.html" for e in entries)]
-    (out / MANIFEST).write_text("\n".join(sorted(set(made))) + "\n")
-    return written, left_out
+    (out / MANIFEST).write_text("\n".join(made) + "\n")
+    return written
 
 
 # What the last `index` wrote into its folder: the next one removes those files first, so a

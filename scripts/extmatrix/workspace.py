@@ -70,7 +70,8 @@ def claim(cell_id: str, dist: Path, work: Path,
 
     A second extmatrix on the same cell waits, saying so once; other cells go on. Ctrl-C
     or SIGTERM ends the wait (Interrupted) with nothing of the cell touched."""
-    locks = [work / ".locks" / f"{cell_id}.lock", dist / ".locks" / f"{cell_id}.lock"]
+    # Resolved: one folder named two ways must not be locked twice (a wait on ourselves).
+    locks = [(folder / ".locks" / f"{cell_id}.lock").resolve() for folder in (work, dist)]
     held: list[FileLock] = []
     try:
         for path in dict.fromkeys(locks):
@@ -157,12 +158,11 @@ def publish(attempt: Attempt, report_json: str, good: bool, kept: dict | None) -
     (attempt.staging / REPORT).write_text(report_json)
     if good:
         (attempt.staging / LAST_GOOD).write_text(report_json)
-    elif kept is not None:
-        _link_or_copy(attempt.final / str(kept["wheel"]), attempt.staging / str(kept["wheel"]))
-        (attempt.staging / LAST_GOOD).write_text(json.dumps(kept, indent=2) + "\n")
     elif attempt.final.is_dir():
-        # Wheels no record accounts for (their records deleted by hand, say): kept as they
-        # are. Only a good build replaces a wheel.
+        # Every wheel there, the last good one's and those no record accounts for (an
+        # older release's, records deleted by hand): only a good build replaces a wheel.
+        if kept is not None:
+            (attempt.staging / LAST_GOOD).write_text(json.dumps(kept, indent=2) + "\n")
         for wheel in attempt.final.glob("*.whl"):
             if wheel.is_file():
                 _link_or_copy(wheel, attempt.staging / wheel.name)
