@@ -100,6 +100,14 @@ def test_a_piped_plan_keeps_each_cell_id_on_one_line(project, monkeypatch, capsy
         assert cell in out, f"{cell} is wrapped in:\n{out}"
 
 
+@pytest.mark.parametrize(("ci", "strict"), [("", False), ("false", False), ("0", False),
+                                             ("no", False), ("true", True), ("1", True)])
+def test_ci_turns_strict_on_only_when_set_to_a_true_value(monkeypatch, ci, strict):
+    monkeypatch.setenv("CI", ci)
+    args = cli.build_parser().parse_args(["test-matrix"])
+    assert cli._strict(args) is strict
+
+
 def test_strict_fails_a_stable_wheel_left_untested_beside_a_torch_it_serves():
     from extmatrix.report import ServedTorch, failure
 

@@ -50,6 +50,12 @@ def test_schema_check_command_detects_staleness(tmp_path, capsys):
     assert "the JSON Schema is stale" in capsys.readouterr().err
     assert main(["schema", "--output", str(stale)]) == 0
     assert main(["schema", "--check", "--output", str(stale)]) == 0
+    stale.write_bytes(b"\xff")  # not UTF-8: stale, not a crash
+    assert main(["schema", "--check", "--output", str(stale)]) == 2
+    capsys.readouterr()
+    assert main(["schema", "--check", "--output", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == (f"{tmp_path}: is a folder; pass --output the schema "
+                                       "file\n")
 
 
 def test_ext_benchmark_page_is_rendered_from_its_json(tmp_path):

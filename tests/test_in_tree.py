@@ -134,6 +134,10 @@ def test_the_tree_check_leaves_out_the_engines_folders_inside_the_extension(ext,
      "at a folder of its own (inside the extension or not)"),
     ("MAX_JOBS", "half", "$MAX_JOBS: 'half' is not a number of compile jobs; export a whole "
      "number from 1, or unset it to let extmatrix choose"),
+    ("MAX_JOBS", "²", "$MAX_JOBS: '²' is not a number of compile jobs; export a whole "
+     "number from 1, or unset it to let extmatrix choose"),
+    ("EXTMATRIX_TORCH_INDEX", "cel", "$EXTMATRIX_TORCH_INDEX: 'cel' is not a way to find torch; "
+     "export one of auto, cell, host, or unset it (auto)"),
 ])
 def test_a_mistake_every_cell_would_make_is_one_line_before_any_cell_starts(
         ext, tmp_path, monkeypatch, capsys, variable, value, line):

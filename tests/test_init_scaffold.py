@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from extmatrix import init
+from extmatrix import init, project
 from extmatrix.cells import plan_file
 from extmatrix.cli import main
 from extmatrix.compat import Compat, version_key
@@ -421,3 +421,9 @@ def test_a_python_the_torch_does_not_ship_is_a_one_line_error(tmp_path, monkeypa
     assert plan.matrix.axes.python == ["3.12", "3.14t"] and plan.matrix.extension.abi3
     assert [c.id for c in plan.select("local")] == ["torch2.13-cpu"]
     assert [c.id for c in plan.select("pr")] == ["torch2.13-cpu", "py3.14t-torch2.13-cu132"]
+
+
+def test_a_setup_py_too_deep_to_parse_is_read_as_no_literal_not_a_crash(tmp_path):
+    (tmp_path / "setup.py").write_text("x = " + "-" * 200_000 + "1\n")
+    assert project.setup_py(tmp_path) is None
+    assert project.static_name(tmp_path) is None

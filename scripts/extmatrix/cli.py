@@ -84,7 +84,8 @@ def _run_args(parser: argparse.ArgumentParser) -> None:
 def _strict(args: argparse.Namespace) -> bool:
     if args.strict is not None:
         return args.strict
-    return bool(os.environ.get("CI")) or bool(args.cell or args.patterns)
+    ci = os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no", "off")
+    return ci or bool(args.cell or args.patterns)
 
 
 def _build(args: argparse.Namespace) -> int:
@@ -250,12 +251,18 @@ def _schema(args: argparse.Namespace) -> int:
     text = schema.render()
     target = Path(args.output)
     if args.check:
-        if not target.is_file() or target.read_text() != text:
+        if target.is_dir():
+            raise UserError(str(target), "is a folder", "pass --output the schema file")
+        try:
+            stale = target.read_bytes() != text.encode()
+        except OSError:
+            stale = True
+        if stale:
             raise UserError(str(target), "the JSON Schema is stale",
                             "run 'extmatrix schema' to regenerate it")
         return 0
     try:
-        target.write_text(text)
+        target.write_text(text, encoding="utf-8")
     except OSError as exc:  # where the user pointed --output: their mistake to fix
         raise UserError(f"--output {target}", f"cannot be written: {exc.strerror or exc}",
                         "name a file in a folder that exists and is writable") from None

@@ -24,7 +24,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from .cells import Cell
-from .errors import NotBuildable
+from .errors import NotBuildable, UserError
 from .toolchain import pip_command
 
 
@@ -94,10 +94,22 @@ def reachable(url: str, timeout: float = 5.0) -> bool:
         return False
 
 
+# auto: the cell's index where it answers; cell: always it; host: only the host's pip sources.
+INDEX_MODES = ("auto", "cell", "host")
+
+
+def index_mode() -> str:
+    mode = os.environ.get("EXTMATRIX_TORCH_INDEX", "auto").strip() or "auto"
+    if mode not in INDEX_MODES:
+        raise UserError("$EXTMATRIX_TORCH_INDEX", f"'{mode}' is not a way to find torch",
+                        f"export one of {', '.join(INDEX_MODES)}, or unset it (auto)")
+    return mode
+
+
 def sources_for(cell: Cell) -> Sources:
     """The cell's torch index first; the host's configured sources keep working beside it."""
     host = host_sources()
-    mode = os.environ.get("EXTMATRIX_TORCH_INDEX", "auto")
+    mode = index_mode()
     if cell.index and mode != "host" and (mode == "cell" or reachable(cell.index)):
         return Sources(host.index_url, (cell.index, *host.extra_index_urls), host.find_links,
                        (f"torch from {cell.index}",))

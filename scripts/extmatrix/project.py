@@ -157,7 +157,7 @@ def _setup_py_scm_settings(ext_dir: Path) -> tuple[dict | None, bool]:
     setup.py. (None, False) where it passes none."""
     try:
         tree = ast.parse((ext_dir / "setup.py").read_bytes())
-    except (OSError, SyntaxError, ValueError):
+    except (OSError, SyntaxError, ValueError, MemoryError, RecursionError):  # too deep to parse
         return None, False
     given = []  # use_scm_version=..., and {"use_scm_version": ...} to be passed on
     for node in ast.walk(tree):
@@ -270,7 +270,7 @@ def setup_py(ext_dir: Path) -> tuple[ast.Module, dict[str, object]] | None:
     the top level (PACKAGE_NAME = "my-ops"), and nowhere else."""
     try:
         tree = ast.parse((ext_dir / "setup.py").read_bytes())
-    except (OSError, SyntaxError, ValueError):
+    except (OSError, SyntaxError, ValueError, MemoryError, RecursionError):  # too deep to parse
         return None
     assigned: dict[str, int] = {}
     for node in ast.walk(tree):

@@ -73,6 +73,8 @@ def context(plan: Plan, *, dist: str | None, parallel: int, require_gpu: bool = 
     # Each cell asks these again; asked here, a mistake is one line before any cell starts.
     local.compile_jobs(ctx)
     project.check_tree(ctx.ext_dir, not_sources(ctx))
+    project.pyproject_data(ctx.ext_dir)
+    envs.index_mode()
     return ctx
 
 
@@ -82,6 +84,8 @@ def each_cell(cells: list[Cell], work: Callable[[Cell], CellReport], verb: str, 
     """Run `work` on each cell, `jobs` at a time. Ctrl-C/SIGTERM stops every cell's
     commands, lets each end its attempt, hands the reports to `record` (which returns those
     now on disk), then raises Interrupted."""
+    for cell in cells:  # a mistake in one cell's folder is one line before any cell starts
+        workspace.check_results(dist / cell.id)
     reports: dict[str, CellReport] = {}
     columns = (SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn())
     steps.reset_cancel()

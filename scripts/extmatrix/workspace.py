@@ -106,16 +106,21 @@ def _wait_for(lock: FileLock) -> None:
 def begin(cell_id: str, dist: Path) -> Attempt:
     """A fresh staging folder for an attempt; leftovers of killed attempts go first."""
     final = dist / cell_id
-    if final.exists() and not final.is_dir():  # the swap would put it where staging is deleted
-        raise UserError(str(final), "a file stands where the cell's results go",
-                        "move it away and build again")
-    _check_record(final / LAST_GOOD)
+    check_results(final)
     root = dist / ".staging" / cell_id
     shutil.rmtree(root, ignore_errors=True)  # we hold the lock: nothing in there is alive
     attempt_id = new_attempt_id()
     staging = root / attempt_id
     staging.mkdir(parents=True)
     return Attempt(attempt_id, staging, final)
+
+
+def check_results(final: Path) -> None:
+    """Refuse a cell's results folder that an attempt could not replace safely."""
+    if final.exists() and not final.is_dir():  # the swap would put it where staging is deleted
+        raise UserError(str(final), "a file stands where the cell's results go",
+                        "move it away and build again")
+    _check_record(final / LAST_GOOD)
 
 
 def _check_record(path: Path) -> None:

@@ -227,7 +227,7 @@ def compile_jobs(ctx: Context) -> int:
     given = os.environ.get("MAX_JOBS", "").strip()
     if not given:
         return ctx.max_jobs
-    if not given.isdigit() or int(given) < 1:
+    if not (given.isascii() and given.isdigit()) or int(given) < 1:  # not '²'
         raise UserError("$MAX_JOBS", f"'{given}' is not a number of compile jobs",
                         "export a whole number from 1, or unset it to let extmatrix choose")
     return int(given)
