@@ -2345,6 +2345,20 @@ __global__ void __launch_bounds__(kThreads, kTileSumBlocksPerSm<T, W, kShort>)
 // segment a lane's, 8 steps a stripe) runs at 45.7 % of copy, yet a change that
 // took a stripe's rest steps from 2.3 to one round trip (kLaneTail) gained
 // nothing on the power law itself.
+// Nor did rows instead of segments as the unit on 8-byte rows of a 2-byte
+// type (a scan sum: each warp an equal slice of the block's rows, 32 lanes of
+// 8 contiguous rows a chunk, 16-byte loads; the chunk's starts marked in
+// shared memory from indptr read 32 at a time; each lane summing its rows in
+// registers, a segmented scan over the lanes joining the segments that span
+// them, the warps' ends joined by the block): correct on every edge case, but
+// H200 (ab.py, forward % of copy, same run, 64 and 80 registers) bf16, 4
+// columns, power law 70.1 -> 51.4 and 47.0, short 85.5 -> 60.3 and 57.9, the
+// power law cut at 256 rows 54.5 -> 52.0; long segments within 0.7. Nsight
+// Compute (power law): 177.8 million warp instructions against the lane sum's
+// 137.6 (148 a chunk for the scan and its shares, 1.7 rounds of indptr a
+// chunk), 25 % of the stall samples waiting on a chunk's starts, whose
+// addresses hang on the chunk before's count, and 18 % on the block's slowest
+// warp (equal rows, unequal starts).
 constexpr int kLaneRound = 2;
 constexpr int kLaneStripe = kTeam * kLaneRound;
 constexpr int kLaneUnroll = 8;
