@@ -315,6 +315,51 @@ def test_a_package_init_cannot_choose_is_named_by_hand(tmp_path, monkeypatch, ca
     assert plan.matrix.defaults["cuda"].runtime_deps == ["triton"]  # its modules were read
 
 
+@pytest.mark.parametrize(("args", "line"), [
+    (["--import", "class"], "--import class: is not a Python module name ('class' is not a "
+     "Python import name; use identifiers joined by '.'); pass the name the tests import, e.g. "
+     "--import mypackage"),
+    (["--python", "3.12", "--python", "3.12"], "--python 3.12: is given twice; pass each Python "
+     "once"),
+])
+def test_init_refuses_what_the_matrix_would_refuse(tmp_path, monkeypatch, capsys, args, line):
+    repo = extension(tmp_path, monkeypatch, "triton-kernels")
+    assert main(["init", "--engine-spec", SPEC, *args]) == 2
+    assert capsys.readouterr().err == line + "\n"
+    assert not (repo / "matrix.yaml").exists()
+
+
+def test_a_distribution_name_pip_would_refuse_is_named_in_one_line(tmp_path, monkeypatch,
+                                                                   capsys):
+    repo = extension(tmp_path, monkeypatch, "triton-kernels",
+                     replace("pyproject.toml", 'name = "tri-kernels"', 'name = "tri kernels!"'))
+    assert main(["init", "--engine-spec", SPEC]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "the distribution name 'tri kernels!' is not a valid" in err
+    assert not (repo / "matrix.yaml").exists()
+
+
+@pytest.mark.parametrize("folder", ["x #1", "on", "a: b"])
+def test_a_folder_name_yaml_would_misread_is_quoted(tmp_path, monkeypatch, folder):
+    repo = extension(tmp_path, monkeypatch, "triton-kernels")
+    moved = repo.parent / folder
+    repo.rename(moved)
+    monkeypatch.chdir(tmp_path)
+    assert main(["init", folder, "--output", "matrix.yaml", "--no-workflow",
+                 "--engine-spec", SPEC]) == 0
+    assert plan_file("matrix.yaml").matrix.extension.path == folder
+
+
+def test_a_workflow_that_cannot_be_written_leaves_no_matrix_behind(tmp_path, monkeypatch,
+                                                                    capsys):
+    repo = extension(tmp_path, monkeypatch, "triton-kernels")
+    (repo / ".github").write_text("not a folder\n")
+    assert main(["init", "--engine-spec", SPEC]) == 2
+    assert capsys.readouterr().err == (".github: is a file, so extmatrix.yml cannot be written "
+                                       "below it; move it away, or choose another --output\n")
+    assert not (repo / "matrix.yaml").exists()
+
+
 def test_an_extension_without_a_package_is_named_by_hand(tmp_path, monkeypatch, capsys):
     # A scikit-build project says no module's name: only the user can.
     extension(tmp_path, monkeypatch, "cmake-op",

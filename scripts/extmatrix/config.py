@@ -85,14 +85,14 @@ def _check_python(value: str) -> str:
     return value
 
 
-def _check_name(value: str) -> str:
+def check_name(value: str) -> str:
     if not _NAME.fullmatch(value):
         raise ValueError(f"'{value}' is not a valid name; use letters, digits, '.', '_' or '-', "
                          "starting with a letter or digit")
     return value
 
 
-def _check_import_name(value: str) -> str:
+def check_import_name(value: str) -> str:
     def importable(name: str) -> bool:
         return all(p.isidentifier() and not keyword.iskeyword(p) for p in name.split("."))
 
@@ -219,8 +219,8 @@ def _check_command_argument(value: str) -> str:
 FlavorName = Annotated[str, AfterValidator(_check_flavor)]
 TorchVersion = Annotated[str, AfterValidator(_check_torch)]
 PythonVersion = Annotated[str, AfterValidator(_check_python)]
-Name = Annotated[str, AfterValidator(_check_name)]
-ImportName = Annotated[str, AfterValidator(_check_import_name)]
+Name = Annotated[str, AfterValidator(check_name)]
+ImportName = Annotated[str, AfterValidator(check_import_name)]
 ToolkitVersion = Annotated[str, AfterValidator(_check_toolkit)]
 IndexUrl = Annotated[str, AfterValidator(_check_index)]
 ImageRef = Annotated[str, AfterValidator(_check_image)]

@@ -23,12 +23,14 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path, PurePosixPath
 
+import yaml
 from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 
 from .cells import repository
 from .compat import Compat, TorchFacts, version_key
-from .errors import UserError
+from .config import check_import_name, check_name
+from .errors import UserError, describe_os_error
 from .outdated import python_end_of_life
 from .project import (
     accepts_python,
@@ -198,7 +200,11 @@ def _dist_name(ext_dir: Path) -> str:
     # Read as the engine reads it everywhere else: setup.py's setup(name=...) itself,
     # not the first name= in the file (an Extension's name often comes first).
     if name := static_name(ext_dir) or _setup_value(ext_dir, "name"):
-        return name
+        try:  # the matrix would refuse it: said here, where it was read
+            return check_name(name)
+        except ValueError as exc:
+            raise UserError(str(ext_dir), f"the distribution name {exc}",
+                            "fix the project's name (PEP 508: what pip installs)") from None
     if (ext_dir / "setup.py").is_file() and "project" not in pyproject_data(ext_dir):
         # A [project] table would make pyproject.toml the metadata's source, which then
         # lacks the version and the rest that setup.py passes.
@@ -289,10 +295,11 @@ def _import_name(ext_dir: Path, dist: str, given: str | None = None) -> str:
     tutorial builds lltm_cpp so), else the packages found in the source tree but those
     excluded, else a private top-level module (_foo_C)."""
     if given is not None:
-        if not all(part.isidentifier() for part in given.split(".")):
-            raise UserError(f"--import {given}", "is not a Python module name",
-                            "pass the name the tests import, e.g. --import mypackage")
-        return given
+        try:
+            return check_import_name(given)
+        except ValueError as exc:
+            raise UserError(f"--import {given}", f"is not a Python module name ({exc})",
+                            "pass the name the tests import, e.g. --import mypackage") from None
     extensions, packages, modules, excluded = _declared(ext_dir)
     found = []
     for base in (ext_dir / "src", ext_dir):
@@ -333,6 +340,13 @@ def _pythons(project: Project, facts: TorchFacts, series: str,
     return [p for p in accepted if python_end_of_life(p) > today] or accepted
 
 
+def _scalar(value: str) -> str:
+    """`value` as YAML reads it back: plain where that is safe, else quoted (a folder
+    named `x #1` or `on`, a package named `null`)."""
+    dumped = yaml.safe_dump(value, width=float("inf"), allow_unicode=True)
+    return dumped.removesuffix("\n...\n") if dumped.endswith("\n...\n") else json.dumps(value)
+
+
 def matrix_text(project: Project, path: str, compat: Compat, torch: str | None,
                 pythons: list[str] | None = None, today: datetime.date | None = None) -> str:
     series = torch or max(compat.facts.torch, key=version_key)
@@ -342,6 +356,8 @@ def matrix_text(project: Project, path: str, compat: Compat, torch: str | None,
         raise UserError(None, f"torch {series} is not in the compatibility facts",
                         f"choose one of {known}")
     for python in pythons or ():
+        if (pythons or []).count(python) > 1:
+            raise UserError(f"--python {python}", "is given twice", "pass each Python once")
         if not PYTHON.fullmatch(python):
             raise UserError(f"--python {python}", "is not a Python series (3.X, or 3.Xt for "
                             "a free-threaded build)", 'pass one such as "3.12"')
@@ -384,10 +400,10 @@ def matrix_text(project: Project, path: str, compat: Compat, torch: str | None,
     lines += [
         "",
         "extension:",
-        f"  path: {path}",
-        f"  name: {project.name}",
-        f"  import: {project.import_name}",
-        f"  tests: {project.tests}",
+        f"  path: {_scalar(path)}",
+        f"  name: {_scalar(project.name)}",
+        f"  import: {_scalar(project.import_name)}",
+        f"  tests: {_scalar(project.tests)}",
     ]
     if project.py_api.startswith("py"):
         lines += [
@@ -600,12 +616,17 @@ def write(ext_dir: Path, output: Path, *, torch: str | None, pythons: list[str] 
         targets[workflow] = workflow_text(
             engine_spec, output.resolve().relative_to(repo).as_posix(),
             versioned_by_git=versioned_by_git(ext_dir))
-    for target in targets:
+    for target in targets:  # all checked before any is written: no half-written result
+        _check_output(target)
         if target.exists() and not force:
             raise UserError(str(target), "already exists", "pass --force to replace it")
     for target, text in targets.items():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(text)
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(text)
+        except OSError as exc:
+            raise UserError(str(target), f"cannot be written ({describe_os_error(exc)})",
+                            "make its folder writable, or choose another --output") from None
     _hint_ignores(repo, output)
     return list(targets)
 
@@ -632,5 +653,5 @@ def _check_output(output: Path) -> None:
                         f"{output / 'matrix.yaml'}")
     blocking = next(p for p in output.parents if p.exists())
     if not blocking.is_dir():
-        raise UserError(str(blocking), "is a file, so the matrix cannot be written below it",
-                        "choose another --output")
+        raise UserError(str(blocking), f"is a file, so {output.name} cannot be written below "
+                        "it", "move it away, or choose another --output")
