@@ -468,10 +468,13 @@ def _user_error(source: Source, model: type[_Model], error: dict) -> UserError:
     if kind == "missing":
         return source.error(loc[:-1], f"missing required key '{name}'", f"add '{name}: ...'")
     if kind in _TYPE_WORDS:
+        given = error.get("input")
+        # `name: no` or `import: null` read as a boolean or nothing: the word was meant.
+        fix = ("write the word in quotes: YAML reads yes, no, on, off, true, false and null "
+               "unquoted as true, false or nothing"
+               if kind == "string_type" and (given is None or isinstance(given, bool)) else None)
         return source.error(
-            loc,
-            f"'{_dotted(loc)}' must be {_TYPE_WORDS[kind]}, not {_describe(error.get('input'))}",
-        )
+            loc, f"'{_dotted(loc)}' must be {_TYPE_WORDS[kind]}, not {_describe(given)}", fix)
     if kind == "literal_error":
         expected = error.get("ctx", {}).get("expected", "")
         if error["loc"][-1:] == ("[key]",):

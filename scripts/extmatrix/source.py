@@ -8,6 +8,7 @@ text the user typed: `torch: [2.10]` must mean "2.10", not the float 2.1.
 from __future__ import annotations
 
 import os
+import re
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,17 +47,28 @@ class Source:
     # make a file hold 100,000 values, and every one is recorded.
     values: dict[Path_, yaml.Mark] = field(default_factory=dict)
     keys: dict[Path_, yaml.Mark] = field(default_factory=dict)
+    # The alias each value written elsewhere was reached through.
+    via: dict[Path_, yaml.Mark] = field(default_factory=dict)
 
     def where(self, path: Path_, *, key: bool = False) -> Where:
         """The position of `path`, or of its nearest ancestor that exists."""
+        found = self._found(path, key)
+        return _where(self.file, found[1]) if found else Where(printable(self.file))
+
+    def _found(self, path: Path_, key: bool) -> tuple[Path_, yaml.Mark] | None:
         table = self.keys if key else self.values
         for end in range(len(path), -1, -1):
             hit = table.get(path[:end]) or self.values.get(path[:end])
             if hit is not None:
-                return _where(self.file, hit)
-        return Where(printable(self.file))
+                return path[:end], hit
+        return None
 
     def error(self, path: Path_, problem: str, fix: str | None = None, *, key: bool = False):
+        found = self._found(path, key)
+        alias = self.via.get(found[0]) if found else None
+        if alias is not None:
+            # Written at the anchor, where it may be right: wrong where the alias puts it.
+            problem += f" (where the alias at line {alias.line + 1} puts it)"
         return UserError(self.where(path, key=key), printable(problem),
                          printable(fix) if fix else fix)
 
@@ -112,6 +124,15 @@ def _too_large(name: str) -> UserError:
 
 def parse(text: str, file: str) -> Source:
     shown = printable(file)
+    hidden = _HIDDEN_BREAK.search(text)
+    if hidden:
+        # YAML breaks the line there and most editors do not: every error after it would
+        # name a line the user cannot find.
+        before = text[: hidden.start()]
+        where = Where(shown, before.count("\n") + 1, len(before) - (before.rfind("\n") + 1) + 1)
+        code = f"U+{ord(hidden.group()):04X}"
+        raise UserError(where, f"character {code} is a line break to YAML, but not to most "
+                        "editors", f"remove it, or write it as \\u{code[2:]} in double quotes")
     loader = None
     try:
         loader = _Loader(text, file)  # checks every character up front
@@ -142,6 +163,9 @@ def parse(text: str, file: str) -> Source:
     except RecursionError:
         raise UserError(shown, "the YAML nests too deeply", _FLATTER) from None
     return source
+
+
+_HIDDEN_BREAK = re.compile("[\u0085\u2028\u2029]")
 
 
 def _where(file: str, mark: yaml.Mark) -> Where:
@@ -208,6 +232,8 @@ class _Builder:
     def build(self, node: yaml.Node, path: Path_, alias: yaml.Mark | None) -> Any:
         source = self.source
         source.values[path] = node.start_mark
+        if alias is not None:
+            source.via[path] = alias
         self.budget -= 1
         if self.budget < 0 or len(path) > MAX_DEPTH + 1:
             self._refuse(node, alias)
