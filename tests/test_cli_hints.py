@@ -73,7 +73,9 @@ def test_repro_hint_in_the_step_summary_and_for_containers():
 
 def select(*args: str) -> list[str]:
     parsed = cli.build_parser().parse_args(["build", "--matrix", "ci/extmatrix.yaml", *args])
-    return [c.id for c in cli.selected(parsed, default_subset="local")[1]]
+    cells = [c.id for c in cli.selected(parsed, default_subset="local")[1]]
+    cli._note(parsed)  # what build says once the rest of its command line is checked
+    return cells
 
 
 def test_no_local_subset_selects_every_cell_and_says_so(project, capsys):
@@ -90,6 +92,14 @@ def test_no_local_subset_selects_every_cell_and_says_so(project, capsys):
     (project / "ci" / "extmatrix.yaml").write_text(MATRIX)
     assert main(["plan", "--matrix", "ci/extmatrix.yaml", "--json"]) == 0
     assert capsys.readouterr().err == ""  # plan shows every cell by design: nothing to say
+
+
+def test_a_mistake_after_the_selection_is_still_one_line(project, monkeypatch, capsys):
+    monkeypatch.setenv("MAX_JOBS", "abc")
+    assert main(["build", "--matrix", "ci/extmatrix.yaml"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "$MAX_JOBS: 'abc' is not a number of compile jobs; export a whole number from 1, or "
+        "unset it to let extmatrix choose"]
 
 
 def test_a_piped_plan_keeps_each_cell_id_on_one_line(project, monkeypatch, capsys):
@@ -140,3 +150,17 @@ def test_ctrl_c_while_the_engine_loads_is_the_one_line_too():
             "sys.exit(main())\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert (done.returncode, done.stderr) == (130, "extmatrix: interrupted\n")
+
+
+@pytest.mark.parametrize(("args", "line"), [
+    (["--check"], "--check: only applies with --outdated; pass --outdated --check"),
+    (["--outdated", "--json"], "--outdated: prints a patch, not JSON; drop --json, or run it "
+     "separately"),
+    (["--outdated", "--explain"], "--outdated: prints a patch, not a table; drop --explain, or "
+     "run it separately"),
+    (["--for", "gpu"], "--for gpu: chooses the JSON of a workflow job; pass --json --for gpu"),
+])
+def test_plan_options_that_would_be_ignored_are_refused(capsys, args, line):
+    matrix = Path(__file__).resolve().parents[1] / "matrix.yaml"
+    assert main(["plan", "--matrix", str(matrix), *args]) == 2
+    assert capsys.readouterr() == ("", line + "\n")

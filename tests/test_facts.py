@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from extmatrix import facts
+from extmatrix.cli import main
 from extmatrix.compat import BUILTIN, CompatFile
 
 FIXTURES = Path(__file__).parent / "fixtures" / "pypi"
@@ -328,3 +329,9 @@ def test_refresh_refuses_a_facts_file_it_would_misread_in_one_line(tmp_path, cap
     assert main(["facts", "refresh", "--compat", str(path)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and said in err and "Traceback" not in err
+
+
+def test_a_missing_compat_file_names_the_option_that_chose_it(tmp_path, capsys):
+    assert main(["facts", "refresh", "--compat", str(tmp_path / "nope.yaml")]) == 2
+    assert capsys.readouterr().err == (f"{tmp_path / 'nope.yaml'}: file not found; pass an "
+                                       "existing compatibility facts file with --compat\n")

@@ -167,7 +167,7 @@ def plan_file(path: str | Path) -> Plan:
         if not compat_path.is_file():
             raise src.error(("compat",), f"compat file '{matrix.compat}' not found",
                             "give a path relative to the matrix file")
-    plan = expand(matrix, src, Compat.load(compat_path))
+    plan = expand(matrix, src, Compat.load(compat_path, flag="the matrix's compat key"))
     check_extension(matrix, src)
     return plan
 

@@ -42,12 +42,17 @@ def selected(args: argparse.Namespace, default_subset: str | None = None
         subset = default_subset if default_subset in plan.matrix.subsets else None
         everything = subset is None
     cells = plan.select(subset, args.cell, args.patterns)
-    if everything:
-        # Every cell may mean every CUDA torch (GBs each): say so, and how to ask for less.
-        print(f"# {args.matrix} has no '{default_subset}' subset: all {len(cells)} cells "
-              f"selected; narrow with --subset, --cell or -k, or add a '{default_subset}' "
-              "subset to the matrix", file=sys.stderr)
+    # Every cell may mean every CUDA torch (GBs each): say so, and how to ask for less, once
+    # the rest of the command line has been checked (_note), so that a mistake stays one line.
+    args.note = (f"# {args.matrix} has no '{default_subset}' subset: all {len(cells)} cells "
+                 f"selected; narrow with --subset, --cell or -k, or add a '{default_subset}' "
+                 "subset to the matrix") if everything else None
     return plan, cells
+
+
+def _note(args: argparse.Namespace) -> None:
+    if getattr(args, "note", None):
+        print(args.note, file=sys.stderr)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -93,6 +98,7 @@ def _build(args: argparse.Namespace) -> int:
     console = run.console()
     ctx = run.context(plan, dist=args.dist, parallel=args.jobs, rebuild=args.rebuild,
                       console=console)
+    _note(args)
     reports = run.build(cells, ctx, args.backend, args.jobs, not args.fail_fast, console)
     return run.finish(reports, args.backend, console, _strict(args))
 
@@ -102,6 +108,7 @@ def _test_matrix(args: argparse.Namespace) -> int:
     console = run.console()
     ctx = run.context(plan, dist=args.dist, parallel=args.jobs, require_gpu=args.require_gpu,
                       console=console)
+    _note(args)
     reports = run.test(cells, ctx, args.backend, args.jobs, not args.fail_fast, console,
                        known=plan.cells)
     return run.finish(reports, args.backend, console, _strict(args))
@@ -142,16 +149,27 @@ def _images(args: argparse.Namespace) -> int:
         base = args.base if args.base in images.BASES else "upstream"
         wanted = [i for i in images.needed(cells, base, plan.matrix.images.prefix)
                   if images.skip_reason(i, base, i.platform) is None]
+        _note(args)
         sys.stdout.write(images.bake_json(
             wanted, images.context_of(Path(plan.source.file).resolve().parent)))
         return 0
     ctx = run.context(plan, dist=None, parallel=1, writes_results=False)
+    _note(args)
     return images.build(ctx, cells, args.engine, args.base)
 
 
 def _plan(args: argparse.Namespace) -> int:
     from . import workflow
 
+    # Options that would be ignored silently: the user expected them to do something.
+    if args.check and not args.outdated:
+        raise UserError("--check", "only applies with --outdated", "pass --outdated --check")
+    if args.outdated and (args.json or args.explain):
+        raise UserError("--outdated", f"prints a patch, not {'JSON' if args.json else 'a table'}",
+                        f"drop {'--json' if args.json else '--explain'}, or run it separately")
+    if args.job != "cells" and not args.json:
+        raise UserError(f"--for {args.job}", "chooses the JSON of a workflow job",
+                        f"pass --json --for {args.job}")
     plan, cells = selected(args)
     if args.outdated:
         return _outdated(plan, args.check)

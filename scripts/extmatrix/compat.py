@@ -104,9 +104,10 @@ class Compat:
     file: str
 
     @classmethod
-    def load(cls, path: str | Path | None = None) -> Compat:
+    def load(cls, path: str | Path | None = None, flag: str = "--compat") -> Compat:
         path = Path(path) if path else BUILTIN
-        return cls(validate(yaml_source.load(path), CompatFile), str(path))
+        return cls(validate(yaml_source.load(path, flag=flag, kind="compatibility facts file"),
+                            CompatFile), str(path))
 
     def torch(self, version: str) -> TorchFacts | None:
         return self.facts.torch.get(series(version))

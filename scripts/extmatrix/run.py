@@ -49,10 +49,10 @@ def context(plan: Plan, *, dist: str | None, parallel: int, require_gpu: bool = 
     root = Path(plan.source.file).resolve().parent
     work = Path(os.environ.get("EXTMATRIX_WORK") or root / ".extmatrix").resolve()
     out = Path(dist).resolve() if dist else root / "dist"
-    if writes_results and (work == out or out in work.parents):
+    if writes_results and work == out:
         # Cells' work folders would stand where their results go (dist/<cell>/).
-        raise UserError(f"$EXTMATRIX_WORK {work}", f"is {'' if work == out else 'inside '}the "
-                        f"results folder {out}", "point $EXTMATRIX_WORK (or --dist) elsewhere")
+        raise UserError(f"$EXTMATRIX_WORK {work}", f"is the results folder {out}",
+                        "point $EXTMATRIX_WORK (or --dist) elsewhere")
     checked = [(out, "--dist")] if writes_results else []
     for folder, flag in [*checked, (work, "$EXTMATRIX_WORK")]:
         if folder.exists() and not folder.is_dir():

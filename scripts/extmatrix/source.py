@@ -81,25 +81,27 @@ def printable(text: str) -> str:
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
-def load(path: str | Path, *, display: str | None = None) -> Source:
+def load(path: str | Path, *, display: str | None = None, flag: str = "--matrix",
+         kind: str = "matrix file") -> Source:
+    """`path` parsed; `flag` and `kind` name, in errors, the option that chose it."""
     name = display or str(path)
     shown = printable(name)  # the file keeps its real name; errors get a one-line one
     try:
         # stat first: opening a FIFO would wait for a writer, /dev/zero never ends.
-        _check_kind(os.stat(path), shown)
+        _check_kind(os.stat(path), shown, kind)
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
         with open(fd, "rb") as fh:
-            _check_kind(os.fstat(fh.fileno()), shown)  # swapped since the stat?
+            _check_kind(os.fstat(fh.fileno()), shown, kind)  # swapped since the stat?
             data = fh.read(MAX_BYTES + 1)
     except FileNotFoundError:
-        fix = "pass an existing matrix file with --matrix"
+        fix = f"pass an existing {kind} with {flag}"
         raise UserError(shown, "file not found", fix) from None
     except OSError as exc:
         raise UserError(shown, f"cannot read file ({exc.strerror or exc})") from None
     except ValueError as exc:  # a NUL in the path
         raise UserError(shown, printable(f"cannot read file ({exc})")) from None
     if len(data) > MAX_BYTES:
-        raise _too_large(shown)
+        raise _too_large(shown, kind)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -110,16 +112,16 @@ def load(path: str | Path, *, display: str | None = None) -> Source:
     return parse(text, name)
 
 
-def _check_kind(info: os.stat_result, name: str) -> None:
+def _check_kind(info: os.stat_result, name: str, kind: str) -> None:
     if not stat.S_ISREG(info.st_mode):
-        kind = next((k for test, k in _KINDS if test(info.st_mode)), "not a file")
-        raise UserError(name, f"not a regular file ({kind})", "pass a matrix file")
+        what = next((k for test, k in _KINDS if test(info.st_mode)), "not a file")
+        raise UserError(name, f"not a regular file ({what})", f"pass a {kind}")
     if info.st_size > MAX_BYTES:
-        raise _too_large(name)
+        raise _too_large(name, kind)
 
 
-def _too_large(name: str) -> UserError:
-    return UserError(name, f"file is larger than {MAX_BYTES >> 20} MiB", "pass a matrix file")
+def _too_large(name: str, kind: str) -> UserError:
+    return UserError(name, f"file is larger than {MAX_BYTES >> 20} MiB", f"pass a {kind}")
 
 
 def parse(text: str, file: str) -> Source:
