@@ -3,6 +3,9 @@ and which cells a run takes when the matrix has no `local` subset."""
 
 from __future__ import annotations
 
+import os
+import signal
+import sys
 from pathlib import Path
 
 import pytest
@@ -164,3 +167,16 @@ def test_plan_options_that_would_be_ignored_are_refused(capsys, args, line):
     matrix = Path(__file__).resolve().parents[1] / "matrix.yaml"
     assert main(["plan", "--matrix", str(matrix), *args]) == 2
     assert capsys.readouterr() == ("", line + "\n")
+
+
+def test_a_reader_that_stops_early_ends_the_run_quietly(monkeypatch, capsys):
+    read, write = os.pipe()
+    os.close(read)  # `extmatrix plan --json | head -c 10`, head gone
+    out = os.fdopen(write, "w")
+    monkeypatch.setattr(sys, "stdout", out)
+    matrix = Path(__file__).resolve().parents[1] / "matrix.yaml"
+    try:
+        assert main(["plan", "--matrix", str(matrix), "--json"]) == 128 + signal.SIGPIPE
+    finally:
+        monkeypatch.undo()
+    assert capsys.readouterr().err == ""

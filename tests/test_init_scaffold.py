@@ -321,10 +321,13 @@ def test_a_package_init_cannot_choose_is_named_by_hand(tmp_path, monkeypatch, ca
      "--import mypackage"),
     (["--python", "3.12", "--python", "3.12"], "--python 3.12: is given twice; pass each Python "
      "once"),
+    (["--engine-spec", "extmatrix @ git+https://x/$(id)"], "--engine-spec extmatrix @ "
+     "git+https://x/$(id): holds a character the workflow's shell would read ($, `, \\ or \"); "
+     "pass a plain requirement"),
 ])
 def test_init_refuses_what_the_matrix_would_refuse(tmp_path, monkeypatch, capsys, args, line):
     repo = extension(tmp_path, monkeypatch, "triton-kernels")
-    assert main(["init", "--engine-spec", SPEC, *args]) == 2
+    assert main(["init", "--engine-spec", SPEC, *args]) == 2  # the last --engine-spec wins
     assert capsys.readouterr().err == line + "\n"
     assert not (repo / "matrix.yaml").exists()
 

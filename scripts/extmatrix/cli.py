@@ -395,7 +395,9 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)  # (Ctrl-C this early: the one line too)
         with report.repro_options(_named_matrix(args), getattr(args, "dist", None),
                                   getattr(args, "require_gpu", False)):
-            return _COMMANDS[args.command](args)
+            status = _COMMANDS[args.command](args)
+            sys.stdout.flush()  # a reader gone (`| head`) shows here, not at exit
+            return status
     except UserError as exc:
         print(f"extmatrix: {exc}" if exc.where is None else str(exc), file=sys.stderr)
         return 2
@@ -408,6 +410,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("extmatrix: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # `extmatrix plan | head`: the reader has what it wanted. Quiet, as a tool killed
+        # by SIGPIPE is; stdout is pointed at /dev/null so the exit's flush cannot fail.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
     except OSError as exc:
         print(f"extmatrix: {describe_os_error(exc)}", file=sys.stderr)
         return 1

@@ -24,6 +24,7 @@ from importlib import metadata
 from pathlib import Path, PurePosixPath
 
 import yaml
+from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 
@@ -572,6 +573,19 @@ jobs:
 """
 
 
+def _check_engine_spec(spec: str) -> None:
+    """The spec goes into the workflow's shell between double quotes: a requirement pip
+    reads, and nothing a shell would expand."""
+    try:
+        Requirement(spec)
+    except InvalidRequirement as exc:
+        raise UserError(f"--engine-spec {spec}", f"is not a requirement pip reads ({exc})",
+                        "pass one such as 'extmatrix @ git+https://…/extmatrix@TAG'") from None
+    if any(c in spec for c in '"$`\\'):
+        raise UserError(f"--engine-spec {spec}", "holds a character the workflow's shell would "
+                        "read ($, `, \\ or \")", "pass a plain requirement")
+
+
 def installed_engine_spec() -> str | None:
     """How CI can install this very engine: the git URL and commit it was installed from
     (PEP 610's direct_url.json). None when installed from a folder or an archive here."""
@@ -593,6 +607,8 @@ def write(ext_dir: Path, output: Path, *, torch: str | None, pythons: list[str] 
     """Write the matrix, and the workflow at the root of the repository that holds it (the
     only place GitHub reads workflows from); never over a file."""
     engine_spec = engine_spec or installed_engine_spec()
+    if engine_spec is not None:
+        _check_engine_spec(engine_spec)
     if with_workflow and engine_spec is None:
         raise UserError(None, "the workflow must install this engine, and it was not installed "
                         "from a git URL", "pass --engine-spec 'extmatrix @ "
