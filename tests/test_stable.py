@@ -207,3 +207,13 @@ def test_audit_refuses_what_is_not_elf(tmp_path):
     with pytest.raises(ValueError, match="libnot.so is not an ELF shared library"):
         symbols.audit(bogus)
 
+
+
+def test_compile_counts_with_groups_of_both_kinds_match_a_plan_without_them(tmp_path):
+    mixed = plan(tmp_path, '  - {from: "2.11", flavors: [cpu]}\n'
+                           '  - {from: "2.11", flavors: [cu130], replace: false}\n')
+    without = len(plan(tmp_path, "  []\n").cells)
+    assert compile_counts(mixed.cells, mixed.dropped) == (
+        f"{len(mixed.cells)} compiles; 5 of them are per-torch wheels the stable-ABI wheels also "
+        f"serve (replace: false): {len(mixed.cells) - 5} with replace: true, {without} without "
+        "stable cells")

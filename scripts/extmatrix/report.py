@@ -78,13 +78,13 @@ def compile_counts(cells: list[Cell], dropped: list[Dropped]) -> str:
     kept = [c for c in cells if not c.stable and any(
         s.flavor == c.flavor and s.platform == c.platform and c.torch in s.serves
         and set(c.test_pythons) & set(s.test_pythons) for s in stable)]
+    without = len(cells) - len(stable) + len(served)  # groups with replace: true count too
     if kept:
         return (f"{len(cells)} compiles; {len(kept)} of them are per-torch wheels the stable-ABI "
                 f"wheels also serve (replace: false): {len(cells) - len(kept)} with replace: true, "
-                f"{len(cells) - len(stable)} without stable cells")
-    return (f"{len(cells)} compiles; {len(cells) - len(stable) + len(served)} without the "
-            f"stable-ABI cells ({len(stable)} stable wheels stand in for {len(served)} "
-            "per-torch wheels)")
+                f"{without} without stable cells")
+    return (f"{len(cells)} compiles; {without} without the stable-ABI cells ({len(stable)} "
+            f"stable wheels stand in for {len(served)} per-torch wheels)")
 
 
 def print_plan(cells: list[Cell], dropped: list[Dropped] | None, console: Console) -> None:
