@@ -245,6 +245,21 @@ def test_a_failed_image_build_names_its_cause_and_a_log_that_holds_it(tmp_path, 
     assert "no such host" in log.read_text() and "no such host" in out.read_text()
 
 
+def test_an_engine_that_cannot_be_run_is_one_line_naming_it(tmp_path, monkeypatch, capsys):
+    gone = tmp_path / "podman"  # removed since it was found
+    monkeypatch.setattr(engines, "detect", lambda choice, root, cache: Engine("podman",
+                                                                              str(gone)))
+    monkeypatch.setattr(engines, "ca_bundle", lambda: None)
+    plan = plan_file(MATRIX)
+    from extmatrix.backends import Context
+
+    ctx = Context(plan.matrix, ROOT, tmp_path / "dist", tmp_path / "work", tmp_path / "cache", 1)
+    with (tmp_path / "out.txt").open("w") as fh:
+        assert images.build(ctx, [plan.cell("torch2.13-cpu")], None, "upstream", fh) == 1
+    assert capsys.readouterr().err == (f"extmatrix: cannot run {gone}: No such file or "
+                                       "directory\n")
+
+
 def test_the_local_bake_file_holds_only_what_a_local_base_can_build(capsys):
     assert main(["images", "--matrix", MATRIX, "-k", "*", "--base", "local", "--print-bake"]) == 0
     bake = json.loads(capsys.readouterr().out)

@@ -10,11 +10,8 @@ base from Debian packages (docker/local-base/) and builds the same targets on it
 from __future__ import annotations
 
 import json
-import os
 import re
-import shlex
 import shutil
-import subprocess
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -24,8 +21,8 @@ from . import engines, envs
 from .backends import Context
 from .cells import Cell
 from .engines import Engine
-from .errors import NotBuildable, UserError
-from .steps import first_cause, redact
+from .errors import NotBuildable, StepFailed, UserError
+from .steps import Steps
 from .toolchain import host_platform
 
 BASES = ("upstream", "local")
@@ -288,20 +285,12 @@ def _run(cmd: list[str], env: dict[str, str], cwd: Path, out: TextIO, what: str,
          logs: Path) -> None:
     """Run an image build, its output shown as it comes and kept in a log under `logs`,
     which a failure names with the line that says why."""
-    exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
-    line = redact(f"$ {exports + ' ' if exports else ''}{shlex.join(cmd)}")
-    print(line, file=out, flush=True)
     log = logs / f"{re.sub(r'[^A-Za-z0-9_.-]+', '_', what)[:100]}.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with log.open("w", encoding="utf-8") as fh:
-        fh.write(line + "\n")
-        proc = subprocess.Popen(cmd, env={**os.environ, **env}, cwd=cwd, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, errors="replace")
-        assert proc.stdout is not None
-        for text in proc.stdout:
-            fh.write(redact(text))
-            out.write(text)
-        code = proc.wait()
-    if code != 0:
-        cause = first_cause(log.read_text(encoding="utf-8"), step="image") or "no error message"
-        raise ImageFailed(f"building {what} failed (exit {code}): {cause}; see {log}")
+    log.unlink(missing_ok=True)  # this build's output alone
+    steps = Steps(log, echo=out, stream=out)
+    try:
+        steps.run(f"building {what}", cmd, env=env, cwd=cwd)
+    except StepFailed as exc:
+        raise ImageFailed(exc.detail) from None
+    finally:
+        steps.close()

@@ -68,7 +68,8 @@ def redact(text: str) -> str:
 
 @dataclass
 class Steps:
-    """One cell's command log. With `echo`, every command is printed before it runs.
+    """One cell's command log. With `echo`, every command is printed before it runs; with
+    `stream`, the commands' output is also shown as it comes (an image build's progress).
 
     `shown_path` is where the log will be once the attempt is published: messages
     name that file, never the staging copy that is renamed away."""
@@ -76,6 +77,7 @@ class Steps:
     log_path: Path
     echo: TextIO | None = None
     shown_path: Path | None = None
+    stream: TextIO | None = None
     timings: dict[str, float] = field(default_factory=dict)
     commands: list[str] = field(default_factory=list)
 
@@ -154,7 +156,11 @@ class Steps:
     def _copy(self, pipe) -> None:
         with pipe:
             for raw in iter(pipe.readline, b""):
-                self._log.write(redact(raw.decode("utf-8", errors="replace")))
+                text = raw.decode("utf-8", errors="replace")
+                self._log.write(redact(text))
+                if self.stream is not None:
+                    self.stream.write(text)
+                    self.stream.flush()
         self._log.flush()
 
     def output_since(self, offset: int) -> str:
