@@ -321,6 +321,8 @@ def test_a_package_init_cannot_choose_is_named_by_hand(tmp_path, monkeypatch, ca
      "--import mypackage"),
     (["--python", "3.12", "--python", "3.12"], "--python 3.12: is given twice; pass each Python "
      "once"),
+    (["--torch", ""], "--torch: is empty; pass a torch release such as 2.11, or leave --torch "
+     "out for the newest"),
     (["--engine-spec", "extmatrix @ git+https://x/$(id)"], "--engine-spec extmatrix @ "
      "git+https://x/$(id): holds a character the workflow's shell would read ($, `, \\ or \"); "
      "pass a plain requirement"),
@@ -475,3 +477,9 @@ def test_a_setup_py_too_deep_to_parse_is_read_as_no_literal_not_a_crash(tmp_path
     (tmp_path / "setup.py").write_text("x = " + "-" * 200_000 + "1\n")
     assert project.setup_py(tmp_path) is None
     assert project.static_name(tmp_path) is None
+
+
+def test_a_full_torch_release_names_its_series(tmp_path, monkeypatch):
+    extension(tmp_path, monkeypatch, "triton-kernels")
+    assert main(["init", "--engine-spec", SPEC, "--torch", "2.11.0"]) == 0
+    assert {c.torch_series for c in plan_file("matrix.yaml").cells} == {"2.11"}

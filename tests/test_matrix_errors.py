@@ -37,6 +37,12 @@ def test_broken_matrix(path: Path, capsys, monkeypatch):
     assert "Traceback" not in err
 
 
+def test_an_empty_matrix_path_is_named_as_one(capsys):
+    assert main(["plan", "--matrix", ""]) == 2
+    assert capsys.readouterr().err == ("--matrix: names no matrix file (an empty path); pass a "
+                                       "matrix file with --matrix\n")
+
+
 def test_missing_matrix_file(capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert main(["plan", "--matrix", "nope.yaml"]) == 2

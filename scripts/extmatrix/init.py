@@ -350,7 +350,12 @@ def _scalar(value: str) -> str:
 
 def matrix_text(project: Project, path: str, compat: Compat, torch: str | None,
                 pythons: list[str] | None = None, today: datetime.date | None = None) -> str:
+    if torch is not None and not torch.strip():
+        raise UserError("--torch", "is empty", "pass a torch release such as 2.11, or leave "
+                        "--torch out for the newest")
     series = torch or max(compat.facts.torch, key=version_key)
+    if series.count(".") >= 2 and series.rsplit(".", 1)[0] in compat.facts.torch:
+        series = series.rsplit(".", 1)[0]  # 2.11.0: the matrix names series; 2.11 it is
     facts = compat.facts.torch.get(series)
     if facts is None:
         known = ", ".join(sorted(compat.facts.torch, key=version_key))

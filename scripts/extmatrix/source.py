@@ -85,6 +85,8 @@ def load(path: str | Path, *, display: str | None = None, flag: str = "--matrix"
          kind: str = "matrix file") -> Source:
     """`path` parsed; `flag` and `kind` name, in errors, the option that chose it."""
     name = display or str(path)
+    if not name:
+        raise UserError(flag, f"names no {kind} (an empty path)", f"pass a {kind} with {flag}")
     shown = printable(name)  # the file keeps its real name; errors get a one-line one
     try:
         # stat first: opening a FIFO would wait for a writer, /dev/zero never ends.
