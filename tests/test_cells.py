@@ -390,3 +390,10 @@ def test_a_free_threaded_python_is_named_against_torchs_free_threaded_builds(tmp
     with pytest.raises(UserError, match=re.escape(
             "torch 2.14 supports free-threaded Python 3.14t, not 3.13t; pick a supported")):
         plan_file(write(tmp_path, text + include))
+
+
+def test_a_named_cell_outside_the_named_subset_says_so(capsys):
+    assert main(["plan", "--matrix", str(SHIPPED), "--subset", "local", "--cell",
+                 "torch2.11-cpu"]) == 2
+    assert capsys.readouterr().err == ("extmatrix: cell 'torch2.11-cpu' is not in subset "
+                                       "'local'; drop --subset local, or name a cell of it\n")

@@ -142,6 +142,11 @@ class Plan:
             chosen = [c for c in chosen if any(fnmatch.fnmatchcase(c.id, g) for g in globs)]
         if cell_ids:
             wanted = [self.cell(i) for i in cell_ids]
+            outside = [c.id for c in wanted if c not in chosen]
+            if outside:  # both filters apply: say which one left the cell out
+                raise UserError(None, printable(f"cell '{outside[0]}' is not in subset "
+                                                f"'{subset}'"),
+                                f"drop --subset {subset}, or name a cell of it")
             chosen = [c for c in chosen if c in wanted]
         if patterns:
             chosen = [c for c in chosen if any(fnmatch.fnmatchcase(c.id, p) for p in patterns)]
@@ -625,6 +630,11 @@ def _included(matrix: Matrix, src: Source, compat: Compat, flavors: dict[str, _F
         if any(ch in value for ch in "*?["):
             raise src.error(at + (key,), f"include values are exact, not patterns ('{value}')",
                             "name one release or flavor")
+    for key in ("python", "platform"):
+        value = getattr(rule, key)
+        if value is not None and any(ch in value for ch in "*?["):
+            raise src.error(at + (key,), f"include values are exact, not patterns ('{value}')",
+                            f"name one {key}, or leave '{key}' out for every one of the axes")
     if rule.flavor not in flavors:
         raise src.error(at + ("flavor",), f"flavor '{rule.flavor}' has no settings",
                         f"add 'flavors: {{{rule.flavor}: {{...}}}}'")
