@@ -254,3 +254,13 @@ def test_a_failure_names_its_log_so_that_any_folder_finds_it(tmp_path, monkeypat
     log.close()
     named = Path(failed.value.detail.rsplit("; see ", 1)[1])
     assert named.is_absolute() and named == tmp_path / "dist" / "cell" / "build.log"
+
+
+def test_a_commands_result_holds_its_own_output_not_the_logs_before_it(tmp_path):
+    log = steps.Steps(tmp_path / "log.txt")
+    try:
+        log.run("one", [sys.executable, "-c", "print('first')"])
+        second = log.run("two", [sys.executable, "-c", "print('https://u:secret@x/ second')"])
+    finally:
+        log.close()
+    assert second.stdout == "https://***@x/ second\n"

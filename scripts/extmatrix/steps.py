@@ -108,7 +108,8 @@ class Steps:
 
     def run(self, step: str, cmd: list[str], *, env: dict[str, str] | None = None,
             cwd: Path | None = None, check: bool = True) -> subprocess.CompletedProcess:
-        """Run `cmd` with `env` added to the environment; output goes to the log."""
+        """Run `cmd` with `env` added to the environment; output goes to the log, and comes
+        back as the result's `stdout` (stderr merged in, credentials taken out)."""
         if _cancel.is_set():
             raise Interrupted(step)
         shown = " ".join(shlex.quote(c) for c in cmd)
@@ -147,11 +148,12 @@ class Steps:
             copier.join(timeout=5)
         if _cancel.is_set():
             raise Interrupted(step)
+        output = self.output_since(start)
         if check and code != 0:
-            cause = first_cause(self.output_since(start), step=step)
+            cause = first_cause(output, step=step)
             raise StepFailed(step, f"{step} failed (exit {code}): "
                                    f"{cause or 'no error message'}; see {self.shown}")
-        return subprocess.CompletedProcess(cmd, code)
+        return subprocess.CompletedProcess(cmd, code, stdout=output)
 
     def _copy(self, pipe) -> None:
         with pipe:

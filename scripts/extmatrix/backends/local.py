@@ -331,7 +331,6 @@ def run_suite(ctx: Context, venv: Path, cell_dist: Path, suffix: str,
                           ext.test_sources)
     cmd, env = test_cmd(ctx, venv, cell_dist, junit_path)
     with steps.timed("tests"):
-        start = (cell_dist / "test.log").stat().st_size
         if ctx.require_gpu and ext.test_command is not None:
             # The extension's own command may run no pytest, and so no gate of ours: the
             # engine asks torch itself, in the test environment, before the tests run.
@@ -340,7 +339,7 @@ def run_suite(ctx: Context, venv: Path, cell_dist: Path, suffix: str,
             if probe.returncode == 3:
                 return "failed", {}, f"{NO_GPU}; see {steps.shown}"
             if probe.returncode != 0:
-                why = first_cause(steps.output_since(start)) or f"exit {probe.returncode}"
+                why = first_cause(probe.stdout) or f"exit {probe.returncode}"
                 return "failed", {}, (f"torch does not import in the test environment: {why}; "
                                       f"see {steps.shown}")
         result = steps.run("tests", cmd, env=env, cwd=suite, check=False)
@@ -352,8 +351,8 @@ def run_suite(ctx: Context, venv: Path, cell_dist: Path, suffix: str,
         if nothing := _nothing_verified(junit, ctx.require_gpu):
             return "failed", junit, f"{nothing}; see {steps.shown}"
         return "passed", junit, None
-    output = steps.output_since(start)
-    return "failed", junit, f"{test_failure(result.returncode, output, facts)}; see {steps.shown}"
+    return "failed", junit, (f"{test_failure(result.returncode, result.stdout, facts)}; "
+                             f"see {steps.shown}")
 
 
 def _test_stable(cell: Cell, ctx: Context, wheel: Path, sources: envs.Sources, steps: Steps,
@@ -556,22 +555,20 @@ def _cross_check(cell: Cell, other: Cell, ctx: Context, log: Steps) -> str:
     wheel = single_wheel(ctx.dist / cell.id)
     target = ctx.work / cell.id / f"cross-{other.id}"
     shutil.rmtree(target, ignore_errors=True)
-    start = log.log_path.stat().st_size
     installed = log.run("cross-check", [
         envs.uv(), "pip", "install", "--quiet", "--no-deps", "--target", str(target),
         "--python", str(envs.python_of(venv)), str(wheel)], check=False)
     if installed.returncode != 0:
         shutil.rmtree(target, ignore_errors=True)
-        why = (log.output_since(start).strip().splitlines() or ["?"])[-1]
+        why = (installed.stdout.strip().splitlines() or ["?"])[-1]
         return f"{CROSS_NOT_MADE} beside {other.id}'s torch: {why}"
     ext = ctx.matrix.extension
     # torch first, as its users import it: a binary linked against libtorch cannot even
     # find libc10 before torch is loaded, an ImportError that says nothing of its torch.
-    start = log.log_path.stat().st_size
     result = log.run("cross-check", [str(envs.python_of(venv)), "-c",
                                      f"import torch\nimport {ext.import_name}"],
                      env={"PYTHONPATH": str(target)}, cwd=target, check=False)
-    output = log.output_since(start)
+    output = result.stdout
     shutil.rmtree(target, ignore_errors=True)
     last = (output.strip().splitlines() or [""])[-1]
     label = f"beside {other.id}'s torch ({other.torch})"
