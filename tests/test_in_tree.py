@@ -221,6 +221,27 @@ def test_a_refused_test_command_says_what_pytest_refused(ext, tmp_path, monkeypa
     assert "error: unrecognized arguments: --bogus; see " in reason, reason
 
 
+UNITTEST = ('  test_command: ["{python}", "-m", "unittest", "discover", "-s", "{tests}", '
+            '"-t", "{tests}/.."]\n')
+
+
+@pytest.mark.parametrize(("skip", "outcome"), [(False, "passed"), (True, "failed")])
+def test_a_test_command_without_junit_is_counted_from_its_runners_tally(
+        ext, tmp_path, monkeypatch, skip, outcome):
+    matrix = ext / "matrix.yaml"
+    matrix.write_text(matrix.read_text().replace("  abi3: false\n", "  abi3: false\n" + UNITTEST))
+    (ext / "test" / "test_answer.py").write_text(
+        "import unittest\n\nimport in_tree\n\n\nclass Answer(unittest.TestCase):\n"
+        + ('    @unittest.skip("no GPU here")\n' if skip else "")
+        + "    def test_answer(self):\n        self.assertEqual(in_tree.answer(), 42)\n")
+    for other in ("check_settings.py", "conftest.py"):
+        (ext / "test" / other).unlink()
+    got, junit, reason, _ = local_suite(ext, tmp_path, monkeypatch)
+    assert (got, junit["tests"], junit["skipped"]) == (outcome, 1, int(skip)), reason
+    if skip:
+        assert reason.startswith("no test passed: all 1 skipped, 1 not for want of a GPU")
+
+
 def in_image(ext: Path, tmp_path: Path) -> subprocess.CompletedProcess:
     """The in-image tests as cibuildwheel runs them: its placeholders filled, then sh in a
     scratch folder with the test venv's python first on PATH."""

@@ -204,7 +204,7 @@ _EXCEPTION = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Za-z_]\w*(?:Error|Exception|
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 # pytest's closing tally ("2 failed, 1 passed in 0.08s"), the rule that opens a test's
 # section ("____ test_x ____"), a short-summary line, and a traceback's "E   " line.
-_PYTEST_TALLY = re.compile(r"^=*\s*(?:(?:\d+ \w+|no tests ran)(?:, )?)+ in \d[\d.]*s\b")
+PYTEST_TALLY = re.compile(r"^=*\s*(?:(?:\d+ \w+|no tests ran)(?:, )?)+ in \d[\d.]*s\b")
 _PYTEST_SECTION = re.compile(r"^_{3,} (?P<name>.+?) _{3,}$")
 _PYTEST_SUMMARY = re.compile(r"^(?P<head>(?:FAILED|ERROR) \S.*?)(?: - (?P<msg>.+))?$")
 _PYTEST_E = re.compile(r"^E\s+(?!\[\s*\d+%\]$)(?P<msg>\S.*)")  # not progress: "E   [100%]"
@@ -221,7 +221,7 @@ def first_cause(output: str, limit: int = 300, *, step: str | None = None) -> st
     lines = [line for line in lines if line and not line.startswith(("$ ", "# "))]
     if not lines:
         return None
-    if step == "tests" or any(_PYTEST_TALLY.match(line) for line in lines):
+    if step == "tests" or any(PYTEST_TALLY.match(line) for line in lines):
         return _shorten(_pytest_cause(lines) or _last_exception(lines) or lines[-1], limit)
     meaningful = [line for line in lines if not _NOISE.search(line)]
 

@@ -24,7 +24,7 @@ from ..compat import same_series
 from ..errors import Interrupted, NotBuildable, StepFailed, UserError, describe_os_error
 from ..project import build_requirements
 from ..report import CROSS_NOT_MADE, NOT_INSTALLED, CellReport, ServedTorch
-from ..steps import Steps, first_cause
+from ..steps import PYTEST_TALLY, Steps, first_cause
 from ..workspace import single_wheel
 from . import Context, audit_abi3, building, check_wheel, copy_sources, stamp_wheel
 
@@ -347,7 +347,8 @@ def run_suite(ctx: Context, venv: Path, cell_dist: Path, suffix: str,
                 return "failed", {}, (f"torch does not import in the test environment: {why}; "
                                       f"see {steps.shown}")
         result = steps.run("tests", cmd, env=env, cwd=suite, check=False)
-    junit = read_junit(junit_path)
+    # A test_command that writes no JUnit to {junit}: the counts its runner printed.
+    junit = read_junit(junit_path) or tally_counts(result.stdout)
     facts = _read_facts(facts_path)
     if facts:
         junit["gpu_skipped"] = int(facts.get("gpu_skipped", 0))
@@ -476,6 +477,8 @@ def _nothing_verified(junit: dict[str, int], require_gpu: bool = False) -> str |
     GPU alone pass: those tests are the GPU job's (--require-gpu) to run; in that job, a
     run where no test passed verified nothing, whatever the skips said."""
     skipped = junit.get("skipped", 0)
+    if junit and junit.get("tests", 0) == 0:  # unittest's "Ran 0 tests ... OK" exits 0
+        return "no test ran (the log shows what the runner found)"
     if not junit or junit.get("passed", 0) > 0 or not skipped:
         return None
     if require_gpu:
@@ -519,6 +522,38 @@ def _read_facts(path: Path) -> dict:
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
+
+
+_UNITTEST_RAN = re.compile(r"^Ran (?P<tests>\d+) tests? in ")
+_UNITTEST_END = re.compile(r"^(?P<verdict>OK|FAILED)(?: \((?P<details>[^)]*)\))?$")
+_PYTEST_COUNT = re.compile(r"(?P<n>\d+) (?P<what>passed|failed|errors?|skipped)\b")
+
+
+def tally_counts(output: str) -> dict[str, int]:
+    """JUnit-like counts from the closing tally of unittest ("Ran 3 tests", "OK (skipped=3)")
+    or pytest ("3 skipped in 0.1s"), for a suite that wrote no JUnit; {} when neither."""
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    for at in range(len(lines) - 1, -1, -1):
+        if (ran := _UNITTEST_RAN.match(lines[at])) is not None:
+            end = next((m for line in lines[at + 1:] if (m := _UNITTEST_END.match(line))), None)
+            details = dict(part.strip().split("=", 1) for part in
+                           (end["details"] or "").split(",") if "=" in part) if end else {}
+            counts = {"tests": int(ran["tests"]),
+                      "failures": int(details.get("failures", 0)),
+                      "errors": int(details.get("errors", 0)),
+                      "skipped": int(details.get("skipped", 0))}
+            break
+        if PYTEST_TALLY.match(lines[at]):
+            found = {m["what"].rstrip("s") if m["what"] != "passed" else m["what"]: int(m["n"])
+                     for m in _PYTEST_COUNT.finditer(lines[at])}
+            counts = {"failures": found.get("failed", 0), "errors": found.get("error", 0),
+                      "skipped": found.get("skipped", 0)}
+            counts["tests"] = sum(counts.values()) + found.get("passed", 0)
+            break
+    else:
+        return {}
+    counts["passed"] = counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"]
+    return counts
 
 
 def read_junit(path: Path) -> dict[str, int]:
