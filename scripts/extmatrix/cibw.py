@@ -111,6 +111,11 @@ def host_paths(host: Host) -> list[str]:
     return list(dict.fromkeys(paths))
 
 
+def ccache_statslog(cell: Cell) -> str:
+    """Where, relative to the ccache folder, a container build logs its ccache counts."""
+    return f"stats/{cell.id}.log"
+
+
 def container_env(cell: Cell, host: Host, python: str) -> dict[str, str]:
     """The build's environment inside the container (the image's own ENV underneath,
     which sets CUDA_HOME/ROCM_HOME and routes compilers through ccache)."""
@@ -124,8 +129,10 @@ def container_env(cell: Cell, host: Host, python: str) -> dict[str, str]:
         env["PIP_FIND_LINKS"] = " ".join(inside(u) for u in src.find_links)
     if host.ca_bundle:
         env["PIP_CERT"] = inside(host.ca_bundle)
-    env.update(PIP_CACHE_DIR=PIP_CACHE_MOUNT, CCACHE_DIR=CCACHE_MOUNT, MAX_JOBS=str(host.max_jobs),
-               **honoured_env(cell))
+    env.update(PIP_CACHE_DIR=PIP_CACHE_MOUNT, CCACHE_DIR=CCACHE_MOUNT,
+               # The cell's own compiles, counted apart from other cells' in the one cache.
+               CCACHE_STATSLOG=f"{CCACHE_MOUNT}/{ccache_statslog(cell)}",
+               MAX_JOBS=str(host.max_jobs), **honoured_env(cell))
     major = int((cell.toolkit or "0").split(".")[0])
     if cell.family == "cuda" and major >= 13:
         # ATen's CUDA headers include cuBLAS/cuSPARSE headers, which a compiler-only

@@ -56,15 +56,18 @@ def build(cell: Cell, ctx: Context) -> CellReport:
                                                 _pytest_settings(ctx), _conftests(ctx))}
         out = ctx.work / cell.id / "wheelhouse-container"
         shutil.rmtree(out, ignore_errors=True)  # the last good wheel is safe in dist/<cell>/
-        stats = _ccache_env(ctx, host)
-        before = toolchain.ccache_stats(stats)
+        stats = _ccache_env(ctx, host, cell)
+        if stats:  # this build's counts alone; ccache makes no folder for its log
+            statslog = Path(stats["CCACHE_STATSLOG"])
+            statslog.parent.mkdir(parents=True, exist_ok=True)
+            statslog.unlink(missing_ok=True)
         start = steps.log_path.stat().st_size
         with steps.timed("cibuildwheel"):
             steps.run("cibuildwheel", [sys.executable, "-m", "cibuildwheel", "--platform",
                                        "linux", "--output-dir", str(out), inside.as_posix()],
                       env=env, cwd=top)
         report.timings.update(cibw_timings(_read_from(steps.log_path, start)))
-        report.ccache = toolchain.ccache_delta(before, toolchain.ccache_stats(stats))
+        report.ccache = toolchain.ccache_delta({}, toolchain.ccache_stats(stats, log_only=True))
         built = single_wheel(out)
         project.check_version_taken(built, from_git, ctx.ext_dir, top)
         wheel = stamp_wheel(cell, built, report, steps)
@@ -119,10 +122,14 @@ def _host(cell: Cell, ctx: Context, engine: Engine) -> cibw.Host:
                      str(ca) if ca else None, local.compile_jobs(ctx))
 
 
-def _ccache_env(ctx: Context, host: cibw.Host) -> dict[str, str]:
-    """The host's ccache, pointed at the containers' cache, to count hits."""
+def _ccache_env(ctx: Context, host: cibw.Host, cell: Cell) -> dict[str, str]:
+    """The host's ccache, pointed at the containers' cache and the cell's stats log there,
+    to count the build's hits."""
     found = toolchain.compiler_cache(ctx.cache).get("EXTMATRIX_CCACHE")
-    return {"EXTMATRIX_CCACHE": found, "CCACHE_DIR": host.ccache_dir} if found else {}
+    if not found:
+        return {}
+    return {"EXTMATRIX_CCACHE": found, "CCACHE_DIR": host.ccache_dir,
+            "CCACHE_STATSLOG": str(Path(host.ccache_dir) / cibw.ccache_statslog(cell))}
 
 
 def _read_from(path: Path, offset: int) -> str:
