@@ -18,11 +18,13 @@ from cibuildwheel.environment import parse_environment
 from cibuildwheel.util.helpers import prepare_command
 
 from extmatrix import cibw, engines, workspace
+from extmatrix import steps as steps_module
 from extmatrix.backends import Context, container, local
 from extmatrix.cells import plan_file
 from extmatrix.config import Extension
 from extmatrix.engines import Engine
 from extmatrix.envs import Sources
+from extmatrix.errors import StepFailed
 from extmatrix.report import CellReport
 from extmatrix.toolchain import NotBuildable
 
@@ -205,6 +207,40 @@ def test_a_cell_without_its_image_is_not_buildable_here(tmp_path, monkeypatch):
     assert saved is not None and saved.backend == "container"
 
 
+class WithImages(Engine):
+    def labels(self, image: str) -> dict[str, str] | None:
+        return {}
+
+
+def test_cibuildwheel_builds_the_cell_whatever_the_extension_or_shell_says(tmp_path,
+                                                                           monkeypatch):
+    """An extension's own [tool.cibuildwheel] and CIBW_*_LINUX variables left in the shell
+    beat the engine's CIBW_* ones in cibuildwheel: the build must see neither."""
+    monkeypatch.setattr("extmatrix.toolchain.host_platform", lambda: "x86_64")
+    monkeypatch.setattr(engines, "detect", lambda *a: WithImages("podman", "podman"))
+    monkeypatch.setenv("CIBW_BUILD_LINUX", "cp311-*")
+    monkeypatch.setenv("CIBW_TEST_SKIP", "*")
+    seen = {}
+
+    def run(self, step, cmd, *, env=None, cwd=None, check=True, drop=()):
+        if step != "cibuildwheel":
+            return subprocess.CompletedProcess(cmd, 0, stdout="")
+        package = Path(cwd) / cmd[-1]
+        with (package / "pyproject.toml").open("a") as fh:  # the extension's own settings
+            fh.write('\n[tool.cibuildwheel]\nskip = "cp310-*"\ntest-skip = "*"\n')
+        asked = [a for a in cmd if a not in ("--output-dir", cmd[cmd.index("--output-dir") + 1])]
+        full = {**{k: v for k, v in os.environ.items() if not k.startswith(drop)}, **env}
+        seen["ids"] = subprocess.run([*asked[:-1], "--print-build-identifiers", asked[-1]],
+                                     capture_output=True, text=True, cwd=cwd, env=full).stdout
+        raise StepFailed(step, "stop here")
+
+    monkeypatch.setattr(steps_module.Steps, "run", run)
+    container.build(PLAN.cell("torch2.13-cpu"), ctx_for(tmp_path))
+    assert seen["ids"].split() == ["cp310-manylinux_x86_64"]
+    log = (tmp_path / "dist" / "torch2.13-cpu" / "build.log").read_text()
+    assert "not passed on to cibuildwheel: CIBW_BUILD_LINUX, CIBW_TEST_SKIP" in log
+
+
 def test_a_foreign_platform_cell_is_not_buildable_here(tmp_path, monkeypatch):
     monkeypatch.setattr("extmatrix.toolchain.host_platform", lambda: "x86_64")
     report = container.build(PLAN.cell("torch2.14-cpu-aarch64"), ctx_for(tmp_path))
@@ -332,3 +368,26 @@ def test_the_container_shell_shows_no_index_credentials(tmp_path, monkeypatch, c
     shown = capsys.readouterr().err
     assert "s3cret" not in shown and "https://***@mirror.example/simple" in shown
     assert any("s3cret" in arg for arg in ran[0])  # the container itself gets the index
+
+
+@pytest.mark.parametrize(("cell_id", "cuda", "hip", "problem"), [
+    ("torch2.14-cu130", "13.0", None, None),
+    ("torch2.14-cu130", "12.8", None, "torch 2.14.1 installed for this cell is a build with "
+     "CUDA 12.8, not CUDA 13.0"),
+    ("torch2.14-rocm7.2", None, "7.2.53211-e11e9b9", None),
+    ("torch2.14-rocm7.2", None, None, "torch 2.14.1 installed for this cell is a build with "
+     "ROCm none, not ROCm 7.2"),
+])
+def test_the_container_build_refuses_a_torch_of_another_toolkit(tmp_path, cell_id, cuda, hip,
+                                                                 problem):
+    # PyPI's torch of the same version when the PyTorch index did not answer.
+    fake = tmp_path / "torch"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("from . import version\n__version__ = '2.14.1'\n")
+    (fake / "version.py").write_text(f"cuda = {cuda!r}\nhip = {hip!r}\n")
+    line = cibw.environment(PLAN.cell(cell_id), EXT, ci_host(PLAN.cell(cell_id)), "3.11",
+                            BUILD_REQUIRES)["CIBW_BEFORE_BUILD"].split(" && ")[-1]
+    done = subprocess.run(["sh", "-c", line.replace("python ", f"{sys.executable} ", 1)],
+                          capture_output=True, text=True, env={**os.environ,
+                                                               "PYTHONPATH": str(tmp_path)})
+    assert (done.returncode, done.stderr.strip() or None) == (1 if problem else 0, problem)

@@ -26,13 +26,20 @@ from .errors import NotBuildable
 from .toolchain import honoured_env
 from .workspace import SUITE, extension_path, tests_path
 
-# Libraries the wheel must load from torch's own install, never carry a copy of:
-# two copies of libtorch in one process break the op registry and the allocator.
-REPAIR_EXCLUDES = {
-    "cpu": ("libtorch*.so", "libc10*.so"),
-    "cuda": ("libtorch*.so", "libc10*.so", "libcudart.so.*"),
-    "rocm": ("libtorch*.so", "libc10*.so", "libamdhip64.so.*"),
-}
+# Libraries the wheel must load from torch's own install (or the driver's), never carry a
+# copy of: two copies of libtorch in one process break the op registry and the allocator,
+# a second cuBLAS or rocBLAS doubles the wheel for nothing, and libcuda is the driver's
+# (no build image has it: auditwheel would refuse the wheel). auditwheel takes globs.
+_TORCH = ("libtorch*.so", "libc10*.so")
+_CUDA = ("libcuda.so.*", "libcudart.so.*", "libcublas*.so.*", "libcusparse*.so.*",
+         "libcufft*.so.*", "libcurand.so.*", "libcusolver*.so.*", "libnvrtc*.so.*",
+         "libnvJitLink.so.*", "libcudnn*.so.*", "libnccl.so.*", "libnvToolsExt.so.*",
+         "libcupti.so.*")
+_ROCM = ("libamdhip64.so.*", "libhsa-runtime64.so.*", "librocblas.so.*", "libhipblas*.so.*",
+         "libMIOpen.so.*", "librccl.so.*", "libhipsparse*.so.*", "libhipfft.so.*",
+         "libhiprand.so.*", "librocrand.so.*", "librocsolver.so.*", "libhipsolver.so.*",
+         "libroctx64.so.*", "librocprofiler-sdk*.so.*")
+REPAIR_EXCLUDES = {"cpu": _TORCH, "cuda": (*_TORCH, *_CUDA), "rocm": (*_TORCH, *_ROCM)}
 # What cibuildwheel fills in a test command itself; '#{project}' is its escape for a literal.
 CIBW_PLACEHOLDERS = re.compile(r"\{(?:project|package|wheel)\}")
 HOST_MOUNT = "/host"  # cibuildwheel mounts the host's / there
@@ -165,7 +172,9 @@ def environment(cell: Cell, extension: Extension, host: Host, python: str,
         "CIBW_BUILD": identifier(cell, python),
         f"CIBW_MANYLINUX_{plat}_IMAGE": cell.image,
         "CIBW_BUILD_FRONTEND": "pip; args: --no-build-isolation",
-        "CIBW_BEFORE_BUILD": "pip install " + shlex.join([cell.torch_spec, *build_requires]),
+        "CIBW_BEFORE_BUILD": " && ".join(filter(None, [
+            "pip install " + shlex.join([cell.torch_spec, *build_requires]),
+            torch_build_check(cell)])),
         "CIBW_ENVIRONMENT": " ".join(f"{k}={shlex.quote(v)}" for k, v in inner.items()),
         "CIBW_REPAIR_WHEEL_COMMAND": f"auditwheel repair {excludes} -w {{dest_dir}} {{wheel}}",
         # cibuildwheel's own abi3 audit fetches virtualenv.pyz from GitHub; abi3audit
@@ -178,6 +187,21 @@ def environment(cell: Cell, extension: Extension, host: Host, python: str,
         "CIBW_TEST_COMMAND": test_command(extension, pytest_settings, conftests),
         "CIBW_BUILD_VERBOSITY": "1",
     }
+
+
+def torch_build_check(cell: Cell) -> str | None:
+    """A shell command that fails unless the torch installed is the cell's CUDA or ROCm
+    build: an unreachable PyTorch index quietly yields PyPI's build of the same version,
+    whose CUDA may be another one (the local backend's check_torch_build)."""
+    if cell.family == "cpu" or not cell.toolkit:
+        return None
+    attr, label = ("cuda", "CUDA") if cell.family == "cuda" else ("hip", "ROCm")
+    want = ".".join(cell.toolkit.split(".")[:2])
+    code = (f'import sys, torch; v = torch.version.{attr} or ""; '
+            f'sys.exit("torch " + torch.__version__ + " installed for this cell is a build with '
+            f'{label} " + (v or "none") + ", not {label} {want}") '
+            f'if ".".join(v.split(".")[:2]) != "{want}" else None')
+    return "python -c " + literal(code)
 
 
 def literal(text: str) -> str:

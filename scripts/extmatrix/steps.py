@@ -107,9 +107,11 @@ class Steps:
             self.timings[name] = round(self.timings.get(name, 0.0) + time.perf_counter() - start, 2)
 
     def run(self, step: str, cmd: list[str], *, env: dict[str, str] | None = None,
-            cwd: Path | None = None, check: bool = True) -> subprocess.CompletedProcess:
-        """Run `cmd` with `env` added to the environment; output goes to the log, and comes
-        back as the result's `stdout` (stderr merged in, credentials taken out)."""
+            cwd: Path | None = None, check: bool = True,
+            drop: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+        """Run `cmd` with `env` added to the environment, less inherited variables whose
+        names start with a prefix in `drop`; output goes to the log, and comes back as the
+        result's `stdout` (stderr merged in, credentials taken out)."""
         if _cancel.is_set():
             raise Interrupted(step)
         shown = " ".join(shlex.quote(c) for c in cmd)
@@ -122,7 +124,8 @@ class Steps:
         start = self._log.tell()
         if self.echo:
             print(f"$ {line}", file=self.echo, flush=True)
-        full_env = {**os.environ, **(env or {})}
+        full_env = {**{k: v for k, v in os.environ.items() if not k.startswith(drop)},
+                    **(env or {})}
         try:
             proc = subprocess.Popen(cmd, env=full_env, cwd=cwd, stdout=subprocess.PIPE,
                                     stderr=subprocess.STDOUT, start_new_session=True)

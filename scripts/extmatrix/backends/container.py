@@ -61,12 +61,21 @@ def build(cell: Cell, ctx: Context) -> CellReport:
             statslog = Path(stats["CCACHE_STATSLOG"])
             statslog.parent.mkdir(parents=True, exist_ok=True)
             statslog.unlink(missing_ok=True)
-        start = steps.log_path.stat().st_size
+        # The cell's options alone: not the extension's [tool.cibuildwheel] (its skip or
+        # test-skip would drop the cell's build or tests), nor CIBW_*_LINUX variables left
+        # in the shell, which beat the engine's CIBW_* ones.
+        config = ctx.work / cell.id / "cibuildwheel.toml"
+        config.write_text("# extmatrix passes every option as a CIBW_* variable.\n"
+                          "[tool.cibuildwheel]\n")
+        if ignored := sorted(k for k in os.environ if k.startswith("CIBW_")):
+            steps.note(f"not passed on to cibuildwheel: {', '.join(ignored)} (the cell sets "
+                       "its options)")
         with steps.timed("cibuildwheel"):
-            steps.run("cibuildwheel", [sys.executable, "-m", "cibuildwheel", "--platform",
-                                       "linux", "--output-dir", str(out), inside.as_posix()],
-                      env=env, cwd=top)
-        report.timings.update(cibw_timings(_read_from(steps.log_path, start)))
+            done = steps.run("cibuildwheel", [
+                sys.executable, "-m", "cibuildwheel", "--platform", "linux", "--config-file",
+                str(config), "--output-dir", str(out), inside.as_posix()],
+                env=env, cwd=top, drop=("CIBW_",))
+        report.timings.update(cibw_timings(done.stdout))
         report.ccache = toolchain.ccache_delta({}, toolchain.ccache_stats(stats, log_only=True))
         built = single_wheel(out)
         project.check_version_taken(built, from_git, ctx.ext_dir, top)
@@ -130,12 +139,6 @@ def _ccache_env(ctx: Context, host: cibw.Host, cell: Cell) -> dict[str, str]:
         return {}
     return {"EXTMATRIX_CCACHE": found, "CCACHE_DIR": host.ccache_dir,
             "CCACHE_STATSLOG": str(Path(host.ccache_dir) / cibw.ccache_statslog(cell))}
-
-
-def _read_from(path: Path, offset: int) -> str:
-    with path.open(encoding="utf-8", errors="replace") as fh:
-        fh.seek(offset)
-        return fh.read()
 
 
 def cibw_timings(log: str) -> dict[str, float]:
