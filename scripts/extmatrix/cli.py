@@ -72,11 +72,13 @@ def _positive(text: str) -> int:
     return value
 
 
-def _run_args(parser: argparse.ArgumentParser) -> None:
+BACKEND_HELP = ("local: a virtual environment per cell; container: cibuildwheel in the "
+                "flavor's image")
+
+
+def _run_args(parser: argparse.ArgumentParser, backend_help: str = BACKEND_HELP) -> None:
     _selection_args(parser)
-    parser.add_argument("--backend", choices=run.BACKENDS, default="local",
-                        help="local: a virtual environment per cell; container: cibuildwheel "
-                        "in the flavor's image")
+    parser.add_argument("--backend", choices=run.BACKENDS, default="local", help=backend_help)
     parser.add_argument("-j", "--jobs", type=_positive, default=1, help="cells at a time")
     parser.add_argument("--strict", action=argparse.BooleanOptionalAction, default=None,
                         help="a cell that cannot be built here fails the run (default: on "
@@ -319,17 +321,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("test-matrix", help="install each built wheel beside its torch in a fresh "
                        "environment and run the extension's tests")
-    _run_args(p)
+    _run_args(p, "the backend the cells were built with, for the repro lines; the tests run "
+                 "as users install the wheel, in a virtual environment, either way")
     p.add_argument("--require-gpu", action="store_true",
                    help="GPU tests fail instead of skipping when no GPU is visible")
     _COMMANDS["test-matrix"] = _test_matrix
 
     p = sub.add_parser("repro", help="rebuild and retest one cell, printing every command")
     p.add_argument("cell_id", metavar="CELL")
-    p.add_argument("--matrix", default=_default_matrix())
-    p.add_argument("--backend", choices=run.BACKENDS, default="local")
+    p.add_argument("--matrix", default=_default_matrix(),
+                   help="matrix file (default: matrix.yaml, or $EXTMATRIX_MATRIX)")
+    p.add_argument("--backend", choices=run.BACKENDS, default="local", help=BACKEND_HELP)
     p.add_argument("--dist", help="results folder (default: dist/ beside the matrix)")
-    p.add_argument("--require-gpu", action="store_true")
+    p.add_argument("--require-gpu", action="store_true",
+                   help="GPU tests fail instead of skipping when no GPU is visible")
     p.add_argument("--shell", action="store_true",
                    help="then leave me in the cell's environment")
     _COMMANDS["repro"] = _repro
@@ -377,7 +382,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--engine-spec",
                    help="what the workflow pip-installs to get the engine, e.g. "
                    "'extmatrix @ git+https://github.com/OWNER/extmatrix@TAG'; default: the "
-                   "git URL and commit this engine was installed from")
+                   "git+https:// URL and commit this engine was installed from (installed "
+                   "otherwise: required, or --no-workflow)")
     p.add_argument("--no-workflow", action="store_true", help="write only the matrix")
     p.add_argument("--force", action="store_true", help="replace files that exist")
     _COMMANDS["init"] = _init
