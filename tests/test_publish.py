@@ -372,3 +372,15 @@ def test_a_stable_wheel_built_for_another_range_than_the_matrix_says_is_left_out
     built(tmp_path / "dist", "stable2.13-cpu", name, b"stable", serves=served,
           requires=["torch<2.14,>=2.13"])
     assert index(tmp_path, "stable2.13-cpu") == 0
+
+
+def test_an_index_output_that_cannot_be_written_is_one_line(tmp_path, capsys):
+    matrix(tmp_path)
+    built(tmp_path / "dist", "py3.11-torch2.13-cpu",
+          "fastclip-0.2.0+pt213cpu-cp311-cp311-linux_x86_64.whl", b"ok")
+    (tmp_path / "afile").write_text("")
+    out = tmp_path / "afile" / "site"  # below a file: no folder can be made there
+    assert main(["index", "--matrix", str(tmp_path / "matrix.yaml"), "--dist",
+                 str(tmp_path / "dist"), "--output", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"--output {out}: cannot write the index: ") and err.count("\n") == 1
