@@ -239,6 +239,8 @@ def test_cibuildwheel_builds_the_cell_whatever_the_extension_or_shell_says(tmp_p
     assert seen["ids"].split() == ["cp310-manylinux_x86_64"]
     log = (tmp_path / "dist" / "torch2.13-cpu" / "build.log").read_text()
     assert "not passed on to cibuildwheel: CIBW_BUILD_LINUX, CIBW_TEST_SKIP" in log
+    # An image whose base the engine cannot read (not the cell's) is said to be so.
+    assert "extmatrix-cpu:latest was built from unknown base, not the cell's base " in log
 
 
 def test_a_foreign_platform_cell_is_not_buildable_here(tmp_path, monkeypatch):
@@ -359,7 +361,7 @@ def test_the_container_shell_shows_no_index_credentials(tmp_path, monkeypatch, c
     secret = Sources(None, ("https://bob:s3cret@mirror.example/simple",), ())
     host = cibw.Host("podman", secret, str(tmp_path / "ccache"), str(tmp_path / "pip"), None, 2)
     monkeypatch.setattr(container, "_prepare", lambda c, ctx, r: (Engine("podman", "podman"),
-                                                                  "3.11"))
+                                                                  "3.11", c.base_image))
     monkeypatch.setattr(container, "_host", lambda c, ctx, e: host)
     ran = []
     monkeypatch.setattr(container.subprocess, "call", lambda cmd, env: ran.append(cmd) or 0)

@@ -38,8 +38,14 @@ CIBW_STEPS = {"Running before_build...": "before_build", "Building wheel...": "c
 
 def build(cell: Cell, ctx: Context) -> CellReport:
     with building(ctx, cell, "container") as (report, staging, steps):
-        engine, python = _prepare(cell, ctx, report)
+        engine, python, base = _prepare(cell, ctx, report)
         steps.note(f"engine: {engine.why}")
+        if cell.base_image and base != cell.base_image:
+            # One tag for both bases: a local-base image builds where CI's cannot, but its
+            # wheel may carry another manylinux tag than CI's.
+            steps.note(f"{cell.image} was built from {base}, not the cell's base "
+                       f"{cell.base_image}: the wheel may differ from CI's (rebuild the image "
+                       "with 'extmatrix images' where the registry is reachable)")
         host = _host(cell, ctx, engine)
         report.sources = list(host.sources.notes)
         # A clean copy: cibuildwheel copies its whole working folder into the container,
@@ -90,8 +96,9 @@ def build(cell: Cell, ctx: Context) -> CellReport:
     return report
 
 
-def _prepare(cell: Cell, ctx: Context, report: CellReport) -> tuple[Engine, str]:
-    """The engine, and the build Python of the cell's image; NotBuildable if either lacks."""
+def _prepare(cell: Cell, ctx: Context, report: CellReport) -> tuple[Engine, str, str]:
+    """The engine, the build Python of the cell's image and the base the image was built
+    from; NotBuildable if the engine or the image is missing."""
     if cell.platform != toolchain.host_platform():
         raise NotBuildable(f"a {cell.platform} cell needs a {cell.platform} builder "
                            f"(this machine is {toolchain.host_platform()})")
@@ -106,7 +113,7 @@ def _prepare(cell: Cell, ctx: Context, report: CellReport) -> tuple[Engine, str]
     python = cibw.build_python(cell, abis.split() if abis else None)
     base = labels.get("io.extmatrix.base-image", "unknown base")
     report.toolkit = f"image {cell.image} ({engine.name}, from {base}), Python {python}"
-    return engine, python
+    return engine, python, base
 
 
 def _pytest_settings(ctx: Context) -> str | None:
@@ -161,7 +168,7 @@ def cibw_timings(log: str) -> dict[str, float]:
 def shell(cell: Cell, ctx: Context) -> int:
     """The cell's image, the extension mounted at /project, the build's environment."""
     try:
-        engine, python = _prepare(cell, ctx, CellReport(cell=cell.id, backend="container"))
+        engine, python, _ = _prepare(cell, ctx, CellReport(cell=cell.id, backend="container"))
     except NotBuildable as exc:
         raise UserError(None, f"cannot open a shell for {cell.id}: {exc}") from None
     host = _host(cell, ctx, engine)
