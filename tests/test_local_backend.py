@@ -1072,3 +1072,22 @@ def test_engines_installed_apart_keep_their_own_compiler_shims(tmp_path, monkeyp
         shims.append(Path(toolchain.compiler_cache(tmp_path / "cache")["CCACHE_SHIMS"]))
     assert shims[0] != shims[1]
     assert os.readlink(shims[0] / "gcc") == str(tmp_path / "one" / "ccache")
+
+
+@pytest.mark.parametrize(("output", "counts"), [
+    ("Ran 3 tests in 0.1s\n\nFAILED (failures=1, skipped=1)\n",
+     {"tests": 3, "failures": 1, "errors": 0, "skipped": 1, "passed": 1}),
+    ("Ran 0 tests in 0.000s\n\nOK\n",
+     {"tests": 0, "failures": 0, "errors": 0, "skipped": 0, "passed": 0}),
+    ("..FE\n== 1 failed, 2 passed, 3 errors, 1 skipped in 0.10s ==\n",
+     {"tests": 7, "failures": 1, "errors": 3, "skipped": 1, "passed": 2}),
+    ("collected 0 items\n\n============ no tests ran in 0.01s ============\n",
+     {"tests": 0, "failures": 0, "errors": 0, "skipped": 0, "passed": 0}),
+    ("all good\n", {}),
+])
+def test_a_suites_counts_are_read_from_its_runners_tally(output, counts):
+    assert local.tally_counts(output) == counts
+    if counts:
+        assert (local._nothing_verified(counts) is not None) == (counts["passed"] == 0
+                                                                 and counts["failures"] == 0
+                                                                 and counts["errors"] == 0)

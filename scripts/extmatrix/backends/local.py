@@ -544,7 +544,7 @@ def tally_counts(output: str) -> dict[str, int]:
                       "skipped": int(details.get("skipped", 0))}
             break
         if PYTEST_TALLY.match(lines[at]):
-            found = {m["what"].rstrip("s") if m["what"] != "passed" else m["what"]: int(m["n"])
+            found = {"error" if m["what"].startswith("error") else m["what"]: int(m["n"])
                      for m in _PYTEST_COUNT.finditer(lines[at])}
             counts = {"failures": found.get("failed", 0), "errors": found.get("error", 0),
                       "skipped": found.get("skipped", 0)}
