@@ -253,30 +253,19 @@ def _major_minor(version: str | None) -> tuple[int, int]:
     return int(major), int(minor)
 
 
-def ccache_stats(env: dict[str, str], *, log_only: bool = False) -> dict[str, int]:
-    """ccache's counters: the whole cache's, or with `log_only` only those of the compiles
-    that wrote to env's CCACHE_STATSLOG (one build's, whatever else compiles meanwhile)."""
+def ccache_counts(env: dict[str, str]) -> dict[str, int]:
+    """Hits and misses of the compiles that logged to env's CCACHE_STATSLOG: one build's,
+    whatever else compiles into the cache meanwhile (zeros without ccache)."""
+    stats: dict[str, int] = {}
     exe = env.get("EXTMATRIX_CCACHE")
-    if not exe:
-        return {}
-    ask = "--print-log-stats" if log_only else "--print-stats"
     try:
-        out = subprocess.run([exe, ask], capture_output=True, text=True,
-                             env={**os.environ, **env}, timeout=60).stdout
+        out = subprocess.run([exe, "--print-log-stats"], capture_output=True, text=True,
+                             env={**os.environ, **env}, timeout=60).stdout if exe else ""
     except (OSError, subprocess.SubprocessError):
-        return {}
-    stats = {}
+        out = ""
     for line in out.splitlines():
         key, _, value = line.partition("\t")
         if value.strip().isdigit():
             stats[key] = int(value)
-    return stats
-
-
-def ccache_delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
-    def count(stats: dict[str, int], *keys: str) -> int:
-        return sum(stats.get(k, 0) for k in keys)
-
-    hits = ("direct_cache_hit", "preprocessed_cache_hit")
-    return {"hits": count(after, *hits) - count(before, *hits),
-            "misses": count(after, "cache_miss") - count(before, "cache_miss")}
+    return {"hits": stats.get("direct_cache_hit", 0) + stats.get("preprocessed_cache_hit", 0),
+            "misses": stats.get("cache_miss", 0)}

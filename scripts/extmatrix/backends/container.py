@@ -82,7 +82,7 @@ def build(cell: Cell, ctx: Context) -> CellReport:
                 str(config), "--output-dir", str(out), inside.as_posix()],
                 env=env, cwd=top, drop=("CIBW_",))
         report.timings.update(cibw_timings(done.stdout))
-        report.ccache = toolchain.ccache_delta({}, toolchain.ccache_stats(stats, log_only=True))
+        report.ccache = toolchain.ccache_counts(stats)
         built = single_wheel(out)
         project.check_version_taken(built, from_git, ctx.ext_dir, top)
         wheel = stamp_wheel(cell, built, report, steps)

@@ -86,7 +86,7 @@ def compile_wheel(venv: Path, src: Path, out: Path, env: dict[str, str], stamp: 
                           "--no-build-isolation", "--no-deps", "--no-cache-dir",
                           "--disable-pip-version-check", "-w", str(fresh), str(src)],
               env=env, cwd=src)
-    report.ccache = toolchain.ccache_delta({}, toolchain.ccache_stats(env, log_only=True))
+    report.ccache = toolchain.ccache_counts(env)
     (fresh / STAMP).write_text(stamp)
     shutil.rmtree(out, ignore_errors=True)
     fresh.rename(out)
