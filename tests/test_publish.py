@@ -50,9 +50,12 @@ def built(dist: Path, cell: str, name: str, data: bytes, test: str = "passed",
          "junit": junit or {}, "requires": requires or []}))
 
 
-def index(tmp_path: Path, *cells: str) -> int:
+def index(tmp_path: Path, *cells: str, strict: bool = False) -> int:
+    """`extmatrix index`; not strict unless asked, whatever $CI says, so that what a test
+    leaves unbuilt is reported, not failed."""
     return main(["index", "--matrix", str(tmp_path / "matrix.yaml"), "--dist",
-                 str(tmp_path / "dist"), *(arg for c in cells for arg in ("--cell", c))])
+                 str(tmp_path / "dist"), *(arg for c in cells for arg in ("--cell", c)),
+                 "--strict" if strict else "--no-strict"])
 
 
 def test_index_refuses_two_different_wheels_of_one_name(tmp_path, capsys):
@@ -298,7 +301,8 @@ def test_index_output_that_is_a_file_is_a_one_line_error_and_urls_are_escaped(tm
     built(tmp_path / "dist", "py3.11-torch2.13-cpu",
           "fastclip-0.2.0+pt213cpu-cp311-cp311-linux_x86_64.whl", b"ok")
     (tmp_path / "afile").write_text("")
-    args = ["index", "--matrix", str(tmp_path / "matrix.yaml"), "--dist", str(tmp_path / "dist")]
+    args = ["index", "--matrix", str(tmp_path / "matrix.yaml"), "--dist", str(tmp_path / "dist"),
+            "--no-strict"]
     assert main([*args, "--output", str(tmp_path / "afile")]) == 2
     assert capsys.readouterr().err == (
         f"{tmp_path / 'afile'}: not a folder; pass --output a folder for the index\n")
@@ -315,7 +319,7 @@ def test_index_never_overwrites_a_page_it_did_not_write(tmp_path, capsys):
     site.mkdir()
     (site / "index.html").write_text("MINE")
     args = ["index", "--matrix", str(tmp_path / "matrix.yaml"), "--dist", str(tmp_path / "dist"),
-            "--output", str(site)]
+            "--output", str(site), "--no-strict"]
     assert main(args) == 2
     assert capsys.readouterr().err == (
         f"{site / 'index.html'}: exists, and no earlier index wrote it (1 such file); pass "
@@ -353,6 +357,30 @@ def test_a_wheel_whose_every_test_skipped_is_not_published(tmp_path, capsys):
         cp.format(11, 11)]
 
 
+def test_a_strict_index_fails_when_it_leaves_anything_out(tmp_path, capsys, monkeypatch):
+    # A release job publishing fewer wheels than it built must not go green.
+    matrix(tmp_path)
+    cp = "fastclip-0.2.0+pt213cpu-cp3{}-cp3{}-linux_x86_64.whl"
+    built(tmp_path / "dist", "py3.11-torch2.13-cpu", cp.format(11, 11), b"ok")
+    built(tmp_path / "dist", "py3.12-torch2.13-cpu", cp.format(12, 12), b"unverified",
+          junit={"tests": 3, "passed": 0, "skipped": 3, "gpu_skipped": 3})
+    assert index(tmp_path, "py3.11-torch2.13-cpu", "py3.12-torch2.13-cpu", strict=True) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("left out py3.12-torch2.13-cpu: no test of ")
+    assert err[-1] == ("1 left out, and --strict publishes all or fails (the lines above say "
+                       "why each was)")
+    assert index(tmp_path, "py3.11-torch2.13-cpu", strict=True) == 0  # all it was asked for
+    # The default, as for build and test-matrix: strict under CI, or where cells are named.
+    every_cell = ["index", "--matrix", str(tmp_path / "matrix.yaml"), "--dist",
+                  str(tmp_path / "dist")]
+    monkeypatch.delenv("CI", raising=False)
+    assert main(every_cell) == 0
+    assert main([*every_cell, "--cell", "py3.11-torch2.13-cpu", "--cell",
+                 "py3.12-torch2.13-cpu"]) == 1
+    monkeypatch.setenv("CI", "true")
+    assert main(every_cell) == 1
+
+
 def test_a_stable_wheel_built_for_another_range_than_the_matrix_says_is_left_out(tmp_path,
                                                                                  capsys):
     (tmp_path / "ext" / "tests").mkdir(parents=True)
@@ -381,6 +409,6 @@ def test_an_index_output_that_cannot_be_written_is_one_line(tmp_path, capsys):
     (tmp_path / "afile").write_text("")
     out = tmp_path / "afile" / "site"  # below a file: no folder can be made there
     assert main(["index", "--matrix", str(tmp_path / "matrix.yaml"), "--dist",
-                 str(tmp_path / "dist"), "--output", str(out)]) == 2
+                 str(tmp_path / "dist"), "--output", str(out), "--no-strict"]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"--output {out}: cannot write the index: ") and err.count("\n") == 1

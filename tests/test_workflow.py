@@ -141,14 +141,45 @@ def test_artifacts_downloaded_are_the_ones_uploaded(event):
                 artifact = render(step["with"]["name"], entry)
                 assert artifact in uploads, f"{event}: {name} downloads {artifact}"
                 assert render(step["with"]["path"], entry) == uploads[artifact]
-    # release.yml downloads every artifact into dist/<name>/ and drops the GPU results.
+    # release.yml downloads every artifact into dist/<name>/; the GPU results must not be
+    # taken for cells of their own.
     publish = jobs(RELEASE)["publish"]
     download = next(s for s in publish["steps"] if "download-artifact" in s.get("uses", ""))
     assert "name" not in download["with"] and download["with"]["path"] == "dist/"
-    gpu_upload = next(s for s in wheels["gpu"]["steps"] if "upload-artifact" in s.get("uses", ""))
-    prefix = gpu_upload["with"]["name"].split("$", 1)[0]
-    assert f"rm -rf dist/{prefix}*" in yaml.safe_dump(publish)
-    assert not any(fnmatch.fnmatch(c.id, f"{prefix}*") for c in cells)
+    assert not any(fnmatch.fnmatch(c.id, f"{gpu_results_prefix()}*") for c in cells)
+
+
+def gpu_results_prefix() -> str:
+    gpu_upload = next(s for s in jobs(WHEELS)["gpu"]["steps"]
+                      if "upload-artifact" in s.get("uses", ""))
+    return gpu_upload["with"]["name"].split("$", 1)[0]
+
+
+def test_release_publishes_each_cell_with_its_gpu_jobs_results_and_fails_on_any_left_out(
+        tmp_path):
+    """The publish step's script, run on artifacts as download-artifact lays them out: the
+    GPU job's folder of a cell replaces the CPU runner's (whose GPU tests all skipped, so
+    the index would leave the cell out), and the index is strict."""
+    script = next(s["run"] for s in jobs(RELEASE)["publish"]["steps"]
+                  if "extmatrix index" in s.get("run", ""))
+    prefix = gpu_results_prefix()
+    dist = tmp_path / "dist"
+    for folder, record in (("torch2.14-cpu", "cpu runner"), ("torch2.14-cu130", "cpu runner"),
+                           (f"{prefix}torch2.14-cu130", "gpu runner")):
+        (dist / folder).mkdir(parents=True)
+        (dist / folder / "last-good.json").write_text(record)
+    fake = tmp_path / "bin" / "extmatrix"
+    fake.parent.mkdir()
+    fake.write_text('#!/bin/sh\necho "$@" > "$CALLED"\n')
+    fake.chmod(0o755)
+    env = {**os.environ, "PATH": f"{fake.parent}{os.pathsep}{os.environ['PATH']}",
+           "CALLED": str(tmp_path / "called")}
+    subprocess.run(["bash", "-e", "-c", script], cwd=tmp_path, env=env, check=True)
+    assert sorted(p.name for p in dist.iterdir()) == ["torch2.14-cpu", "torch2.14-cu130"]
+    assert (dist / "torch2.14-cu130" / "last-good.json").read_text() == "gpu runner"
+    assert (dist / "torch2.14-cpu" / "last-good.json").read_text() == "cpu runner"
+    called = (tmp_path / "called").read_text().split()
+    assert called[:2] == ["index", "--dist"] and "--strict" in called
 
 
 def test_release_builds_every_cell_without_caches():

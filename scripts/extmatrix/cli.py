@@ -197,6 +197,11 @@ def _index(args: argparse.Namespace) -> int:
         print(f"left out {why}", file=sys.stderr)
     for page in pages:
         print(f"wrote {page}", file=sys.stderr)
+    if left_out and _strict(args):
+        # A release that publishes fewer wheels than it built must not pass as complete.
+        print(f"{len(left_out)} left out, and --strict publishes all or fails (the lines "
+              "above say why each was)", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -359,6 +364,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dist", help="results folder (default: dist/ beside the matrix)")
     p.add_argument("--output", help="index folder (default: DIST/index)")
     p.add_argument("--base-url", help="where the index will be served; default: relative links")
+    p.add_argument("--strict", action=argparse.BooleanOptionalAction, default=None,
+                   help="exit 1 when a selected cell or torch build is left out (default: on "
+                   "when $CI is set, or when cells are named with --cell or -k)")
     _COMMANDS["index"] = _index
 
     p = sub.add_parser("facts", help="the compatibility facts: 'refresh' reads PyPI and "
