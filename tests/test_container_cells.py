@@ -77,7 +77,10 @@ def test_the_wheel_is_repaired_and_leaves_torch_to_torch(engine, dist):
 
 
 def test_the_wheel_passes_the_matrix_tests(dist, capsys):
-    status = main(["test-matrix", "--matrix", MATRIX, "--cell", CPU, "--dist", str(dist)])
+    # Not strict: a machine with fewer Pythons than the abi3 wheel serves would fail it on
+    # that alone (test_faults tests that rule).
+    status = main(["test-matrix", "--matrix", MATRIX, "--cell", CPU, "--dist", str(dist),
+                   "--no-strict"])
     assert status == 0, capsys.readouterr().err
     report = CellReport.read(dist / CPU / "report.json")
     assert report.test == "passed" and report.junit["failures"] == 0

@@ -221,6 +221,18 @@ def test_a_refused_test_command_says_what_pytest_refused(ext, tmp_path, monkeypa
     assert "error: unrecognized arguments: --bogus; see " in reason, reason
 
 
+def test_a_test_command_that_hides_a_failure_behind_exit_0_fails(ext, tmp_path, monkeypatch):
+    # Piped through tee, pytest's exit status is lost; its tally is not.
+    (ext / "test" / "test_broken.py").write_text(BROKEN_TEST)
+    matrix = ext / "matrix.yaml"
+    matrix.write_text(matrix.read_text().replace("  abi3: false\n", "  abi3: false\n"
+        '  test_command: ["sh", "-c", "{python} -m pytest -q -p no:cacheprovider {tests} '
+        '| tee {tests}/../pytest.log"]\n'))
+    outcome, junit, reason, _ = local_suite(ext, tmp_path, monkeypatch)
+    assert (outcome, junit["failures"]) == ("failed", 1), reason
+    assert reason.startswith("the test command exited 0, yet 1 of its tests failed or erred")
+
+
 UNITTEST = ('  test_command: ["{python}", "-m", "unittest", "discover", "-s", "{tests}", '
             '"-t", "{tests}/.."]\n')
 

@@ -80,7 +80,16 @@ def test_the_workflow_sits_at_the_repository_root_and_names_real_paths(
     for argv in ran:
         assert argv[argv.index("--matrix") + 1] == matrix
     assert main(ran[0][1:]) == 0, capsys.readouterr().err  # the plan job, as CI runs it
-    assert CELL in [c["cell"] for c in json.loads(capsys.readouterr().out)["include"]]
+    entries = json.loads(capsys.readouterr().out)["include"]
+    assert CELL in [c["cell"] for c in entries]
+    # Each cell job has every Python its wheel is tested under, then the engine's.
+    steps = yaml.safe_load(workflow.read_text())["jobs"]["cell"]["steps"]
+    (setup,) = [s for s in steps if s.get("uses", "").startswith("actions/setup-python@")]
+    for entry in entries:
+        wanted = entry["test_pythons"] if entry["abi3"] else [entry["python"]]
+        installed = setup["with"]["python-version"].replace(
+            "${{ matrix.python_versions }}", entry["python_versions"]).split()
+        assert set(wanted) <= set(installed) and installed[-1] == "3.11", (entry, installed)
     # A pull request plans the pr subset the matrix names.
     pr = commands(workflow, "pull_request")[0]
     assert pr[pr.index("--subset") + 1] == "pr" and "--subset" not in ran[0]

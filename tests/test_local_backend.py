@@ -899,13 +899,33 @@ def test_a_failed_torch_install_says_where_torch_was_sought(tmp_path, monkeypatc
                                    f"dependencies ({note}); see build.log")
 
 
-def test_a_gpu_job_where_no_test_passed_verified_nothing():
+def test_a_gpu_job_fails_every_test_skipped_for_a_gpu_reason():
     every_test_wanted_a_gpu = {"tests": 5, "passed": 0, "skipped": 5, "gpu_skipped": 5}
-    assert local._nothing_verified(every_test_wanted_a_gpu) is None  # the CPU job: the GPU job's
-    said = local._nothing_verified(every_test_wanted_a_gpu, require_gpu=True)
-    assert said == "--require-gpu, yet no test passed: all 5 skipped (the log lists why)"
-    assert local._nothing_verified({"tests": 5, "passed": 1, "skipped": 4, "gpu_skipped": 4},
-                                   require_gpu=True) is None
+    assert local._not_a_pass(every_test_wanted_a_gpu) is None  # the CPU job: the GPU job's
+    assert local._not_a_pass(every_test_wanted_a_gpu, require_gpu=True) == (
+        "--require-gpu, yet 5 test(s) skipped for a GPU reason on this GPU machine (the log "
+        "lists why)")
+    # On the GPU machine a GPU test that skipped ("needs sm_100", "needs 2 GPUs", triton
+    # missing) is one the job exists to run: one passing test beside it does not make a pass.
+    some_skipped = {"tests": 5, "passed": 1, "skipped": 4, "gpu_skipped": 4}
+    assert local._not_a_pass(some_skipped) is None
+    assert "4 test(s) skipped for a GPU reason" in local._not_a_pass(some_skipped,
+                                                                     require_gpu=True)
+    other_skips = {"tests": 5, "passed": 0, "skipped": 5, "gpu_skipped": 0}
+    assert local._not_a_pass(other_skips, require_gpu=True) == (
+        "--require-gpu, yet no test passed: all 5 skipped (the log lists why)")
+    assert local._not_a_pass({"tests": 5, "passed": 4, "skipped": 1, "gpu_skipped": 0},
+                             require_gpu=True) is None
+
+
+def test_a_command_that_exits_0_on_failed_tests_fails():
+    # `pytest ... | tee log` exits with tee's status: the counts it printed are the truth.
+    counts = local.tally_counts("== 1 failed, 1 passed in 0.10s ==\n")
+    assert local._not_a_pass(counts) == (
+        "the test command exited 0, yet 1 of its tests failed or erred (the log lists them); "
+        "make the command exit non-zero on a failure")
+    assert local._not_a_pass({"tests": 2, "passed": 1, "errors": 1}) is not None
+    assert local._not_a_pass({"tests": 2, "passed": 2}) is None
 
 
 def test_the_extensions_own_test_command_gets_the_engines_plugin(tmp_path, monkeypatch):
@@ -1087,7 +1107,5 @@ def test_engines_installed_apart_keep_their_own_compiler_shims(tmp_path, monkeyp
 ])
 def test_a_suites_counts_are_read_from_its_runners_tally(output, counts):
     assert local.tally_counts(output) == counts
-    if counts:
-        assert (local._nothing_verified(counts) is not None) == (counts["passed"] == 0
-                                                                 and counts["failures"] == 0
-                                                                 and counts["errors"] == 0)
+    if counts:  # each of these ran no test, or had one fail: no pass, whatever the exit code
+        assert local._not_a_pass(counts) is not None

@@ -56,8 +56,10 @@ def test_wheels_carry_what_the_cells_promised(dist):
 
 
 def test_wheels_pass_their_tests_and_refuse_a_foreign_torch(dist, capsys):
+    # Not strict: a machine with fewer Pythons than the abi3 wheels serve would fail them on
+    # that alone (test_faults tests that rule).
     status = main(["test-matrix", "--matrix", MATRIX, "--cell", CPU, "--cell", CUDA,
-                   "--dist", str(dist)])
+                   "--dist", str(dist), "--no-strict"])
     assert status == 0, capsys.readouterr().err
     for cell in (CPU, CUDA):
         result = report(dist, cell)

@@ -107,7 +107,43 @@ def test_the_pythons_an_abi3_wheel_was_not_tested_under_show_without_junit_count
     r = CellReport(cell="torch2.13-cpu", backend="local", build="built", test="passed",
                    pythons={"3.11": "passed", "3.12": "not installed here"})
     (row, _), = report.summary_rows([r])
-    assert row[2] == "passed; on Python 3.11 (3.12 not installed here)"
+    assert row[2] == ("passed (exit status only: no JUnit, no tally); on Python 3.11 (3.12 "
+                      "not installed here)")
+
+
+def test_an_abi3_wheel_untested_under_a_python_it_serves_fails_the_strict_run():
+    # CI's runner had one Python: the wheel goes out to four it was never imported under.
+    r = CellReport(cell="torch2.13-cpu", backend="local", build="built", test="passed",
+                   junit={"tests": 2, "passed": 2},
+                   pythons={"3.11": "passed", "3.12": "not installed here",
+                            "3.13": "not installed here"})
+    (row, failed), = report.summary_rows([r], strict=True)
+    assert failed and row[1] == ("FAILED (--strict): Python 3.12, 3.13 it serves went untested "
+                                 "(not installed here)")
+    assert report.repro_lines([r], "local", strict=True)[0].splitlines()[0] == (
+        "torch2.13-cpu: not tested under Python 3.12, 3.13, which the wheel serves: not "
+        "installed here; install them where the tests run")
+    (row, failed), = report.summary_rows([r])
+    assert not failed and row[1] == "ok"
+    assert row[2] == "passed: 2 passed, 0 skipped; on Python 3.11 (3.12, 3.13 not installed here)"
+
+
+def test_the_job_summary_says_in_words_when_gpu_tests_did_not_run():
+    cpu = CellReport(cell="torch2.13-cpu", backend="local", build="built", test="passed",
+                     junit={"tests": 2, "passed": 2})
+    cuda = CellReport(cell="torch2.13-cu130", backend="local", build="built", test="passed",
+                      junit={"tests": 6, "passed": 2, "skipped": 4, "gpu_skipped": 4})
+    assert "GPU tests not run" not in report.summary_markdown([cpu], "local")
+    said = report.summary_markdown([cpu, cuda], "local").splitlines()
+    assert ("**GPU tests not run here: 4 test(s) of `torch2.13-cu130` need a GPU.** A flavor's "
+            "`gpu_runner` in the matrix runs them on a GPU machine (`test-matrix "
+            "--require-gpu`).") in said
+
+
+def test_a_pass_on_the_exit_status_alone_says_so():
+    r = CellReport(cell="torch2.13-cpu", backend="local", build="built", test="passed")
+    (row, _), = report.summary_rows([r])
+    assert row[2] == "passed (exit status only: no JUnit, no tally)"
 
 
 def test_a_cell_failed_by_strict_says_so_in_its_row():

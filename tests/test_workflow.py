@@ -118,6 +118,28 @@ def test_every_matrix_field_a_job_reads_is_in_its_plan(event):
                 assert field in entry, f"{event}: job {name} reads matrix.{field}"
 
 
+ENGINE_PYTHON = re.search(r'^PYTHON = "(.+)"$', (ROOT / "noxfile.py").read_text(), re.M)[1]
+
+
+@pytest.mark.parametrize("event", EVENTS)
+def test_every_job_that_tests_wheels_installs_each_python_they_are_tested_under(event):
+    # An abi3 wheel is tested under every Python it serves: with the engine's Python alone
+    # on the runner, --strict fails the cell (and before it did, the wheel went out tested
+    # under one Python of five).
+    cells = with_gpu_runners(selected(event))
+    by_id = {c.id: c for c in cells}
+    for name in ("cell", "gpu", "cross-torch"):
+        job = jobs(WHEELS)[name]
+        (setup,) = [s for s in job["steps"] if "setup-python" in s.get("uses", "")]
+        for entry in workflow.matrix(cells, job_matrix_source(job)):
+            installed = render(setup["with"]["python-version"], entry).split()
+            tested = {p for cell_id in (entry.get("cell"), entry.get("first"), entry.get("second"))
+                      if cell_id for p in (by_id[cell_id].test_pythons if by_id[cell_id].abi3
+                                           else (by_id[cell_id].python,))}
+            assert tested and tested <= set(installed), (name, entry.get("cell"), installed)
+            assert installed[-1] == ENGINE_PYTHON  # the default: nox and the engine run on it
+
+
 @pytest.mark.parametrize("event", EVENTS)
 def test_artifacts_downloaded_are_the_ones_uploaded(event):
     cells = selected(event)
@@ -248,28 +270,37 @@ def test_status_gates_on_every_job_and_gpu_absence_is_said():
         assert "timeout-minutes" in job, f"{name} has no timeout"
 
 
+PAIR = '{"include": [{"cells": "torch2.13-cpu torch2.14-cpu"}]}'
+
+
 @pytest.mark.skipif(not (shutil.which("bash") and shutil.which("jq")), reason="needs bash, jq")
-@pytest.mark.parametrize(("plan", "gpu_cells", "said"), [
-    ("success", '{"include": []}', "GPU tests not run: no selected cell has a GPU runner"),
-    ("success", '{"include": [{"cell": "torch2.11-cu130"}]}', None),
-    ("skipped", "", "GPU tests not run: the plan job's result is skipped"),
-    ("failure", "", "GPU tests not run: the plan job's result is failure"),
+@pytest.mark.parametrize(("plan", "gpu_cells", "cross", "said"), [
+    ("success", '{"include": []}', PAIR, ["GPU tests not run: no selected cell has a GPU runner"]),
+    ("success", '{"include": [{"cell": "torch2.11-cu130"}]}', PAIR, []),
+    ("success", '{"include": [{"cell": "torch2.11-cu130"}]}', '{"include": []}',
+     ["Cross-torch check not run: no two selected cells of different torch releases share a "
+      "Python"]),
+    ("skipped", "", "", ["GPU tests not run: the plan job's result is skipped"]),
+    ("failure", "", "", ["GPU tests not run: the plan job's result is failure"]),
 ])
-def test_status_says_truly_why_gpu_tests_did_not_run(tmp_path, plan, gpu_cells, said):
+def test_status_says_truly_which_checks_did_not_run(tmp_path, plan, gpu_cells, cross, said):
     step = jobs(WHEELS)["status"]["steps"][0]
     needs = {"checks": "failure" if plan == "skipped" else "success", "plan": plan,
              "cell": "success" if plan == "success" else "skipped", "gpu": "skipped",
              "cross-torch": "skipped"}
     env = {"PATH": os.environ["PATH"], "GITHUB_STEP_SUMMARY": str(tmp_path / "summary"),
            "RESULTS": json.dumps({job: {"result": r} for job, r in needs.items()}),
-           "GPU_CELLS": gpu_cells}
+           "GPU_CELLS": gpu_cells, "CROSS_PAIRS": cross}
     # The step's env names no other variable, and the workflow's default shell is bash -eo pipefail.
-    assert set(step["env"]) == {"RESULTS", "GPU_CELLS"}
+    assert set(step["env"]) == {"RESULTS", "GPU_CELLS", "CROSS_PAIRS"}
     run = subprocess.run(["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", step["run"]],
                          env=env, capture_output=True, text=True)
     assert run.returncode == (0 if plan == "success" else 1), run.stderr
-    said_lines = [line for line in run.stdout.splitlines() if "GPU tests" in line]
-    assert said_lines == ([said] if said else [])
+    said_lines = [line for line in run.stdout.splitlines() if "not run" in line]
+    assert said_lines == said
+    if said:  # the run's page shows them too
+        summary = (tmp_path / "summary").read_text().splitlines()
+        assert [line for line in summary if "not run" in line] == said
 
 
 def test_a_failing_engine_inside_a_pipe_fails_its_step():

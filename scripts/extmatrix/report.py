@@ -209,8 +209,10 @@ _READER = TypeAdapter(CellReport)
 def _status(r: CellReport, strict: bool = False) -> str:
     if r.build == "built" and not r.failed:
         if strict and failure(r, strict):  # ok on its own, failed by --strict: say which rule
+            untested = _untested_pythons(r)
             why = ("a torch it serves went untested" if any(s.test != "passed" for s in r.serves)
-                   else first_line(r.cross_check))
+                   else f"Python {', '.join(untested)} it serves went untested (not installed "
+                   "here)" if untested else first_line(r.cross_check))
             return f"FAILED (--strict): {why}"
         return "ok"
     status = "FAILED" if r.failed else r.build
@@ -221,7 +223,9 @@ def _status(r: CellReport, strict: bool = False) -> str:
 
 def _tests(r: CellReport) -> str:
     if not r.junit:
-        return r.test + _pythons(r)
+        # A test_command that wrote no JUnit and printed no tally: its exit status alone.
+        uncounted = " (exit status only: no JUnit, no tally)" if r.test == "passed" else ""
+        return r.test + uncounted + _pythons(r)
     j = r.junit
     # Skips for want of a GPU said apart: on a GPU-less runner they are the tests the GPU
     # job must run, and "passed" with nothing run is no pass to trust.
@@ -235,9 +239,13 @@ def _pythons(r: CellReport) -> str:
     if not r.pythons:
         return ""
     ran = [p for p, outcome in r.pythons.items() if outcome != NOT_INSTALLED]
-    missing = [p for p, outcome in r.pythons.items() if outcome == NOT_INSTALLED]
+    missing = _untested_pythons(r)
     return f"; on Python {', '.join(ran)}" + (
         f" ({', '.join(missing)} not installed here)" if missing else "")
+
+
+def _untested_pythons(r: CellReport) -> list[str]:
+    return [p for p, outcome in r.pythons.items() if outcome == NOT_INSTALLED]
 
 
 def _wheel(r: CellReport) -> str:
@@ -254,10 +262,12 @@ def _times(r: CellReport) -> str:
 
 def failure(r: CellReport, strict: bool) -> bool:
     """Failed, or not buildable where the cell had to be built (named, or --strict), or
-    (--strict) a stable-ABI wheel left untested beside a torch it serves, or a cross check
-    with a foreign torch at hand that could not be made."""
+    (--strict) a stable-ABI wheel left untested beside a torch it serves, an abi3 wheel
+    left untested under a Python it serves, or a cross check with a foreign torch at hand
+    that could not be made."""
     return r.failed or (strict and (r.build == "not-buildable"
                                     or any(s.test != "passed" for s in r.serves)
+                                    or bool(_untested_pythons(r))
                                     or (r.cross_check or "").startswith(CROSS_NOT_MADE)))
 
 
@@ -354,6 +364,10 @@ def why_failed(r: CellReport, strict: bool = False) -> str:
     if strict and untested and not r.failed:
         s = untested[0]
         return f"beside torch {s.torch}: {_served_status(s)}"
+    pythons = _untested_pythons(r)
+    if strict and pythons and not r.failed:
+        return (f"not tested under Python {', '.join(pythons)}, which the wheel serves: not "
+                "installed here; install them where the tests run")
     return first_line(r.reason or r.cross_check) or r.build
 
 
@@ -368,6 +382,15 @@ def summary_markdown(reports: list[CellReport], backend: str, strict: bool = Fal
              "|" + " --- |" * len(SUMMARY_COLUMNS)]
     for row, _ in summary_rows(reports, strict):
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in row) + " |")
+    # A job summary is all most readers see: tests that could not run here are said in
+    # words, not left to a count in a column.
+    wanting = [(r.cell, (r.junit or {}).get("gpu_skipped", 0)) for r in reports]
+    wanting = [(cell, n) for cell, n in wanting if n]
+    if wanting:
+        lines += ["", f"**GPU tests not run here: {sum(n for _, n in wanting)} test(s) of "
+                  f"{', '.join(f'`{cell}`' for cell, _ in wanting)} need a GPU.** A flavor's "
+                  "`gpu_runner` in the matrix runs them on a GPU machine (`test-matrix "
+                  "--require-gpu`)."]
     failed = [r for r in reports if failure(r, strict)]
     if failed:
         lines += ["", "Failed cells:", ""]

@@ -33,7 +33,7 @@ def matrix(cells: list[Cell], job: str) -> list[dict]:
 
 def _jobs(cells: list[Cell], job: str) -> list[dict]:
     if job == "gpu":
-        return [c.to_json() for c in cells if c.gpu_runner]
+        return [_entry(c) for c in cells if c.gpu_runner]
     if job == "cross":
         ordered = sorted((c for c in cells if not c.stable),
                          key=lambda c: (c.family != "cpu", c.id))
@@ -43,7 +43,20 @@ def _jobs(cells: list[Cell], job: str) -> list[dict]:
                          None)
             if other is not None:
                 return [{"cells": f"{first.id} {other.id}", "runner": first.runner,
-                         "first": first.id, "second": other.id}]
+                         "first": first.id, "second": other.id,
+                         "python_versions": python_versions([first, other])}]
         return []
-    return [c.to_json() for c in cells]
+    return [_entry(c) for c in cells]
+
+
+def _entry(cell: Cell) -> dict:
+    return {**cell.to_json(), "python_versions": python_versions([cell])}
+
+
+def python_versions(cells: list[Cell]) -> str:
+    """Every Python the cells' wheels are tested under, one a line, as actions/setup-python
+    takes several: an abi3 wheel is tested under each Python it serves, and a runner with
+    only the engine's Python would leave the others untested (which --strict fails)."""
+    versions = [p for c in cells for p in (c.test_pythons if c.abi3 else (c.python,))]
+    return "\n".join(dict.fromkeys(versions))
 

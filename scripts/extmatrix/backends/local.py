@@ -353,8 +353,8 @@ def run_suite(ctx: Context, venv: Path, cell_dist: Path, suffix: str,
     if facts:
         junit["gpu_skipped"] = int(facts.get("gpu_skipped", 0))
     if result.returncode == 0:
-        if nothing := _nothing_verified(junit, ctx.require_gpu):
-            return "failed", junit, f"{nothing}; see {steps.shown}"
+        if wrong := _not_a_pass(junit, ctx.require_gpu):
+            return "failed", junit, f"{wrong}; see {steps.shown}"
         return "passed", junit, None
     return "failed", junit, (f"{test_failure(result.returncode, result.stdout, facts)}; "
                              f"see {steps.shown}")
@@ -471,14 +471,23 @@ def test_cmd(ctx: Context, venv: Path, cell_dist: Path,
             f"--junitxml={junit}", *ext.test_args], env
 
 
-def _nothing_verified(junit: dict[str, int], require_gpu: bool = False) -> str | None:
-    """Why a run pytest calls a success verified nothing: every test skipped, some for
-    another reason than a missing GPU (a test dependency missing, say). Skips for want of a
-    GPU alone pass: those tests are the GPU job's (--require-gpu) to run; in that job, a
-    run where no test passed verified nothing, whatever the skips said."""
+def _not_a_pass(junit: dict[str, int], require_gpu: bool = False) -> str | None:
+    """Why a run whose command exited 0 is no pass: its own counts say tests failed (a
+    test_command piped through tee, say), or it verified nothing: every test skipped, some
+    for another reason than a missing GPU (a test dependency missing, say). Skips for want
+    of a GPU alone pass: those tests are the GPU job's (--require-gpu) to run; in that job,
+    a test skipped for a GPU reason is one the job exists to run, and failing it is how
+    CI says so."""
     skipped = junit.get("skipped", 0)
+    failed = junit.get("failures", 0) + junit.get("errors", 0)
+    if failed:
+        return (f"the test command exited 0, yet {failed} of its tests failed or erred (the "
+                "log lists them); make the command exit non-zero on a failure")
     if junit and junit.get("tests", 0) == 0:  # unittest's "Ran 0 tests ... OK" exits 0
         return "no test ran (the log shows what the runner found)"
+    if require_gpu and junit.get("gpu_skipped", 0):
+        return (f"--require-gpu, yet {junit['gpu_skipped']} test(s) skipped for a GPU reason "
+                "on this GPU machine (the log lists why)")
     if not junit or junit.get("passed", 0) > 0 or not skipped:
         return None
     if require_gpu:
