@@ -217,3 +217,29 @@ def test_compile_counts_with_groups_of_both_kinds_match_a_plan_without_them(tmp_
         f"{len(mixed.cells)} compiles; 5 of them are per-torch wheels the stable-ABI wheels also "
         f"serve (replace: false): {len(mixed.cells) - 5} with replace: true, {without} without "
         "stable cells")
+
+
+def test_a_stable_rocm_wheel_serves_only_torch_builds_of_its_rocm_minor(tmp_path):
+    # torch 2.15 ships ROCm 7.14 and 10.0: a wheel built with ROCm 7.2 would be refused at
+    # import there (HIP promises nothing across minors), though its major is 7.
+    p = plan_text(tmp_path, MATRIX.format(stable='  - {from: "2.11", flavors: [rocm7.2]}')
+                  .replace("flavor: [cpu, cu128, cu130]", "flavor: [cpu, rocm7.2]")
+                  .replace('  cu128: {archs: ["9.0"]}\n', '  rocm7.2: {archs: [gfx942]}\n'))
+    cell = p.cell("stable2.11-rocm7.2")
+    assert cell.serves == ("2.11.0", "2.12.1", "2.13.0", "2.14.1")
+
+
+def test_a_stable_gpu_wheel_is_tested_only_beside_a_build_of_its_toolkit_series(tmp_path):
+    from extmatrix.backends.local import _foreign_build
+
+    rocm = plan_text(tmp_path, MATRIX.format(stable='  - {from: "2.11", flavors: [rocm7.2]}')
+                     .replace("flavor: [cpu, cu128, cu130]", "flavor: [cpu, rocm7.2]")
+                     .replace('  cu128: {archs: ["9.0"]}\n', '  rocm7.2: {archs: [gfx942]}\n')
+                     ).cell("stable2.11-rocm7.2")
+    assert _foreign_build(rocm, {"cuda": None, "hip": "7.2.41134"}) is None
+    assert _foreign_build(rocm, {"cuda": None, "hip": "7.14.0"}) == (
+        "is a ROCm 7.14.0 build, not ROCm 7.2.x")
+    cuda = plan(tmp_path, '  - {from: "2.11", flavors: [cu130]}').cell("stable2.11-cu130")
+    assert _foreign_build(cuda, {"cuda": "13.2", "hip": None}) is None  # minor compatibility
+    assert _foreign_build(cuda, {"cuda": "12.8", "hip": None}) == (
+        "is a CUDA 12.8 build, not CUDA 13.x")

@@ -740,17 +740,25 @@ def _in_range(torch: str, start: str, below: str | None) -> bool:
     return key >= version_key(series(start)) and (below is None or key < version_key(below))
 
 
+def toolkit_series_depth(family: str) -> int:
+    """How much of a toolkit version a GPU wheel must share with the torch it runs beside:
+    CUDA's major (13.0 code runs on 13.2: minor version compatibility), ROCm's major.minor
+    (HIP promises nothing across minors, and torch ships a build per minor)."""
+    return 1 if family == "cuda" else 2
+
+
 def _same_toolkit_major(compat: Compat, torch: str, flavor: _Flavor, platform: str) -> bool:
     """Can a wheel of this flavor run beside some build of `torch`? A CPU wheel beside any;
-    a GPU wheel beside a build of the same toolkit major (CUDA 13.0 code runs on 13.2)."""
+    a GPU wheel beside a build of the same toolkit series (toolkit_series_depth)."""
     if compat.why_not(torch, flavor.family, None, platform):
         return False
     facts = compat.torch(torch)
     if flavor.family == "cpu":
         return True
-    major = version_key(flavor.settings.toolkit or "")[:1]
+    depth = toolkit_series_depth(flavor.family)
+    wanted = version_key(flavor.settings.toolkit or "")[:depth]
     published = facts.cuda if flavor.family == "cuda" else facts.rocm
-    return any(version_key(t)[:1] == major for t in published)
+    return any(version_key(t)[:depth] == wanted for t in published)
 
 
 def python_groups(pythons: list[str], abi3: bool) -> list[list[str]]:

@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from .. import envs, project, toolchain, wheels, workspace
-from ..cells import Cell
+from ..cells import Cell, toolkit_series_depth
 from ..compat import same_series
 from ..errors import Interrupted, NotBuildable, StepFailed, UserError, describe_os_error
 from ..project import build_requirements
@@ -430,11 +430,12 @@ def _foreign_build(cell: Cell, built: dict) -> str | None:
         return None
     label = "CUDA" if cell.family == "cuda" else "ROCm"
     found = (built["cuda"] if cell.family == "cuda" else built["hip"]) or ""
-    major = (cell.toolkit or "").split(".")[0]
+    depth = toolkit_series_depth(cell.family)
+    wanted = (cell.toolkit or "").split(".")[:depth]
     if not found:
         return f"has no {label}"
-    if found.split(".")[0] != major:
-        return f"is a {label} {found} build, not {label} {major}.x"
+    if found.split(".")[:depth] != wanted:
+        return f"is a {label} {found} build, not {label} {'.'.join(wanted)}.x"
     return None
 
 
