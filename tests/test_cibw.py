@@ -104,7 +104,7 @@ def test_environment_carries_the_cells_promises():
                                                "torch2.14-rocm7.2"))
     host = offline_host()
     env = cibw.container_env(cuda, host, "3.11")
-    assert env["TORCH_CUDA_ARCH_LIST"] == "8.0;9.0;10.0;12.0+PTX"
+    assert env["TORCH_CUDA_ARCH_LIST"] == "7.5;8.0;9.0;10.0;12.0+PTX"
     assert env["CPATH"].endswith("/site-packages/nvidia/cu13/include")
     assert env["PIP_FIND_LINKS"] == "/host/srv/wheels"
     assert env["PIP_EXTRA_INDEX_URL"] == "file:///host/srv/pypi/simple"

@@ -73,7 +73,7 @@ def test_a_cell_the_plan_leaves_out_on_purpose_is_named_with_its_rule(capsys, mo
     monkeypatch.chdir(Path(__file__).parent.parent)
     assert main(["plan", "--cell", "torch2.14-cu126"]) == 2
     assert capsys.readouterr().err == (
-        "extmatrix: cell 'torch2.14-cu126' is removed by exclude[0] (matrix.yaml:85:5); "
+        "extmatrix: cell 'torch2.14-cu126' is removed by exclude[0] (matrix.yaml:87:5); "
         "narrow the rule to build it\n")
 
 
