@@ -10,65 +10,58 @@
 // Both are memory-bound: the goal is copy bandwidth whatever the segment
 // lengths, so rows, not segments, are the unit of work, and a giant segment is
 // spread over every SM as evenly as a million tiny ones. Three designs share
-// that goal, chosen by row width and mean segment length:
+// that goal; segment_sum and segment_gather (at the end of this file) pick one
+// by row width, alignment and mean segment length:
 //
 // * Team kernels (long segments, rows of up to 256 bytes; the sum also takes
-//   short segments in rows of 128 bytes). A team of 32 threads (a cub
-//   logical warp; half a wavefront on ROCm) owns a row range and reads (sum)
-//   or writes (gather) it 512 contiguous bytes at a time, as a copy would;
-//   the sum's lanes add up across the team only where a segment ends.
+//   short segments in rows of 128 bytes). A team of 32 threads (a cub logical
+//   warp; half a wavefront on ROCm) owns a row range and reads (sum) or writes
+//   (gather) it 512 contiguous bytes at a time, as a copy would; the sum's lanes
+//   add up across the team only where a segment ends.
 //
-// * Tile kernels (short segments, rows of 16 bytes or less). A block loads
-//   contiguous tiles of 16 KB through shared memory, with the segment starts
-//   that fall in the tile beside them, marks the rows where segments start and
-//   combines per-thread runs of rows with block scans; a tile where no segment
-//   starts (inside a long one) skips all that: the gather stores the open
-//   segment's value, the sum over one column (on CUDA) adds its rows to that
-//   segment's (kQuietTiles). The label gather does
-//   the same labelling for wider rows, whatever the segment lengths (the team
-//   gather takes long segments of rows it fits). The sum over rows of 4 to 16
-//   bytes uses a lane kernel instead: a thread per short segment, a load per
-//   row (2-byte rows of one column: two per 32-bit word, word_lane_sums; on
-//   CUDA, rows of 16 bytes are first copied into shared memory by the team),
-//   teams and blocks for the longer ones. On rows of up to 4 bytes (1 or 2
-//   columns of a 2-byte type, 1 of fp32) a sample of indptr picks one of the
-//   two (TailGate); small inputs of 2-byte types take the tile sum.
-//   The gather over rows of exactly 16 bytes uses a fill kernel instead: a
-//   thread per segment writes its value into the segment's rows of a shared
-//   tile, the block the longer ones.
+// * Tile kernels (short segments, rows of 16 bytes or less). A block takes
+//   contiguous tiles of 16 KB through shared memory with the segment starts that
+//   fall in them, marks the rows where segments start and combines per-thread
+//   runs of rows with block scans; a tile inside a long segment skips all that.
+//   Relatives: the label gather (wider rows, every length the team gather does
+//   not take), the lane sum (rows of 4 to 16 bytes: a thread per short segment,
+//   teams and the block for longer ones; on rows of up to 4 bytes a sample of
+//   indptr picks it or the tile sum: TailGate) and the fill gather (rows of
+//   exactly 16 bytes: a thread per segment fills its rows of a shared tile).
 //
 // * Stream kernels (the rest: the sum over short segments of wider rows, rows
 //   wider than 256 bytes or of other widths; the gather of rows that are not
-//   whole 16-byte units). The rows are cut into equal contiguous ranges, one
-//   per group of threads, as many groups as fit on the GPU at once (several
-//   times as many for the gather: kStreamGatherWaves); a group has one thread
-//   per 8-byte (sum; 4 bytes in 4-byte aligned rows of 64 bytes of a 2-byte
-//   type) or 16-byte (gather) piece of a row. A group finds the segment open
-//   at its first row with one search and streams its rows in order, several
-//   loads in flight per thread, summing in registers and writing each total
-//   when the segment's last row has gone by. No thread waits for another in
-//   the loop.
+//   whole 16-byte units). The rows are cut into equal contiguous ranges, one per
+//   group of threads (a thread per 8-byte piece of a row for the sum, per
+//   16-byte piece for the gather), as many groups as fit on the GPU at once. A
+//   group finds the segment open at its first row with one search and streams
+//   its rows in order, several loads in flight per thread, writing each total
+//   when the segment's last row has gone by. No thread waits for another in the
+//   loop.
 //
-// The tile and lane sums, and the team sum over short segments, give each
-// block an equal share of rows and segment starts together (balanced_rows);
-// the others give each block equal rows.
-// Segments that cross a block boundary are finished by a small fix-up kernel
-// from per-block partials in the caller's workspace. Partials are always added
-// in the same order: results are deterministic.
+// The tile and lane sums, and the team sum over short segments, give each block
+// an equal share of rows and segment starts together (balanced_rows); the others
+// give each block equal rows. Segments that cross a block boundary are finished
+// by a small fix-up kernel from per-block partials in the caller's workspace.
+// Partials are always added in the same order: results are deterministic.
 //
 // ROCm builds hipify this header, so it keeps to the CUDA runtime, the fp16/bf16
 // headers and cub block and warp primitives (hipcub), with no assumption about
-// the warp size for correctness (a 32-thread team is a cub logical warp).
-// Where CUDA has a faster form (cp.async, warp barriers and shuffles, inline
-// PTX), it sits under `#if !defined(__HIP_PLATFORM_AMD__)` next to a plain one
-// that ROCm builds: the lane sum's staging of 16-byte rows and the tile
-// gather's stores and label walk (the label gather holds no segment values in
-// shared memory on ROCm: kLabelValueUnits). Nothing here synchronizes with the
-// host or allocates: the ops can be captured in a CUDA graph.
+// the warp size for correctness (a 32-thread team is a cub logical warp). Where
+// CUDA has a faster form (cp.async, warp barriers and shuffles, inline PTX), it
+// sits under `#if !defined(__HIP_PLATFORM_AMD__)` next to a plain one that ROCm
+// builds: the lane sum's staging of 16-byte rows and the tile gather's stores
+// and label walk (the label gather holds no segment values in shared memory on
+// ROCm: kLabelValueUnits). Nothing here synchronizes with the host or allocates:
+// the ops can be captured in a CUDA graph.
 //
-// indptr is never validated (that would need a device-to-host copy). Every
-// value read from it is clamped into [0, rows]; a malformed indptr gives
-// meaningless results but never an out-of-bounds access.
+// indptr is never validated (that would need a device-to-host copy). Every value
+// read from it is clamped into [0, rows]; a malformed indptr gives meaningless
+// results but never an out-of-bounds access.
+//
+// Why each choice was made, with its measurements and the variants that lost:
+// docs/kernel-notes.md, under the constant's or function's name. Read the entry
+// before re-trying a variant.
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -95,33 +88,13 @@ constexpr int kMaxBlocksPerSm = 2048 / kThreads;  // no GPU keeps more than 2048
 // Resident blocks per SM the kernels' registers are budgeted for: resident
 // blocks are what keeps bytes in flight.
 constexpr int kTileBlocksPerSm = 4;
-// The tile sum holds the next tile in registers, 16 KB in flight per block
-// even at 3 blocks per SM; at 4 its registers spilled (measured on an H100,
-// 1- and 4-column rows: 3 was up to 11 points of copy bandwidth faster, and
-// at most 2 points slower). Rows of 1 column of 4 bytes over short segments
-// take 4. At 64 registers they spilled (bf16 212 bytes, fp32 72, the starts
-// read ahead among them, stored to the stack right after their loads), for
-// four reasons: the run was held in registers through mark_starts; the
-// crowded walk and its search kept it too; warp 0's rake kept its 8 items
-// through the warp scan; and the block's own and head segments stayed in
-// registers through the walk. With those four cut (tile_sum_block,
-// rake_scan), bf16 and fp32 both fit 64 registers with no spill (SASS, sm_90;
-// 80 and 79 at 3 blocks), and the hot path's register peak is the storeless
-// walk's. Nsight Compute, H200, bf16, 1 column, power law, at 3 blocks: 22 of
-// 24 warps per SM resident, issue slots 58 % busy, DRAM at 46.5 % of peak,
-// latency that 32 resident warps should hide better, as 4 blocks did for the
-// tile gather (kTileGatherBlocksPerSm). H200 (ab.py, forward, % of copy
-// bandwidth, two runs each), 1 column, power law: fp32 77.6 -> 79.7 and 78.0
-// -> 80.1 (79.7 -> 81.9 and 79.3 -> 81.5 with bf16 at 4 too); short and long
-// segments within 0.4. bf16 lost at 4 blocks, 65.2 -> 63.7 and 66.2 -> 64.8,
-// and with the cuts at 3 blocks still 65.0 -> 64.5 twice: it keeps 3 blocks
-// and the code before the cuts (kLeanTileSum). (Not measured: at 4 blocks
-// its 46.5 KB of shared memory a block leave L1 about 60 KB, not 92; fp32's
-// 29.6 KB leave it 124 KB.)
-// With quiet tiles (kQuietTiles), bf16 at 4 blocks (the lean code, 8 bytes
-// spilled) lost again: power law 75.8 -> 74.5.
-// (ROCm keeps 3, and the code before the cuts: the register counts are
-// sm_90's.)
+// The tile sum holds the next tile in registers, 16 KB in flight per block even
+// at 3 blocks per SM (80 registers); at 4 (64 registers) it spilled and lost.
+// fp32 rows of 1 column over short segments run 4 blocks with the register cuts
+// of kLeanTileSum (tile_sum_block, rake_scan), which fit 64 registers with no
+// spill; bf16 lost at 4 even so, and keeps 3 blocks and the code before the
+// cuts, as ROCm does (the register counts are sm_90's).
+// Measurements: docs/kernel-notes.md, "kTileSumBlocksPerSm".
 template <typename T, int W, bool kShort>
 #if defined(__HIP_PLATFORM_AMD__)
 constexpr int kTileSumBlocksPerSm = 3;
@@ -134,33 +107,14 @@ constexpr bool kLeanTileSum = kTileSumBlocksPerSm<T, W, kShort> > 3;
 constexpr int kStreamBlocksPerSm = 4;
 // Tile and lane sums: blocks start on 8 rows, 16 bytes or more.
 constexpr int64_t kSplitQuantum = 8;
-// What a segment costs a block beyond its rows, in bytes, when the tile and
-// lane sums share rows between blocks (balanced_rows): its indptr entry for
-// the tile sum, several times that for the lane sum, where a segment is a
-// lane's loop and a store. On an H100, % of copy bandwidth against equal
-// rows per block (power law): tile sum, bf16, 1 column 54.1 -> 58.4 at 8,
-// 55.8 at 4, 46.2 at 24; 2 columns 59.7 -> 65.0 at 8; lane sum, fp32, 1
-// column 58.5 -> 61.9 at 8, 65.3 at 24, 69.8 at 96, 71.0 at 192; bf16, 4
-// columns 66.5 -> 72.0 at 24, 76.2 at 96, 76.3 at 192.
-// Rows of 16 bytes: 192, against 96 (fp32, 4 columns, power law 83.6 ->
-// 84.8; bf16, 8 columns 81.1 -> 82.9; short segments within 0.2; 48 lost 1
-// to 2 points). Short segments lose nothing to the cost split: the lane sum
-// splitting by rows alone where a sample of indptr (long_tailed) finds no
-// long tail was 0.1 to 0.8 points slower on them (fp32, 1, 2 and 4 columns;
-// bf16, 1 to 8 columns; ab.py, H100). With the tile sum reading 4 steps
-// ahead on 2 columns too, 8 still held (ab.py, bf16, power law): 2 columns
-// 69.1 against 70.0 at 4 (within the run-to-run spread of 1 column, which 4
-// left alone), 66.4 at 12, 63.4 at 16; 1 column 57.6 against 56.2 at 12.
-// The tile sums that skip the walk on tiles without a start (kQuietTiles,
-// tile_sum_block) weigh a start 24: such tiles got cheap, so the blocks in a
-// power law's long segments ended early at 8 and the kernel waited on the
-// others. H200 (ab.py, forward % of copy, against the kernel before in the
-// same run, power law, 1 column): bf16 66.5 -> 73.7 at 16, 76.4 at 24, 75.2
-// at 32; fp32 82.4 -> 85.1 at 16, 85.0 at 24, 80.3 at 32; at 8 (another run)
-// bf16 65.2 -> 67.3, fp32 81.0 -> 81.2; short segments within 0.1.
-// In a later run, against 24 (bf16 75.8, fp32 85.3): 20 gave 74.6 and 85.5,
-// 28 gave 76.4 and 83.8. One weight for both: bf16's 0.6 at 28 is within the
-// spread between runs, fp32's 1.5 is not.
+// What a segment costs a block beyond its rows, in bytes, when the tile and lane
+// sums share rows between blocks (balanced_rows): its indptr entry for the tile
+// sum (8), several times that for the lane sum (96, 192 on rows of 16 bytes),
+// where a segment is a lane's loop and a store. The tile sums that skip the walk
+// on tiles without a start (kQuietTiles, tile_sum_block) weigh a start 24: such
+// tiles got cheap, and at 8 the blocks in a power law's long segments ended
+// early while the kernel waited on the others.
+// Measurements: docs/kernel-notes.md, "kTileSegmentCost, kLaneSegmentCost".
 #if defined(__HIP_PLATFORM_AMD__)
 template <typename T, int W, bool kShort>
 constexpr bool kQuietTiles = false;  // its fold rides on rake_scan, which ROCm does not take
@@ -170,20 +124,18 @@ constexpr bool kQuietTiles = kShort && W == 1 && sizeof(T) <= 4;
 #endif
 template <typename T, int W, bool kShort>
 constexpr int64_t kTileSegmentCost = kQuietTiles<T, W, kShort> ? 24 : 8;
-// The lane sum's 96 measured again against 144, 192 and 288 on an H200
-// (ab.py, forward % of copy, same run): bf16, 4 columns, power law 69.3 ->
-// 70.3, 69.7 and 69.8, short segments within 0.2; fp32 and bf16, 1 column,
-// short segments within 0.2; kept.
+// The lane sum: 96 bytes a segment, 192 on rows of 16 bytes (both kept against
+// 48 to 288).
+// Measurements: docs/kernel-notes.md, "kTileSegmentCost, kLaneSegmentCost".
 template <typename T, int W>
 constexpr int64_t kLaneSegmentCost = W * sizeof(T) == 16 ? 192 : 96;
 constexpr int kThreadBytes = 64;     // tile kernels: src bytes per thread and tile (16 KB tiles)
 constexpr int kWindow = 2048;        // tile kernels: segment starts per tile kept in shared memory
 constexpr int kWindowSteps = 4;      // tile kernels: indptr entries per thread and round
 constexpr int kPrefetchSteps = 2;    // tile kernels: the same, for the round read a tile ahead
-// The tile sum's runs of 32 rows of 2 bytes unroll into 6600 instructions,
-// and 12 % of its stalls wait on instruction fetch (Nsight Compute, H100,
-// bf16, 1 column, power law); shorter runs, smaller code, lost: 16 rows 57.7
-// -> 48.5 % of copy bandwidth, 8 rows 32.7.
+// Runs of up to 32 rows per thread, though 32 rows of 2 bytes unroll into large
+// code: shorter runs, smaller code, lost.
+// Measurements: docs/kernel-notes.md, "kMaxRunRows".
 constexpr int kMaxRunRows = 32;      // tile kernels: rows per thread and tile, at most
 constexpr int kShortSegmentRows = 64;  // tile sum: mean segment length (rows) that is short
 constexpr int kValueBytes = 8192;    // tile gather: segment values per tile in shared memory
@@ -192,95 +144,22 @@ constexpr int kBatch = 4;            // stream kernels: loads per thread in flig
 constexpr int kMinGroupRows = 32;    // stream kernels: small inputs get fewer, fuller groups
 constexpr int kTeam = 32;            // team kernels, stream gather: threads on contiguous rows
 constexpr int kTeams = kThreads / kTeam;  // team kernels: teams per block
-// How the stream sum keeps rows in flight. 4- and 8-byte types load the next
-// kBatch rows (fp32 single elements on kDeep devices: 2 * kBatch, below)
-// while they add the current ones: twice the bytes in flight for
-// the registers of kStreamBlocksPerSm blocks per SM. On an H100, % of copy
-// bandwidth against a batch loaded after the last was added, short segments
-// then power law: fp32, 32 columns 84.6 against 81.1, 80.6 against 76.4;
-// fp32, 256 columns 86.4 against 85.0, 87.3 against 84.4. The half types,
-// whose adds take more instructions, lost with that read-ahead (bf16 by up to
-// 5.1 points). In rows of fewer than kWideHalfLanes packs they load 2 * kBatch
-// rows after the adds instead, the same registers: a group there meets a
-// segment end every few loads, and a fifth of the stalls (bf16, 32 columns,
-// power law) wait on indptr for the next end. Neither a read-ahead of rows
-// nor the ends of the next 8 segments held across the group's lanes gained
-// there; the block's ends staged in shared memory did (kStreamEnds). Wider
-// rows read 6 rows ahead at 3 blocks per SM, whose registers that takes.
-// Against 2 * kBatch rows after the adds, bf16, short segments then power
-// law: 64 columns 80.6 against 79.1, 74.7 against 73.1; 128 columns 84.3
-// against 81.3, 82.1 against 78.2; 256 columns 85.9 against 84.6, 84.6
-// against 81.6. With 32 columns, half-empty segments lost 2 points
-// (69.1 against 71.0), other laws were within noise; the ends held across
-// lanes were within 2 points. 8 rows ahead lost up to 2.7 points to 6 on the
-// power law. Nsight Compute (H100, bf16, 32 columns, power law): the loop
-// waits on loads (55 % of the cycles between issues), at 64 registers, half
-// the warp slots and 20 of 32 threads active (a warp's groups meet ends at
-// different rows). More rows per batch lost: bf16, 12 rows after the adds
-// (spilling 32 bytes), 32 columns, short segments 79.8 -> 77.4; fp32, 6 rows
-// ahead, 256 columns, power law 85.5 -> 82.8, 8 rows (spilling) 72.7. Nor
-// did 3 blocks per SM, whose registers take more rows without a spill (bf16,
-// 32 columns, short segments then power law, ab.py): 8 rows 81.1 -> 80.7 and
-// 70.4 -> 70.0, 12 rows 79.9 and 66.8, 16 rows 81.4 and 67.0.
-// Nor did asking L2 for the rows ahead, which costs no registers (sm_90's
-// bulk prefetch, cp.async.bulk.prefetch.L2, one instruction per group and
-// batch): on an H100 (ab.py, % of copy bandwidth), 32 rows past the next
-// batch, bf16, 32 columns, short segments 76.9 -> 51.7, power law 69.9 ->
-// 50.7; 256 columns, power law 84.5 -> 60.7; fp32, 64 columns 85.8 -> 56.1;
-// 64 rows lost as much. The same for the tile sum's tile after next (bf16, 1
-// column, power law 57.6 -> 55.1, two tiles 52.5), the lane sum's stripe 8
-// stripes on (fp32, 4 columns, short segments 80.2 -> 69.1; 1 column, power
-// law 71.7 -> 68.7) and the team sum's steps ahead (fp32, 32 columns, short
-// segments 85.1 -> 56.0). Nor did rows read ahead without registers: each
-// thread of the pairs' loop copying its pair of the next batches' rows into
-// shared memory (cp.async, a ring of 2 to 4 batches of 8 rows, each thread
-// reading back only what it copied) lost on an H100 (ab.py, bf16, 32
-// columns): short segments 81.3 -> 78.7 (2 batches), 78.4 (4); power law
-// 70.9 -> 67.3, 66.5. More bytes in flight made it slower, not faster.
-// Nor, on an H200, did a ring in shared memory: the team sum's loop over short
-// segments in rows of 128 bytes, copying each lane's units a batch ahead into
-// a ring of two batches (cp.async, 32 KB a block, 4 blocks per SM): 0.56 times
-// as fast (ab.py, forward % of copy: fp32, 32 columns, power law 83.8 -> 46.8,
-// short segments 86.8 -> 49.2; bf16, 64 columns 78.6 -> 43.6 and 81.6 -> 47.2;
-// sums the same), and as slow with the carveout set to the most shared memory
-// and the grid sized by that kernel's occupancy. Nsight Compute (fp32, 32
-// columns, short segments): 70.0 -> 95.6 million instructions, the waits on
-// loads became waits on shared memory and its queue (cycles an issue: long
-// scoreboard 10.7 -> 3.1, short scoreboard 0.7 -> 7.8, MIO throttle 0.0 ->
-// 4.2), DRAM at 76.7 -> 44.0 % of its peak. Nor did sm_90's bulk copies
-// (cp.async.bulk, one lane issuing a batch's rows, an mbarrier per slot, no
-// per-lane copies): same cases, 2 slots of one 2 KB copy 81.7, 86.5, 72.7 and
-// 79.2 (against 83.9, 86.9, 78.9 and 82.6), of a copy per row into rows 160
-// bytes apart (no bank conflicts) 63.0, 71.7, 58.4 and 64.9; 4 and 6 slots in
-// dynamic shared memory (3 and 2 blocks per SM) 77.5, 85.7, 66.9, 74.0 and
-// 69.7, 80.0, 60.1, 66.9. A deeper batch in registers gained there
-// (kShortTeamBatch). Rows in registers did better here too: an H200 (a copy at
-// 4.2 TB/s, against 3.0 on the H100) wants more rows in flight: at 4 blocks
-// per SM (ab.py, bf16, 32 columns, short segments then power law), 12 rows
-// after the adds 70.9 -> 76.0 and 58.7 -> 61.0 (spilling 40 bytes), 16 rows
-// 76.3 and 61.5, and again 70.6 -> 76.0 and 58.4 -> 62.0; 12 rows at 3 blocks
-// per SM lost (67.3 and 54.1), at 5 gained less on short segments (73.5; power
-// law 61.5); the pairs (32 columns) at 3 blocks per SM with 16, 24 and 32 rows
-// lost on the power law (ab.py, H200, power law 79.5 -> 51.1, 47.0 and
-// 42.1; short segments 84.0 -> 84.4, 83.6 and 75.1). So devices whose memory
-// feeds each SM faster than an H100's by a margin (kDeepBytesPerSm) take 16 rows
-// (kDeep) where a thread loads at most 4 bytes a row of a 2-byte type (single
-// elements and pairs; fp32 single elements: see below): 64 bytes in flight, as
-// 8 rows of 8-byte packs hold, and no spill (8-byte packs spilled 64 bytes at
-// 16 rows). Others, the H100 SXM among them, keep 8, where 12 had lost. The
-// bar sits between the two measured devices; parts near it (an H100 NVL has
-// about 29.5e9 per SM, a GH200 of 96 GB 30.3e9) were not measured.
-// fp32 rows of single elements (odd widths, unaligned rows) read 8 rows
-// ahead on those devices too (kDeep; H200, ab.py, 33 columns, 4 -> 8 rows:
-// short segments 56.3 -> 62.6, power law 46.7 -> 49.2, long segments 67.1 ->
-// 81.0; no spill).
-// 8-byte packs lost with 8 rows (8 columns 58.5 -> 50.2 and 50.3 -> 45.4; 64
-// columns 84.8 -> 65.8, spilling 32 bytes), and at 3 blocks per SM gained only
-// on short segments in wide rows (256 columns, short 87.1 -> 90.6 but power
-// law 83.3 -> 82.3; 16 columns, power law 61.8 -> 56.9); 6 rows lost up to 4
-// points. Rows of 8 and 16 fp32 columns ran faster in the Triton forward's
-// lanes (70.3 and 76.5 on short segments): a lane sum for such rows is the
-// lead there.
+// How the stream sum keeps rows in flight (kRows rows a batch per thread):
+// * 4- and 8-byte types load the next batch while they add the current one
+//   (kReadAhead): twice the bytes in flight for the registers of
+//   kStreamBlocksPerSm blocks per SM.
+// * 2-byte types, whose adds take more instructions, lost with that read-ahead:
+//   in rows of fewer than kWideHalfLanes packs (kNarrow) they load 2 * kBatch
+//   rows after the adds instead, the same registers; wider rows (kWide) read 6
+//   rows ahead at 3 blocks per SM, whose registers that takes.
+// * kDeep: devices whose memory feeds each SM faster than an H100's by a margin
+//   (kDeepBytesPerSm) want more rows in flight: 16 rows where a thread loads at
+//   most 4 bytes a row of a 2-byte type (64 bytes in flight, no spill), and 8
+//   rows ahead for fp32 single elements. Other devices keep 8 rows there, where
+//   12 had lost.
+// More rows per batch spilled or lost, and neither L2 prefetches nor rings in
+// shared memory (cp.async, bulk copies) beat rows held in registers.
+// Measurements: docs/kernel-notes.md, "StreamRows, StreamSumRows".
 enum class StreamRows { kNarrow, kDeep, kWide };
 template <typename T, StreamRows kShape>
 struct StreamSumRows {
@@ -298,69 +177,16 @@ struct StreamSumRows {
 constexpr double kDeepBytesPerSm = 30e9;
 constexpr int kWideHalfLanes = 16;  // stream sum: packs per row from which half types read ahead
 constexpr int64_t kPairRowBytes = 64;  // stream sum: rows of 2-byte types it sums in pairs
-// The gathers launch several waves of blocks, so that blocks that finish early
-// are followed by more: with one wave, blocks finished so unevenly that a
-// quarter of the warp slots sat idle (Nsight Compute on an H100, tile gather,
-// bf16, power law: 39 % achieved occupancy of 50 %). More waves cost each
-// block's start (a search of indptr, a first read not ahead). % of copy
-// bandwidth on an H100 against one wave:
-// * tile gather, 4: power law, fp32 and bf16, 1 column 64.0 -> 69.3 and
-//   51.6 -> 61.3; short segments, fp32, 1 column 83.2 -> 81.4 (8: 79.8).
-// * team gather, 4: long segments, fp32 and bf16, 1 column 89.4 -> 95.9 and
-//   87.7 -> 93.5. With 8, 32-256-row segments, fp32, 1 column lost 61.8 ->
-//   58.0; with 16, long ones fell to 84.9.
-// * label gather, 16: power law, fp32, 32 columns 81.8 -> 91.0, bf16, 64
-//   columns 79.4 -> 88.7; short segments, bf16, 32 columns 76.2 -> 75.9.
-//   Rows of 64 bytes or less take 8 (against 16, with tiles of 1024 rows):
-//   short segments, fp32, 8 columns 80.1 -> 84.4, bf16, 32 columns 85.1 ->
-//   86.9; power law 84.6 -> 86.5 and 89.3 -> 88.6. Wider rows lost with 8:
-//   bf16, 40 columns, short segments 86.4 -> 85.5, 32-256-row segments 95.7
-//   -> 92.4.
-// * stream gather, 8: long segments, 256 columns (rows it took then), fp32
-//   87.1 -> 94.7, bf16 88.9 -> 96.5.
-// * fill gather, 16 (it took the tile gather's 4 before): H200 (ab.py,
-//   backward % of copy bandwidth, one run for 8, 12 and 16 against 4), fp32,
-//   4 columns, short segments 79.8 -> 82.4, 84.4, 85.8 (86.2 in another run,
-//   against 80.5), power law 77.3 -> 79.3, 78.5, 77.8 (77.8 against 77.6);
-//   bf16, 8 columns 80.0 -> 82.6, 84.6, 86.1 and 77.6 -> 79.3, 78.6, 77.9. The
-//   power law peaks at 8 and short segments still climb at 16, which gains the
-//   most of the two together. (At 16, a block's first tile reading values
-//   ahead only for the mean's starts per tile and a margin, not in every
-//   thread, lost: short segments 86.3 -> 83.5, power law 77.3 -> 76.2.)
-// The sums keep one wave: with two, the stream sum lost 2 to 6 points (more
-// segments cross blocks), and the lane and tile sums won only on the power
-// law. Measured again on an H200 (ab.py, forward % of copy bandwidth,
-// against one wave in the same run), none paid: the gated tile sum, which
-// runs on long tails alone, at 2 and 3 waves: fp32, 1 column, power law 81.3
-// -> 79.8 and 79.8, bf16 65.5 -> 65.4 and 60.9; the lane sum at 2 waves:
-// bf16, 4 columns, power law 68.9 -> 65.9, short segments 85.0 -> 81.2;
-// fp32, 4 columns 84.2 -> 78.3 and 80.9 -> 77.8; the team sum over short
-// segments at 2 waves: bf16, 64 columns, short segments 82.9 -> 75.2, power
-// law 82.2 -> 75.4; fp32, 32 columns, short segments 87.3 -> 81.5. (The
-// tile sum's blocks were not short of waves but of weight: kTileSegmentCost.)
-// Each wave's blocks search indptr for their first segment (3 rounds of
-// probes and barriers on the bench's inputs): ~6 to 9 % of the tile and fill
-// gathers' stall samples (Nsight Compute, H200, power law, both at 4 waves;
-// the fill gather at 16, 25 %). Blocks of equal
-// cost as the sums take them (balanced_rows: a row weighs its bytes, a start
-// 8 or 32 bytes more), one search per block, lost there on an H200 (ab.py,
-// backward % of copy, against 4 waves of equal rows): one wave, weight 8,
-// bf16, 1 column, short segments 82.3 -> 79.3, power law 70.2 -> 67.0; fp32,
-// 1 column 80.5 -> 79.8 and 75.9 -> 74.1; bf16, 4 columns 79.0 -> 78.0 and
-// 77.1 -> 73.3; weight 32 alike but for bf16, 1 column, power law 71.8; two
-// waves lost more. The blocks that follow in later waves are what evens the
-// SMs' ends out, not equal shares.
-// Nor did other counts of waves of equal rows for the tile gather (H200,
-// ab.py, 2 and 8 against 4, backward % of copy): bf16, 1 column, short
-// segments 81.7 -> 81.2 and 79.3, power law 70.6 -> 61.2 and 70.3; fp32, 1
-// column 80.6 -> 81.3 and 78.2, 76.1 -> 72.6 and 76.2; bf16, 4 columns 79.7
-// -> 80.4 and 77.7, 77.1 -> 75.1 and 77.3. Nor with the cheaper search of
-// warp_lower_bound (128 probes), at 6, 8 and 16 waves against 4 and
-// block_lower_bound (H200, ab.py): bf16, 1 column, short 81.3 -> 78.1, 77.7
-// and 72.5, power law 73.5 -> 73.8, 73.9 and 69.9; fp32, 1 column 80.2 ->
-// 77.7, 77.2 and 73.5, 79.1 -> 80.2, 78.8 and 74.4; bf16, 4 columns 79.7 ->
-// 78.1, 77.9 and 74.9, 78.5 -> 78.8, 79.2 and 75.6 (8 waves with 64 probes
-// alike).
+// The gathers launch several waves of blocks of equal rows, so that blocks that
+// finish early are followed by more: with one wave, blocks finished so unevenly
+// that a quarter of the warp slots sat idle. More waves cost each block's start
+// (a search of indptr, a first read not ahead), so each gather has the count
+// that measured best: the tile and team gathers 4, the fill and label gathers 16
+// (8 for the narrow label gather), the stream gather 8. The sums keep one wave:
+// with more, more segments cross blocks, and none gained. Blocks of equal cost
+// (balanced_rows) in fewer waves lost on the gathers: the later waves are what
+// evens out the SMs' ends, not equal shares.
+// Measurements: docs/kernel-notes.md, "kTileGatherWaves and the other gather waves".
 constexpr int kTileGatherWaves = 4;
 constexpr int kFillGatherWaves = 16;
 constexpr int kTeamGatherWaves = 4;
@@ -368,12 +194,9 @@ constexpr int kLabelGatherWaves = 16;
 constexpr int kNarrowLabelGatherWaves = 8;  // rows of at most kNarrowLabelBytes
 constexpr int64_t kNarrowLabelBytes = 64;
 // The narrow label gather's blocks find their first segment with
-// warp_lower_bound, 64 probes a round, the tile, wide label and team gathers
-// with block_lower_bound. H200, ab.py, backward % of copy, two runs: bf16, 32
-// columns, short segments 85.1 -> 85.7 and 84.1 -> 84.8, power law 86.1 ->
-// 86.7 and 85.3 -> 85.7; but rows of 128 bytes (16 waves), fp32, 32 columns
-// and bf16, 64 columns, short 89.0 -> 88.0 and 88.8 -> 87.8. The tile gather
-// with 64 or 128 probes: -0.8 to +0.6.
+// warp_lower_bound, 64 probes a round; the tile, wide label and team gathers
+// keep block_lower_bound, where the warp search lost or tied.
+// Measurements: docs/kernel-notes.md, "kNarrowLabelSearchProbes".
 constexpr int kNarrowLabelSearchProbes = 64;
 // Rows the label gather takes as narrow: its waves and its search.
 __host__ __device__ constexpr bool narrow_label_rows(int64_t inner, int64_t elem_size) {
@@ -393,35 +216,21 @@ __host__ __device__ constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a
 
 // A sum is one kernel, or two or three on one stream (a fix-up after it; the
 // gated sums' second kernel before that), and each used to wait for the one
-// before it to end before it launched: on an H200 the benchmark's forward took
-// 270 us for bf16 rows of 1 column over the power law where its kernels ran
-// 261 (torch.profiler), 212 against 200 on fp32. On sm_90 and later the
-// kernel after launches early (programmatic dependent launch, launch_after):
-// a sum that a kernel of ours follows lets it start at its top
-// (allow_dependents), and that kernel waits for the kernels before it to end,
-// their writes visible, before it reads what they wrote
-// (wait_for_prerequisites). Every block of a kernel launched early waits
-// before it returns, on every path: the fix-up reaches what the lane sum
-// wrote, and what follows the op on the stream finds it done, only through
-// those waits. A kernel launched the usual way finds nothing to wait for.
-// Compiled for an older architecture, both are no-ops, and the host must not
-// launch early: a kernel that runs from sm_80 PTX on an sm_90 device has no
-// wait (early_launch). H200 (ab.py, forward, % of copy
-// bandwidth, two runs): fp32, 1 column, power law 81.6 -> 82.4 and 80.9 ->
-// 81.6, short segments 85.9 -> 86.9 and 84.9 -> 86.0; bf16, 1 column, short
-// 80.3 -> 81.2 and 79.5 -> 80.5, long 85.3 -> 86.0; giant segments, 1
-// column, fp32 97.7 -> 98.1 and 96.1 -> 96.9, bf16 95.0 -> 96.1; fp32, 32
-// columns, power law 83.2 -> 84.1 and 82.2 -> 82.8, 64 columns 85.7 -> 86.5;
-// bf16, 32 and 64 columns, short segments 82.5 -> 83.3, 81.2 -> 81.6; rows of
-// 4 columns +0.3; bf16, 1 column, power law 66.3 -> 66.1 and 65.7 -> 65.4.
-// (Also tried, same runs: the gated tile sum finding its rows before it waits,
-// while the lane sum samples, lost: bf16 rows of 1 column, short segments 80.3
-// -> 79.3 (its blocks searched indptr while the lane sum ran), fp32 85.9 ->
-// 84.5; with its blocks taking the lane sum's sample themselves first, so that
-// only the picked kernel searches, bf16, 1 column, power law 65.7 -> 62.5.)
-// A sum that no kernel of ours follows does not let the next one start: a
-// kernel of another library launched early could write, before its own wait,
-// into memory that this one still reads (the caching allocator's reuse).
+// before it to end before it launched. On sm_90 and later the kernel after
+// launches early (programmatic dependent launch, launch_after): a sum that a
+// kernel of ours follows lets it start at its top (allow_dependents), and that
+// kernel waits for the kernels before it to end, their writes visible, before it
+// reads what they wrote (wait_for_prerequisites). Every block of a kernel
+// launched early waits before it returns, on every path: the fix-up reaches what
+// the lane sum wrote, and what follows the op on the stream finds it done, only
+// through those waits. A kernel launched the usual way finds nothing to wait
+// for. Compiled for an older architecture, both are no-ops, and the host must
+// not launch early: a kernel that runs from sm_80 PTX on an sm_90 device has no
+// wait (early_launch).
+// A sum that no kernel of ours follows does not let the next one start: a kernel
+// of another library launched early could write, before its own wait, into
+// memory that this one still reads (the caching allocator's reuse).
+// Measurements: docs/kernel-notes.md, "allow_dependents, wait_for_prerequisites".
 __device__ __forceinline__ void allow_dependents(bool followed) {
 #if !defined(__HIP_PLATFORM_AMD__) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if (followed) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
@@ -589,26 +398,19 @@ __device__ __forceinline__ int64_t start_of(const int64_t* __restrict__ indptr, 
   return clamp_row(indptr[s], rows);
 }
 
-// For each e < N, the first x in [lo[e], hi[e]] with !below(e, x), for a
-// `below` that holds up to some x and fails from there (x = hi[e] is never
-// probed); the same answers in every thread. Each step probes kThreads evenly
-// spaced entries at once, so 3 dependent loads cover 16M entries where a
-// binary search would wait on 24, and the N searches wait on memory together.
-// Wider rounds, 4 or 8 probes a thread (a 1024- or 2048-ary search: 2 rounds
-// up to 1M or 4M entries; each thread also probing the entry before its own,
-// the one thread holding the step from below to not-below writing the next
-// range to shared memory), lost badly in the gathers' block starts (H200,
-// ab.py, backward % of copy, 4 then 8 probes a thread): tile gather, bf16, 1
-// column, short segments 81.5 -> 70.3 and 60.7, power law 73.2 -> 64.2 and
-// 61.0; fill gather (16 waves of blocks), fp32, 4 columns 86.2 -> 51.7 and
-// 41.9, 77.8 -> 48.8 and 40.2. Yet the search is a large share of those
-// kernels' waits (kTileGatherWaves); fewer probes a round, by one warp
-// (warp_lower_bound), paid in the fill and narrow label gathers
+// For each e < N, the first x in [lo[e], hi[e]] with !below(e, x), for a `below`
+// that holds up to some x and fails from there (x = hi[e] is never probed); the
+// same answers in every thread. Each step probes kThreads evenly spaced entries
+// at once, so 3 dependent loads cover 16M entries where a binary search would
+// wait on 24, and the N searches wait on memory together. Wider rounds (4 or 8
+// probes a thread) lost badly in the gathers' block starts; fewer probes, by one
+// warp (warp_lower_bound), paid in the fill and narrow label gathers
 // (kFillSearchProbes, kNarrowLabelSearchProbes).
-// A round of a search that probes `probes` evenly spaced entries of [lo, hi]
-// at once: probe i (from 0) lies at lo + (i + 1) * step - 1, and where the
-// first n probes are below the answer (and the rest not), it lies in
-// [lo + n * step, lo + (n + 1) * step - 1].
+// Measurements: docs/kernel-notes.md, "block_partitions, round_step".
+// A round of a search that probes `probes` evenly spaced entries of [lo, hi] at
+// once: probe i (from 0) lies at lo + (i + 1) * step - 1, and where the first n
+// probes are below the answer (and the rest not), it lies in [lo + n * step, lo
+// + (n + 1) * step - 1].
 __device__ __forceinline__ int64_t round_step(int64_t lo, int64_t hi, int64_t probes) {
   return ceil_div(hi - lo, probes);
 }
@@ -645,10 +447,8 @@ __device__ __forceinline__ void block_partitions(int64_t (&lo)[N], int64_t (&hi)
 // First s in [0, segments + 1] with start_of(s) >= x[e], for each e; the same
 // answers in every thread. Through block_partitions, the N searches wait on
 // memory together: the stream and team kernels find both ends of their block's
-// segments in one search. Against one search after the other, each written out,
-// on an H100 (% of copy bandwidth, ab.py): within 0.5 points on the stream sum
-// and gather and the label and fill gathers; the tile gather, bf16, 1 column,
-// power law 68.9 -> 70.5.
+// segments in one search.
+// Measurements: docs/kernel-notes.md, "block_lower_bounds".
 template <int N>
 __device__ __forceinline__ void block_lower_bounds(const int64_t* __restrict__ indptr,
                                                    int64_t segments, int64_t rows,
@@ -673,21 +473,10 @@ __device__ inline int64_t block_lower_bound(const int64_t* __restrict__ indptr, 
 // segments that start in them * segment, in bytes: a row's, and a segment's
 // output row plus what its end costs the kernel (kTileSegmentCost,
 // kLaneSegmentCost). Power-law lengths leave some blocks of equal rows with
-// twice the segments of others, and one wave of blocks ends with its slowest
-// (Nsight Compute, H100, tile sum, bf16, 1 column: the SMs were busy 80 % of
-// the kernel's time). The stream sum keeps equal rows: shared by cost, its
-// wide rows lost up to 4.5 points (fp32, 256 columns, power law). Its groups
-// keep equal rows too: sharing a block's rows by cost (rows + 2 rows per
-// segment start) gained 1.9 points on bf16, 32 columns, power law and lost
-// 1.8 on 64 columns, short segments; 4 to 16 rows per start lost up to 24
-// points (fp32, 32 columns, power law 80.1 -> 56.2 at 16). With the starts
-// found from kThreads probes at once, not a search per group, 1 row per
-// start: bf16, 32 columns +1.5 (power law) and +2.1 (short segments), 64
-// columns +1.2 and -1.2; fp32, 256 columns, power law -1.4. Measured again
-// on the pairs' loop, which now sums those 32 columns (the team sum's cuts,
-// kThreads probes then a search per cut, rounded to whole batches; ab.py,
-// H100), it no longer paid: short segments 81.2 -> 80.1, power law 70.5 ->
-// 70.9 (2 rows per start: 80.0 and 71.4).
+// twice the segments of others, and one wave of blocks ends with its slowest.
+// The stream sum keeps equal rows for its blocks and its groups: shared by cost,
+// it lost or gained nothing.
+// Measurements: docs/kernel-notes.md, "Costs".
 struct Costs {
   int64_t row, segment;
 };
@@ -805,13 +594,8 @@ struct Geometry {
   // ahead: enough for a tile of 8-row segments in one round (2-byte rows make
   // tiles of 8192 rows). Over short segments it reads low words instead,
   // imax(kWindowSteps, kTileRows / (4 * kThreads)) steps: 8 for 2-byte rows
-  // (tile_sum_block). Measured on an H100, bf16, 1 column: 51 -> 56% of copy
-  // bandwidth on short segments; the gather, which also holds the values
-  // read ahead, spilled and lost 4 points on power-law segments. On the
-  // power law a tile holds either no start (half the tiles) or 1000 to 2200,
-  // yet reading further ahead as 64-bit entries lost there (57.7 % of copy):
-  // 8 steps 49.4, 6 steps 55.6, 8 steps only after a tile of many starts
-  // 50.4; fewer lost too (3 steps 57.3, 1 step 55.9).
+  // (tile_sum_block). Reading further ahead as 64-bit entries lost.
+  // Measurements: docs/kernel-notes.md, "Geometry::kPrefetch".
   static constexpr int kPrefetch = kTileRows / 8 > kPrefetchSteps * kThreads ? kWindowSteps
                                                                               : kPrefetchSteps;
 };
@@ -828,47 +612,24 @@ struct Window {
 };
 
 // Starts of the segments from, from + 1, ... read kThreads * steps at a time
-// (this thread's: from + k * kThreads + tid); past the last segment, kNever
-// (~0u for low words).
-// Issued a tile ahead so the window's first round does not wait on memory,
-// and kept as read: load_window clamps them. Clamped here, the thread waited
-// on the loads at once (Nsight Compute, H100, tile sum, bf16, 1 column, short
-// segments: 13 % of the stall samples, on the clamp). On the op benchmark
-// (H100, % of copy bandwidth): bf16, 1 column, power law, forward 49.2 ->
-// 52.5; fp32, 1 column, short segments, backward 82.6 -> 85.1.
-// A power-law tile that holds more starts than were read ahead waits on a
-// second round (Nsight Compute, tile sum, bf16, 1 column: 38 % of the tiles,
-// 7 % of the stall samples on its loads). Neither way of reading further
-// ahead without registers paid (ab.py, H100, tile sum then tile gather):
-// * the entries copied into shared memory with cp.async (dynamic shared
-//   memory), as deep as now: bf16, 1 column, power law 58.1 -> 54.5 and
-//   68.5 -> 66.4; 2 columns 69.9 -> 62.9 and 80.4 -> 75.1; fp32, 1 column
-//   80.2 -> 72.6 and 81.2 -> 77.3; twice as deep, worse (bf16, 1 column
-//   46.1 and 61.8);
-// * the next 1024 entries pulled toward the SM, one 4-byte load per thread
-//   and 32-byte sector, its register read a tile later: bf16, 1 column,
-//   power law 57.6 -> 57.8 and 68.2 -> 69.6, but 2 columns 69.7 -> 65.9,
-//   and 1 column, short segments, backward 83.0 -> 81.4; 2048 entries lost
-//   everywhere. Pulled only after a tile that outran its read-ahead, and in
-//   the gather alone, bf16, 1 column, power law, backward went 68.2 -> 69.3,
-//   and every other case 0.1 to 0.8 points down.
-// Nor is the L1 cache short of room here: a window of 2048 starts (8 KB less
-// shared memory per block than 4096) left every case within 0.3 points,
-// measured again within 0.6 on the gathers (where the tile sum's storeless
-// walk needed the room); with the gather's values in 4 KB too, it lost on
-// two (gather, bf16, power law, 4 columns 78.6 -> 77.3, 2 columns 80.3 ->
-// 79.6).
+// (this thread's: from + k * kThreads + tid); past the last segment, kNever (~0u
+// for low words).
+// Issued a tile ahead so the window's first round does not wait on memory, and
+// kept as read: load_window clamps them (clamped here, the thread waited on the
+// loads at once). A tile that holds more starts than were read ahead waits on a
+// second round; reading further ahead without registers (cp.async into shared
+// memory, pulls toward the SM) did not pay, and L1 is not short of room here.
+// Measurements: docs/kernel-notes.md, "fetch_starts, low_words_exact".
 // The tile sum reads ahead only the low 32-bit words of the entries (Raw =
 // uint32_t; ~0u past the last segment): the word at the lower address, GPUs
-// being little-endian. Below 2^32 rows they give a sorted indptr's starts in
-// the tile exactly (load_window), in half the registers, so it reads twice
-// as many entries ahead as 64-bit ones would (tile_sum_block). The tile
-// gather reads them as deep as before, on rows of 2 and 4 bytes
-// (kTileGatherLow), for the registers and 32-bit arithmetic alone.
-// Low words give the starts exactly only below 2^32 rows: from there the
-// tile sum reads nothing ahead, and the tile gather, whose low words are its
-// only read-ahead on rows of 2 and 4 bytes, leaves such inputs to the team
-// gather.
+// being little-endian. Below 2^32 rows they give a sorted indptr's starts in the
+// tile exactly (load_window), in half the registers, so it reads twice as many
+// entries ahead as 64-bit ones would (tile_sum_block). The tile gather reads
+// them as deep as before, on rows of 2 and 4 bytes (kTileGatherLow), for the
+// registers and 32-bit arithmetic alone.
+// Low words give the starts exactly only below 2^32 rows: from there the tile
+// sum reads nothing ahead, and the tile gather, whose low words are its only
+// read-ahead on rows of 2 and 4 bytes, leaves such inputs to the team gather.
 __host__ __device__ constexpr bool low_words_exact(int64_t rows) {
   return rows <= int64_t{UINT32_MAX};
 }
@@ -892,36 +653,22 @@ __device__ __forceinline__ void fetch_starts(const int64_t* __restrict__ indptr,
     raw[k] = k * kThreads <= last ? at[kStride * k * kThreads] : kPast;
 }
 
-// Fills `window` for the tile of `nrows` rows at t0 whose first start is
-// segment `first`, and returns the number of starts in the tile. The first
-// round takes `steps` entries per thread from `raw` (fetch_starts), or none
-// where the tile sum read nothing ahead (steps 0: it reads indptr); further
-// rounds, only when a round is full, read kWindowSteps entries per thread.
-// counts[3] are block words, used in rotation by `round` (the same in every
-// thread) so a round needs one barrier; the atomic counts need them zeroed.
-// How a round's count reaches every thread differs by kernel (WindowCount),
-// each the fastest measured there (H100, % of copy bandwidth):
-// * kWarpAtomic (tile sum): each warp sums its count and adds it to the
-//   block's. Against an atomic per thread on the same word, power-law
-//   segments, bf16, two runs: 1 column 44.7 -> 48.9 and 45.1 -> 46.4, 2
-//   columns 52.2 -> 53.9 and 52.3 -> 54.2. Counted in the barrier it was up to
-//   1 point slower.
-// * kInBarrier (tile gather, held to 64 registers, where the warp sum lost 3
-//   points on bf16 rows of 1 column): the barrier itself counts, with no
-//   atomics and hardly a register. Against an atomic per thread, two runs:
-//   0.1 to 1.8 points faster on 27 of 30 short, power-law and spiky cases
-//   (rows of 1 to 4 bf16, 1 to 4 fp32), at most 0.9 slower; 32-256-row
-//   segments within 0.7.
-// * kThreadAtomic (label gather): an atomic per thread. Counted in the
-//   barrier it was 0.3 to 2 points slower on rows of 32 to 256 columns.
-// Rounds past the first larger than kWindowSteps lost wherever a tile has
-// more starts than the first round holds, though a tile of 8192 starts then
-// waits on fewer rounds (H100, % of copy bandwidth, power law, tile sum then
-// tile gather, bf16, 1 column): 8 steps 58.2 -> 47.1 and 70.7 -> 59.8;
-// doubling from round to round up to 8 steps 47.1 and 64.0, up to 16 steps
-// 35.2 and 54.9. The gather reading each round's segment values alongside
-// its starts, not after the window, lost too: 70.6 -> 58.1 (short segments
-// 70.0 -> 54.4).
+// Fills `window` for the tile of `nrows` rows at t0 whose first start is segment
+// `first`, and returns the number of starts in the tile. The first round takes
+// `steps` entries per thread from `raw` (fetch_starts), or none where the tile
+// sum read nothing ahead (steps 0: it reads indptr); further rounds, only when a
+// round is full, read kWindowSteps entries per thread. counts[3] are block
+// words, used in rotation by `round` (the same in every thread) so a round needs
+// one barrier; the atomic counts need them zeroed. How a round's count reaches
+// every thread differs by kernel (WindowCount), each the fastest measured there:
+// * kWarpAtomic (tile sum): each warp sums its count and adds it to the block's.
+// * kInBarrier (tile gather, held to 64 registers, where the warp sum lost): the
+//   barrier itself counts, with no atomics and hardly a register.
+// * kThreadAtomic (label gather): an atomic per thread.
+// Rounds past the first larger than kWindowSteps lost wherever a tile has more
+// starts than the first round holds, as did the gather reading each round's
+// values alongside its starts.
+// Measurements: docs/kernel-notes.md, "WindowCount, load_window".
 enum class WindowCount { kThreadAtomic, kWarpAtomic, kInBarrier };
 
 template <WindowCount kCount, int kSteps, typename Raw>
@@ -935,15 +682,15 @@ __device__ __forceinline__ int64_t load_window(const int64_t* __restrict__ indpt
   // The tile gather's prefetched round of 64-bit entries (rows of 8 bytes;
   // narrower rows read low words, below): raw[k] is kNever for k >= steps
   // (fetch_starts with the same steps), which gives nrows like the clamp, so
-  // neither the clamp to [0, rows] nor steps is applied: a negative start
-  // gives -t0 (what clamping it to 0 gives), one at or past the tile's end
-  // nrows (rows - t0 >= nrows). 32-bit where it can be.
-  // Further rounds of the tile gather take the same lean form, the entries
-  // of a round addressed from one pointer and bounded by one 32-bit room (as
-  // its prefetch): k * kThreads <= room exactly when s <= segments.
-  // The tile sum (kWarpAtomic) takes the lean form too (H200, power law, 1
-  // column, % of copy bandwidth: bf16 50.1 -> 52.5, fp32 63.4 -> 64.7); its
-  // prefetched round now reads low words (kLow, below).
+  // neither the clamp to [0, rows] nor steps is applied: a negative start gives
+  // -t0 (what clamping it to 0 gives), one at or past the tile's end nrows (rows
+  // - t0 >= nrows). 32-bit where it can be.
+  // Further rounds of the tile gather take the same lean form, the entries of a
+  // round addressed from one pointer and bounded by one 32-bit room (as its
+  // prefetch): k * kThreads <= room exactly when s <= segments.
+  // The tile sum (kWarpAtomic) takes the lean form too; its prefetched round now
+  // reads low words (kLow, below).
+  // Measurements: docs/kernel-notes.md, "load_window: the lean form".
   constexpr bool kLeanFirst = kCount != WindowCount::kThreadAtomic;
   const int below_tile = static_cast<int>(-t0);
   auto lean = [&](int64_t v) {
@@ -1097,14 +844,12 @@ __device__ __forceinline__ int64_t starts_through(const int* window,
   return lo;
 }
 
-// Segment starts in the tile before row a, the first of this thread's run,
-// whose own starts are `marks`. Counted from the marks over the block when
-// each marked row starts one segment (`by_marks`, the same in every thread);
-// else by binary search of the window. The search everywhere, for no block
-// scan and its barrier, lost on an H100 (ab.py, % of copy bandwidth): tile
-// sum, bf16, power law, 1 column 57.5 -> 54.3, 2 columns 69.3 -> 63.0; tile
-// gather, bf16, 1 column, power law 68.1 -> 64.8, short segments 83.1 ->
-// 77.9.
+// Segment starts in the tile before row a, the first of this thread's run, whose
+// own starts are `marks`. Counted from the marks over the block when each marked
+// row starts one segment (`by_marks`, the same in every thread); else by binary
+// search of the window. The search everywhere, for no block scan and its
+// barrier, lost.
+// Measurements: docs/kernel-notes.md, "starts_before".
 template <typename CountScan>
 __device__ __forceinline__ int64_t starts_before(int a, uint32_t marks, bool by_marks,
                                                  typename CountScan::TempStorage& storage,
@@ -1119,16 +864,12 @@ __device__ __forceinline__ int64_t starts_before(int a, uint32_t marks, bool by_
 
 // Marks the rows of the tile (`nrows` rows) where its window's `n` segments
 // start, one bit per row in `starts`. A start that the next one shares is a
-// segment without rows: on_empty(i) runs for its entry i and the tile is
-// crowded (some row then starts several segments). A thread takes four
-// consecutive entries, read from the window (16-byte aligned) at once, and
-// ORs the bits that fall in one mask word together: short segments put
-// several starts in a word, and with one atomic per entry a warp's atomics
-// waited on each other there (Nsight Compute, tile sum, bf16, 1 column: 13
-// wavefronts per atomic on the power law). On an H100, % of copy bandwidth:
-// tile gather, fp32, 1 column, power law 74.1 -> 76.0, 1-3-row segments 70.5
-// -> 75.0; bf16, 1 column, short segments 68.8 -> 70.1; tile sum, power law,
-// bf16, 1 column 49.6 -> 52.0, fp32, 1 column 65.1 -> 67.4.
+// segment without rows: on_empty(i) runs for its entry i and the tile is crowded
+// (some row then starts several segments). A thread takes four consecutive
+// entries, read from the window (16-byte aligned) at once, and ORs the bits that
+// fall in one mask word together: short segments put several starts in a word,
+// and with one atomic per entry a warp's atomics waited on each other there.
+// Measurements: docs/kernel-notes.md, "mark_starts".
 // Zeroes a tile's kWords mark words with the block's kThreads threads, one
 // unrolled store per thread and pass: a loop over tid, not knowing tid <
 // kThreads, kept its bounds and its control (about 20 instructions).
@@ -1195,12 +936,10 @@ __device__ __forceinline__ void mark_starts(int64_t n, int nrows, const int* win
 
 // indptr entries per thread for a block's first tile, expected to hold
 // `expected` starts. The tiles after it read the most entries (max_steps), not
-// as many as the tile before held: a tile that holds more starts than were
-// read ahead waits on a further round of indptr reads, and power-law tiles
-// differ widely. On an H100, % of copy bandwidth: tile gather, bf16, short
-// segments, 2 columns 70.4 -> 79.9, 4 columns 69.8 -> 79.8; power law, 4
-// columns 69.8 -> 76.8; fp32, 2 columns 78.4 -> 82.2; tile sums within 1.5
-// points, label gathers within one.
+// as many as the tile before held: a tile that holds more starts than were read
+// ahead waits on a further round of indptr reads, and power-law tiles differ
+// widely.
+// Measurements: docs/kernel-notes.md, "walk_steps".
 __device__ __forceinline__ int walk_steps(int64_t expected, int max_steps) {
   return static_cast<int>(
       imin(max_steps, imax(1, ceil_div(expected + expected / 4 + 2, kThreads))));
@@ -1237,18 +976,11 @@ __device__ __forceinline__ uint4 load_tail_unit(const T* p, int count) {
 // unit k * kThreads + tid goes to this thread's staged[k], zeros past the end.
 template <int kUnits, typename T>
 __device__ __forceinline__ void load_stage(uint4 (&staged)[kUnits], const T* base, int bytes) {
-  // A whole tile (every tile of a block but at most its last): every unit whole, no
-  // bound to test, as in store_warp_units. The tile sum's per-unit tests and
-  // their branches were ~26 of the ~70 instructions a warp issues from the
-  // tile's first barrier to its window (SASS, sm_90, bf16, 1 column; the tile
-  // top was 11 % of the kernel's instructions, Nsight Compute, power law):
-  // the four loads now go out back to back. With the closed segments' sums
-  // read from s0's run (store_closed below), on an H200 (ab.py, forward % of
-  // copy bandwidth, two runs): power law, 1 column, bf16 62.6 -> 63.1 and
-  // 62.5 -> 63.0, fp32 71.9 -> 73.1 and 72.0 -> 72.9; sums bit for bit the
-  // same. Cache hints on these loads tied (H200, ab.py, a later run, power
-  // law, 1 column, bf16 then fp32): ld.global.cs (__ldcs) 66.3 -> 66.3,
-  // 81.6 -> 81.6; ld.global.nc.L1::no_allocate.L2::256B 66.5, 81.4.
+  // A whole tile (every tile of a block but at most its last): every unit whole,
+  // no bound to test, as in store_warp_units: the four loads go out back to
+  // back, where the per-unit tests and their branches were about a third of the
+  // instructions at the tile's top. Cache hints on these loads tied.
+  // Measurements: docs/kernel-notes.md, "load_stage".
   if (bytes == kUnits * kThreads * 16) {
     const uint4* from = reinterpret_cast<const uint4*>(base) + threadIdx.x;
 #pragma unroll
@@ -1268,27 +1000,14 @@ __device__ __forceinline__ void load_stage(uint4 (&staged)[kUnits], const T* bas
   }
 }
 
-// The tile sum's stage: unit u of the tile at u + u / 8, a unit of padding
-// after every 128 bytes. Padded per run instead (runs kUnits + 1 units apart),
-// the 8 threads of each of store_stage's 16-byte stores, 8 consecutive units
-// of the tile, met units 0 and 8 of the padded stage in one bank group: every
-// store took 8 wavefronts a warp, not 4, 128 a tile of the ~154 excess store
-// wavefronts a tile (5.0M of 19.8M, Nsight Compute, H200, bf16, 1 column,
-// power law; fp32 ~146 a tile, 4.8M of 15.0M). Now those 8 threads write 8
-// consecutive units of the stage, and read_run's 8 threads (unit k of runs t
-// to t + 7, at 4t + t / 2 + k) 8 distinct bank groups too (runs of 4 units:
-// 0, 4, 1, 5, 2, 6, 3, 7). Each thread's units lie at one base plus
-// constants both ways, unlike the gather's swizzle (stage_swizzle), whose
-// per-unit XOR took 8 more instructions a thread and tile in read_run
-// (SASS, sm_90), though its store_stage took 10 fewer than the per-run
-// padding's (here: 2 instructions each way, 8 fewer a thread and tile than
-// the per-run padding). The stage takes kThreads / 8 units (2 KB) less than
-// with that padding: the union with the storeless walk's sums shrinks 2 KB
-// for fp32, 1 column (to the sums' 18 KB) and for bf16, 2 columns; bf16, 1
-// column keeps its size (34 KB of sums). H200, forward % of copy bandwidth,
-// power law: bf16, 1 column 59.1 -> 61.8, 2 columns 52.2 -> 54.5; fp32, 1
-// column 68.7 -> 71.8; short and long segments within 0.4 (the gather's
-// swizzle here: 61.9, 54.3 and 71.3).
+// The tile sum's stage: unit u of the tile at u + u / 8, a unit of padding after
+// every 128 bytes. The 8 threads of each of store_stage's 16-byte stores write 8
+// consecutive units of the stage, and read_run's 8 threads (unit k of runs t to
+// t + 7, at 4t + t / 2 + k) meet 8 distinct bank groups too (runs of 4 units: 0,
+// 4, 1, 5, 2, 6, 3, 7). Each thread's units lie at one base plus constants both
+// ways. Padded per run instead, every store took 8 wavefronts a warp, not 4; the
+// gather's swizzle (stage_swizzle) took more instructions here.
+// Measurements: docs/kernel-notes.md, "stage_unit".
 template <int kUnits>
 __host__ __device__ constexpr int stage_unit(int u) {
   static_assert(kUnits == 4, "runs of 4 units: 2 per 8-unit group of banks");
@@ -1320,20 +1039,12 @@ __device__ __forceinline__ void read_run(const uint4* stage, uint4 (&run)[kUnits
 }
 
 // The tile gather's stage holds runs unpadded, kUnits units apart, with unit k
-// of run t at k ^ stage_swizzle(t) within it. The padded stage (runs kUnits +
-// 1 units apart, as read_run's) serves the 8 threads of each 16-byte write
-// from distinct banks, but store_warp_units reads it two runs per 8 lanes
-// (units 0-3 and 5-8 of 9: units 0 and 8 share banks), so each of its 16-byte
-// loads took 8 wavefronts, not 4: 16 wavefronts more per warp and tile, up
-// to 4.2M of the 9.8M excess of the 24.7M shared load wavefronts (Nsight
-// Compute, H200, bf16, 1 column, power law; the rest from the label walk,
-// whose lanes read values far apart). With the swizzle both the writes (8
-// threads: runs t..t+7, the same k) and the reads (8 lanes: two runs, each
-// whole) hit 8 distinct bank groups, and the stage takes 4 KB less (SASS,
-// sm_90: 3 more LOP3 and LEA pairs per thread and tile for the writes'
-// addresses, none per read). H200, backward % of copy bandwidth: fp32, 1
-// column, short segments 77.6 -> 78.6, power law 74.9 -> 75.8; bf16, 4
-// columns, power law 75.2 -> 76.0; bf16, 1 column within 0.5.
+// of run t at k ^ stage_swizzle(t) within it. With the swizzle both the writes
+// (8 threads: runs t..t+7, the same k) and store_warp_units' reads (8 lanes: two
+// runs, each whole) hit 8 distinct bank groups, and the stage takes 4 KB less;
+// the padded stage (runs kUnits + 1 units apart) served the writes but put each
+// of those reads on 8 wavefronts, not 4.
+// Measurements: docs/kernel-notes.md, "stage_swizzle".
 template <int kUnits>
 __device__ __forceinline__ int stage_swizzle(int run) {
   static_assert(kUnits == 4, "runs of 4 units: two per 128 bytes of banks");
@@ -1414,17 +1125,14 @@ struct AddPartials {
   }
 };
 
-// A run's open partial: the sum of its rows after its last segment start, or
-// of all its rows when none starts in it (closed = 0). Combining restarts at
-// a closed right operand, so a segmented sum is a plain scan. `closed` counts
-// the starts (or is 1 for any): combined, the counts add, so the storeless
-// walk's exclusive scan also gives each run the starts before it, and that
-// walk needs no count scan of its own. The sums are those of a flag: the
-// order of the additions is unchanged. On an H200 (ab.py, % of copy
-// bandwidth, forward, power law, 1 column), with the cheaper stores of the
-// closed segments (tile_sum_block) and mark_starts' lighter tests: bf16 47.1
-// -> 50.2, fp32 59.4 -> 63.1 (each alone: bf16 49.4, 46.5 and 47.6; fp32
-// 61.3, 61.6 and 59.8); short segments and 4 columns within 0.3.
+// A run's open partial: the sum of its rows after its last segment start, or of
+// all its rows when none starts in it (closed = 0). Combining restarts at a
+// closed right operand, so a segmented sum is a plain scan. `closed` counts the
+// starts (or is 1 for any): combined, the counts add, so the storeless walk's
+// exclusive scan also gives each run the starts before it, and that walk needs
+// no count scan of its own. The sums are those of a flag: the order of the
+// additions is unchanged.
+// Measurements: docs/kernel-notes.md, "RunSum".
 template <typename Acc, int W>
 struct RunSum {
   int closed;
@@ -1524,11 +1232,9 @@ template <typename T, int W, bool kLean = false>
 struct TileSumShared {
   using Acc = typename Num<T>::acc;
   // A run's sum of one float scans with cub's default, raking scan, wider ones
-  // with warp scans. On an H100, % of copy bandwidth, bf16, 1 column: short
-  // segments 56.2 -> 58.8, power law 44.2 -> 45.7, 32-256-row segments 48.6
-  // -> 51.8; 2 columns lost with the raking scan (short segments 64.3 -> 58.5,
-  // power law 54.2 -> 50.6). (hipify maps neither the raking enumerator nor
-  // the algorithm's type: the default names it.)
+  // with warp scans (the raking scan lost on 2 columns). (hipify maps neither
+  // the raking enumerator nor the algorithm's type: the default names it.)
+  // Measurements: docs/kernel-notes.md, "TileSumShared::Scan".
   using Scan =
       std::conditional_t<sizeof(RunSum<Acc, W>) <= 8, cub::BlockScan<RunSum<Acc, W>, kThreads>,
                          cub::BlockScan<RunSum<Acc, W>, kThreads, cub::BLOCK_SCAN_WARP_SCANS>>;
@@ -1576,16 +1282,13 @@ struct TileSumShared {
   uint32_t starts[G::kTileRows / 32];  // bit r: a segment starts at row r
   alignas(16) int window[kWindow];
   // The storeless walk's per-row sums, over the stage once every run is read
-  // from it: a run's kRunRows * W floats, then a group of padding, so that
-  // the threads of one store's phase (8 for 16-byte stores, 16 for 8-byte
-  // ones) meet no bank twice. Groups of 4 floats, one 16-byte store each,
-  // where pairs had taken twice the store instructions, for 2 KB more of the
-  // union (bf16, 1 column: 48,520 bytes of static shared memory, of 49,152;
-  // registers unchanged, sm_90). H200 (ab.py, forward % of copy): bf16, 1
-  // column, power law 64.3 -> 65.3; short and long segments, and fp32 (power
-  // law, long), within 0.4; sums bit for bit the same. Lean kernels (fp32, 1
-  // column, short segments, 4 blocks per SM) keep pairs: not timed with
-  // groups of 4.
+  // from it: a run's kRunRows * W floats, then a group of padding, so that the
+  // threads of one store's phase (8 for 16-byte stores, 16 for 8-byte ones) meet
+  // no bank twice. Groups of 4 floats, one 16-byte store each, where pairs had
+  // taken twice the store instructions (bf16, 1 column: 48,520 bytes of static
+  // shared memory, of 49,152). Lean kernels (fp32, 1 column, short segments, 4
+  // blocks per SM) keep pairs: not timed with groups of 4.
+  // Measurements: docs/kernel-notes.md, "TileSumShared::kSumsGroup".
   static constexpr int kSumsGroup = !kLean && sizeof(Acc) == 4 ? 4 : 2;
   static constexpr int kSumsStride = G::kRunRows * W + kSumsGroup;
   static constexpr int kSums = kStorelessWalk<W> ? kThreads * kSumsStride : kSumsGroup;
@@ -1620,59 +1323,20 @@ __device__ __forceinline__ int64_t block_head(const Carry& carry, int64_t head) 
 }
 
 // One block's row range, tile by tile. A tile is loaded with coalesced 16-byte
-// loads into shared memory, with its segment starts beside it. Thread g sums
-// its run of kRunRows consecutive rows in one pass: the rows before its first
-// start (the head) wait for a segmented scan over the runs, which gives the
-// sum of the earlier rows of that segment; the segments that start and end
-// inside the run are written at once (the walk that stores as it goes, rows
-// of 2 columns), or after the scan, each by a thread of its own, from the
-// rows' segmented sums that the walk leaves in shared memory (the storeless
-// walk, rows of 1 column).
-// The storeless walk, against the walk that stores, on an H100 (ab.py, % of
-// copy bandwidth, power law, bit-identical results): bf16, 1 column 57.9 ->
-// 64.7, fp32 79.6 -> 81.4; bf16, 1 column, small inputs (1M rows), short
-// segments 23.8 -> 24.9, power law 22.9 -> 25.5; other cases within 0.6
-// (the window shrunk from 4096 starts to 2048 with it, to fit 48 KB of static
-// shared memory). Found by removing parts of the tile, giving wrong sums
-// (bf16, 1 column, power law): no walk at all 58.1 -> 80.4 % (Nsight Compute:
-// 236 -> 133 million instructions, 417 -> 299 us); no second window round
-// 64.4; no start used once the window is read 66.9; no run scan 57.5. The
-// tile is bound by instruction issue: the walk's instructions per row are
-// what it had to lose.
-// (Tried and dropped, same measure. Copied there with cp.async instead, into
-// two stages, the registers fell to 62 and 4 blocks fit per SM, but bf16, 1
-// column went 57.8 -> 52.9 at 3 blocks, 54.1 at 4. Halving the walk's chain
-// of dependent adds, the run summed as two halves whose partials join after
-// the loop: 58.1 -> 55.3, fp32 79.9 -> 69.9 (4 to 16 bytes spilled). Tiles
-// without a start summed with less work: a plain sum of the run instead of
-// the walk, 57.6 -> 57.6 (2 columns 65.0 -> 63.8); that, and their sums kept
-// per thread and added by one block reduce before the next tile with a
-// start, skipping the marks and both scans, 57.2 -> 54.9. (Both with a start
-// weighing 8 in the blocks' shares: the blocks in long segments then ended
-// early. With the weight raised, the second now pays: kQuietTiles.) Blocks of one
-// warp, whose barriers wait on no other warp (18 % of the stall samples wait
-// at a barrier here, Nsight Compute): this code with 32 threads, tiles of
-// 1024 rows and windows of 1024 starts, 24 blocks per SM at the same 80
-// registers, lost on the power law, bf16, 1 column 58.1 -> 52.7 and fp32
-// 80.3 -> 75.2; at 32 blocks per SM (64 registers) 47.2 and 60.1; reading 8
-// starts per thread and round 43.6 and 62.0. Summing the tile by segment,
-// with no marks and no scans: a thread per segment of up to 32 rows in the
-// tile, adding its rows from the staged tile and storing its total
-// (coalesced, the threads' segments being consecutive), a warp per segment of
-// up to 1024 rows, the block for longer ones: power law, bf16, 1 column 57.9
-// -> 41.7 (8 rows per thread: 30.6), 2 columns 69.4 -> 54.4, fp32, 1 column
-// 80.3 -> 61.1; a warp's threads wait for its longest segment.)
-// (Nor did another design, prototyped on its own for rows of one column, H200,
-// % of copy bandwidth against this kernel in the same run: the tile's starts
-// set as bits in shared memory, one atomicOr a segment; each thread summing
-// its run of rows with a reset at each set bit; one scan of (starts, sum since
-// the last start) joining the runs. Blocks with barriers, power law: bf16
-// 25.8 against 67.0, fp32 41.0 against 83.5; short segments 31.8 and 43.7
-// against 82.6 and 87.4. The tiles through a cp.async ring of 4 or 5 stages:
-// 29.1 and 39.3. A warp per row range, no block barrier, shuffle scans: 23.8
-// and 42.0, fp32 short segments 61.0. Over one giant segment, with no start
-// to set, the blocks reached only 45 to 64 %: the chain of barriers and the
-// block scan of every tile bound it, not the instructions per row.)
+// loads into shared memory, with its segment starts beside it. Thread g sums its
+// run of kRunRows consecutive rows in one pass: the rows before its first start
+// (the head) wait for a segmented scan over the runs, which gives the sum of the
+// earlier rows of that segment; the segments that start and end inside the run
+// are written at once (the walk that stores as it goes, rows of 2 columns), or
+// after the scan, each by a thread of its own, from the rows' segmented sums
+// that the walk leaves in shared memory (the storeless walk, rows of 1 column).
+// The tile is bound by instruction issue: the walk's instructions per row are
+// what it had to lose, which the storeless walk did. Dropped: staging with
+// cp.async, a split chain of adds, plain sums of tiles without a start (before
+// kTileSegmentCost made quiet tiles pay), blocks of one warp, summing by segment
+// (a thread, warp or block each), and a design of bit-marked starts with
+// per-thread resets.
+// Measurements: docs/kernel-notes.md, "tile_sum_block".
 template <typename T, int W, bool kShort>
 __device__ __forceinline__ void tile_sum_block(
     const T* __restrict__ src, const int64_t* __restrict__ indptr, T* __restrict__ out,
@@ -1740,28 +1404,15 @@ __device__ __forceinline__ void tile_sum_block(
   };
 
   int round = 0;
-  // Starts read a tile ahead, in entries per thread. Over short segments a
-  // tile of 4-byte rows (4096 rows) reads 4 too, not 2: on the power law it
-  // holds up to 1100 starts, which 2 left to a second round that waited on
-  // memory. On an H100, bf16, 2 columns, power law: 64.5 -> 69.1 % of copy
-  // bandwidth (ab.py; starts held as 32-bit words, for fewer registers,
-  // 69.4). Over long segments (not measured) a tile holds few starts, and a
-  // deeper read would only fetch entries past it: they keep G::kPrefetch.
-  // Reading 1 or 2 steps after a tile without a start (the next one's starts
-  // then come in later rounds) stayed within 0.5 points, here and in the
-  // tile gather; 1 step lost 3.5 there (bf16, 4 columns, power law).
-  // The entries are read ahead as their low words (fetch_starts), so tiles of
-  // 2-byte rows of 1 column (8192 rows) read 8, 2048 entries, in the
-  // registers that 4 entries of 64 bits took: their power-law tiles hold up
-  // to 2200 starts, and those with more than 1024 (38 % of the tiles, Nsight
-  // Compute, load_window) waited on a second round, a read of indptr between
-  // two barriers. The deeper reads that lost (Geometry::kPrefetch) held 64-bit
-  // entries: 16 more registers where the kernel already had the 80 that 3
-  // blocks per SM allow (64 at 4: kTileSumBlocksPerSm). Other tiles read as
-  // many entries as before.
-  // Low words are exact below 2^32 rows only: from there nothing is read
-  // ahead (steps 0). (H200, power law, 1 column, % of copy bandwidth: bf16
-  // 52.2 -> 56.0, fp32 63.4 -> 67.3; bf16, 2 columns 50.6 -> 52.9.)
+  // Starts read a tile ahead, in entries per thread. Over short segments a tile
+  // of 4-byte rows (4096 rows) reads 4 too, not 2: on the power law it holds up
+  // to 1100 starts, which 2 left to a second round that waited on memory. Tiles
+  // of 2-byte rows of 1 column (8192 rows) read 8, 2048 entries, as low words
+  // (fetch_starts), in the registers that 4 entries of 64 bits took: their
+  // power-law tiles hold up to 2200 starts. Over long segments a tile holds few
+  // starts: they keep G::kPrefetch. Low words are exact below 2^32 rows only:
+  // from there nothing is read ahead (steps 0).
+  // Measurements: docs/kernel-notes.md, "tile_sum_block: kAhead".
   constexpr int kAhead =
       kShort ? imax(kWindowSteps, G::kTileRows / (4 * kThreads)) : G::kPrefetch;
   const bool read_ahead = low_words_exact(rows);
@@ -1770,18 +1421,14 @@ __device__ __forceinline__ void tile_sum_block(
   uint32_t raw[kAhead];
   fetch_starts(indptr, segments, first, steps, raw);
   // Quiet tiles (no segment starts in them: on the power law, those inside its
-  // long segments, a third of bf16's rows in the bench's one longest) need
-  // neither marks, walk nor scan: every row adds to the segment open at the
-  // carry. Each thread adds its run to quiet_sum, and the warps' totals join
-  // the carry, in a fixed order, before the next scan reads it (or at the
-  // block's end): two barriers a quiet tile (the tile's first and the
-  // window's count) where there were five. kTileSegmentCost says how that
-  // changed the blocks' shares. Going further, with the quiet tiles after a
-  // quiet one summed straight from the registers they load into, up to the
-  // next start (the window's first entry read ahead), with no barrier, stage
-  // or window at all, gained nothing: H200 (ab.py, forward % of copy, power
-  // law, 1 column, same run) fp32 85.2 -> 84.6, bf16 76.2 -> 75.9. What is
-  // left is in the tiles with starts.
+  // long segments) need neither marks, walk nor scan: every row adds to the
+  // segment open at the carry. Each thread adds its run to quiet_sum, and the
+  // warps' totals join the carry, in a fixed order, before the next scan reads
+  // it (or at the block's end): two barriers a quiet tile (the tile's first and
+  // the window's count) where there were five. kTileSegmentCost says how that
+  // changed the blocks' shares. Skipping the stage and window too, for the quiet
+  // tiles after a quiet one, gained nothing.
+  // Measurements: docs/kernel-notes.md, "tile_sum_block: quiet tiles".
   constexpr bool kQuiet = kQuietTiles<T, W, kShort>;
   static_assert(!kQuiet || Shared::kSplitScan, "the fold goes before rake_scan reads the carry");
   Acc quiet_sum = 0;
@@ -1807,13 +1454,12 @@ __device__ __forceinline__ void tile_sum_block(
     store_stage(sm.stage, staged);
     if (tid == 0) sm.crowded = 0;
     const bool more = t0 + G::kTileRows < r1;
-    // The next tile's rows go out as soon as staged is free, before the
-    // window: they need nothing from it, and the window's rounds wait on a
-    // barrier each, and a tile holding more starts than were read ahead on a
-    // read of indptr (with 1024 entries read ahead, 38 % of the power law's
-    // tiles, bf16, 1 column), with no src bytes of this block in flight. The
-    // starts read ahead wait for the window's count. (H200, power law, 1
-    // column: bf16 52.2 -> 52.8, fp32 63.4 -> 64.8.)
+    // The next tile's rows go out as soon as staged is free, before the window:
+    // they need nothing from it, and the window's rounds wait on a barrier each
+    // (and on indptr where a tile holds more starts than were read ahead) with
+    // no src bytes of this block in flight. The starts read ahead wait for the
+    // window's count.
+    // Measurements: docs/kernel-notes.md, "tile_sum_block: early loads".
     if (more) load_tile(t0 + G::kTileRows);
     const Window w{first, load_window<WindowCount::kWarpAtomic>(indptr, segments, rows, t0, nrows,
                                                                 first, steps, raw, sm.window,
@@ -1841,12 +1487,10 @@ __device__ __forceinline__ void tile_sum_block(
     }
     // This thread's run of the stage, read here: the window's barrier made the
     // stage whole, and the marks' barrier below then lets the storeless walk
-    // write its sums over it, with no barrier of its own: one barrier a tile
-    // fewer (of 6; power law, 1 column: bf16 52.2 -> 53.8, fp32 63.4 -> 63.9;
-    // with the low words and the early loads: bf16 59.6, fp32 68.5). Lean
-    // kernels read it after mark_starts, not before: its 16 registers were
-    // live through it, the kernel's peak then (SASS, sm_90, bf16, 1 column: at
-    // 64 registers 212 bytes spilled, 84 with the run read after it).
+    // write its sums over it, with no barrier of its own (one barrier a tile
+    // fewer). Lean kernels read it after mark_starts, not before: its 16
+    // registers live through it were the kernel's register peak.
+    // Measurements: docs/kernel-notes.md, "tile_sum_block: reading the run".
     uint4 run[G::kStageUnits];
     if constexpr (!kLean) read_run(sm.stage, run);
     auto start = [&](int64_t i) {
@@ -2008,15 +1652,15 @@ __device__ __forceinline__ void tile_sum_block(
     // = 0, 1, ... of kClosers, once every run's sums are in place (a barrier).
     auto store_all_closed = [&](int c, auto closers) {
       constexpr int kClosers = decltype(closers)::value;
-      // Segment i is closed in its run when the next start falls in the
-      // same run; its sum is then the row's before that start. Kept lean,
-      // window entries alone in the loop: with start(i) and 64-bit indices
-      // it took 56 instructions a segment, and the walk gained 58.0 -> 59.9
-      // % of copy bandwidth instead of 57.7 -> 64.5 (bf16, power law, H100).
-      // The checks keep a malformed indptr's rows inside the tile's sums:
-      // s0 in the tile, s1 - 1 in s0's run. Testing s0 >= 0 alone let a
-      // start past the tile (a later round's entry, or one no round wrote)
-      // read shared memory hundreds of KB past the sums.
+      // Segment i is closed in its run when the next start falls in the same
+      // run; its sum is then the row's before that start. Kept lean, window
+      // entries alone in the loop: with start(i) and 64-bit indices it took 56
+      // instructions a segment, and most of the walk's gain was lost.
+      // Measurements: docs/kernel-notes.md, "tile_sum_block: store_all_closed".
+      // The checks keep a malformed indptr's rows inside the tile's sums: s0 in
+      // the tile, s1 - 1 in s0's run. Testing s0 >= 0 alone let a start past the
+      // tile (a later round's entry, or one no round wrote) read shared memory
+      // hundreds of KB past the sums.
       constexpr int kStride = Shared::kSumsStride;
       const Acc* sums = sm.sums[0].v;
       auto closed_in_run = [](int s0, int s1) {
@@ -2043,14 +1687,10 @@ __device__ __forceinline__ void tile_sum_block(
         for (int k = 0; k < W; ++k) total[k] = row[k];
         store_sum<T, W>(dst, total);
       };
-      // Per entry: two window reads, the test, the row's sum and the
-      // store, with 32-bit indices. Four entries a step, each read issued
-      // before the first test and each sum read before the first store (a
-      // step waits on shared memory twice, where each entry waits twice in
-      // turn; the loop held 14 % of the stall samples on bf16, 1 column,
-      // power law), lost: H200 (ab.py, forward % of copy, two runs), power
-      // law, fp32, 1 column 77.8 -> 76.1 and 77.6 -> 75.8, bf16 64.3 -> 64.4
-      // and 65.0 -> 64.7 (80 instructions a step of 4 against 38 a pair).
+      // Per entry: two window reads, the test, the row's sum and the store, with
+      // 32-bit indices. Four entries a step, each read issued before the first
+      // test, lost.
+      // Measurements: docs/kernel-notes.md, "tile_sum_block: store_all_closed".
       const int in_window = static_cast<int>(imin(w.n, kWindow));
       T* dst = out + (first + c) * W;  // segment first + i
       const int* at = sm.window + c;
@@ -2069,15 +1709,12 @@ __device__ __forceinline__ void tile_sum_block(
       }
     };
     if constexpr (Shared::kSplitScan) {
-      // The run scan is cub's raking scan (rake_scan): between its barriers
-      // warp 0 alone rakes the 256 items (~135 instructions, one dependent
-      // chain), and the other 7 warps waited at its second barrier (13 % of
-      // the stall samples, Nsight Compute, bf16, 1 column, power law, H200).
-      // They store the closed segments there instead, which need only its
-      // first barrier; the same sums go to the same rows. H200 (ab.py, forward
-      // % of copy, two runs), power law, 1 column: bf16 62.7 -> 65.0 and 62.6
-      // -> 65.0, fp32 72.9 -> 78.3 and 72.9 -> 78.5; the other cases timed
-      // within 0.5.
+      // The run scan is cub's raking scan (rake_scan): between its barriers warp
+      // 0 alone rakes the 256 items (one dependent chain), and the other 7 warps
+      // waited at its second barrier. They store the closed segments there
+      // instead, which need only its first barrier; the same sums go to the same
+      // rows.
+      // Measurements: docs/kernel-notes.md, "tile_sum_block: split scan".
       if constexpr (kQuiet) {
         if (quiet_since_scan) {
           if (tid == 0) fold_quiet();  // the carry, before the barrier rake_scan reads it after
@@ -2143,61 +1780,26 @@ __device__ __forceinline__ void tile_sum_block(
 // every row, except that rows starting several segments (empty ones) take its
 // slow path. The host cannot look at indptr without waiting for the device, so
 // it launches both kernels, each with a gate: a sample of indptr (gated_out)
-// picks one, which does the work; the other one's blocks return at once, and
-// one fix-up follows both. % of copy bandwidth on an H100, lane against tile
-// sum, bf16, 1 column, then fp32, 1 column: short segments 81.0 against 58.8,
-// 86.4 against 69.5; power law 35.6 against 45.4, 54.2 against 58.5; power law
-// with 30 % of the segments empty 36.9 against 22.9, 56.4 against 31.4; short
-// segments with 1 % of 64-512 rows 74.3 against 57.6, 83.8 against 67.0.
-// Measured again after the lane sum was tuned (ab.py, the sample forced each
-// way, bf16): 1 column, short segments 77.7 against 63.1, power law 49.2
-// against 57.8; 2 columns 86.5 against 71.4, 60.7 against 64.8; fp32, 1 column
-// (each kernel alone) 88.3 against 84.1, 71.6 against 81.7. So fp32 rows of 1
-// column are gated too, once the tile sum no longer lost their power law: gated
-// against the lane sum alone, short segments 86.4 against 88.3, power law 80.1
-// against 71.7 (before, with the tile sum at 58.5 there, they kept the lane
-// sum).
-// Smaller inputs skip the gate: the second kernel and its fix-up would cost
-// more than the better kernel saves (H100, bf16, 1 column, short segments
-// then power law: at 2 MiB 33.9 -> 22.8 and 38.8 -> 23.3 % of copy
-// bandwidth; at 32 MiB 34.8 -> 42.4 and 30.1 -> 26.3). They keep the tile
-// sum.
+// picks one, which does the work; the other one's blocks return at once, and one
+// fix-up follows both. Inputs under kGateMinBytes skip the gate and keep the
+// tile sum: the second kernel and its fix-up would cost more than the better
+// kernel saves.
+// Measurements: docs/kernel-notes.md, "TailGate, kGateMinBytes".
 enum class TailGate { kAny, kShortTail, kLongTail };
 constexpr int64_t kGateMinBytes = int64_t{32} << 20;
-// Lane sum: segments over this many rows go to its teams. Handing them those
-// over 16 or over 64 rows instead (the gate's sample unchanged) lost on bf16, 4
-// columns, power law: 76.3 -> 69.2 and 72.3 % of copy bandwidth. Nsight Compute
-// there: the lane loop runs with 8 of 32 threads active on average (a warp's
-// lanes wait for its longest segment). Segments of 33 (or 9, or 17) to 256 rows
-// summed by sub-teams of 8 lanes (16 for 2-byte rows), two or four segments at
-// once per team, lost everywhere: 76.4 -> 71.1 (64.7 at 9, 71.6 at 17), and 0.7
-// to 10.4 points with no such segment (bf16, 1 column, short segments 77.8 ->
-// 67.4).
+// Lane sum: segments over this many rows go to its teams. Handing them over from
+// 16 or 64 rows, or summing 9- to 256-row segments by sub-teams of 8 or 16
+// lanes, lost.
+// Measurements: docs/kernel-notes.md, "kLaneRows".
 constexpr int kLaneRows = 32;
-// Segments sampled per thread, the same ones in every block. Every block of
-// the lane sum takes the sample before its first row, and where the tile sum
-// runs, the sample is all the lane sum does: 4.0 us a call (fp32, 1 column,
-// power law; 2.4 with 1 per thread, 2.9 with 2). Fewer samples were faster
-// (H200, ab.py, forward % of copy, 4 against 1 and 2 per thread, same run):
-// fp32, 1 column, power law 81.0 -> 82.0 and 81.6, short segments 86.8 ->
-// 87.2 and 87.0; bf16, 1 column, power law 65.3 -> 65.7 and 65.6, short 81.0
-// -> 81.7 and 81.6; long and giant segments within 0.2. They are not taken:
-// on a Pareto law of alpha 1.1 (4.4 % of segments over 16 rows) 256 samples
-// find fewer than 1 in 40 long ones 6 % of the time, and 512 1 %, which
-// sends such an input to the lane sum, 12 to 15 % slower there (the
-// measures above); 1024 do so 0.06 % of the time (binomial; the tests' power
-// law has 7 long ones of 256, one over the bar, and 39 of 1024).
-// The 1024 are taken as 32 runs of 32 consecutive segments (long_tailed), not
-// 1024 places apart: a warp's 32 samples were 64 scattered reads of 8 bytes,
-// a request to L2 each, in every block; a run is one or two lines. The lane
-// sum's 4.1 us a call fell to 3.0 (fp32, 1 column, power law), and on an H200
-// (ab.py, forward % of copy, two runs, against the spread samples), 1 column:
-// bf16, power law 74.8 -> 75.2 and 74.9 -> 75.2, short segments 80.7 -> 81.3
-// twice; fp32 84.0 -> 84.5 and 84.5 -> 84.5, 86.5 -> 87.1 and 86.5 -> 87.0;
-// long segments within 0.1. Lengths drawn independently make a run as good a
-// sample as spread places (the tests' power law: 41 long ones of 1024; 0 of
-// 200 Pareto draws of 2^20 rows below the bar, against 1 spread); where
-// lengths cluster, a wrong pick costs speed, never the sums.
+// Segments sampled per thread, the same ones in every block: 1024 in all, taken
+// as 32 runs of 32 consecutive segments (long_tailed), where scattered samples
+// were a request to L2 each. Fewer samples were a little faster but are not
+// taken: on a Pareto law of alpha 1.1, 256 samples misjudge the tail 6 % of the
+// time and 512 1 %, which sends such an input to the lane sum, 12 to 15 % slower
+// there; 1024 do so 0.06 % of the time. Where lengths cluster, a wrong pick
+// costs speed, never the sums.
+// Measurements: docs/kernel-notes.md, "kTailSamples".
 constexpr int kTailSamples = 4;
 
 // Whether the sample picks the tile sum: 1 in 40 of the segments or more are
@@ -2238,47 +1840,14 @@ __device__ __forceinline__ bool long_tailed(const int64_t* __restrict__ indptr, 
 }
 
 // Whether this block's kernel is gated out. The lane sum, launched first,
-// samples indptr, and its block 0 records the answer (for the tile sum, and
-// for the fix-up both share); the tile sum's blocks, which wait for the lane
-// sum to end (launch_after), read it instead of sampling again. On an
-// H100 (ab.py, % of copy bandwidth), against a sample in both: fp32, 1 column,
-// short segments 85.9 -> 86.4, power law 79.8 -> 80.1; bf16, 1 column, 77.8
-// -> 78.0 and 57.8 -> 58.0. Without a workspace (a single block) both sample.
-// The tile sum's blocks could find their rows (balanced_rows), or also load
-// their first tile, before they wait: indptr and src are no kernel's of this
-// call to write. That is a trade, not a gain: on short segments, where the
-// lane sum does the work, the tile sum's blocks start as its blocks drain and
-// their search then delays the fix-up. H200 (ab.py, forward % of copy, 1
-// column; rows, then rows and tile, before the wait): power law bf16 65.4 ->
-// 65.6 and 65.5, fp32 81.0 -> 81.4 and 81.8; short segments bf16 80.5 ->
-// 78.6 and 78.4, fp32 85.8 -> 83.3 and 83.0; 4 columns within 0.2.
-// Where the tile sum runs (the power law), a call recorded alone (ab.py run
-// --kernels) shows the lane sum's blocks gone after 4.5 us of sampling, then 10
-// to 20 us with no kernel running before the tile sum's first block starts: the
-// host still launching it, as that call finds the device idle. Among 20 calls
-// queued back to back, as the timed loop runs them, 2.1 us a call is idle (bf16
-// and fp32, 1 column; 1.5 us for an op of one kernel), so the gate costs its
-// 4.5 us and little more. Both kernels at one shared memory carveout
-// (cudaFuncAttributePreferredSharedMemoryCarveout, so that no SM reconfigures
-// between them) took L1 from both: H200, forward % of copy, at 100 and 72 %
-// shared: bf16, 1 column, power law 66.2 -> 52.8 and 63.1, short segments 81.6
-// -> 60.7 and 60.7; fp32, 1 column 82.4 -> 61.8 and 75.0, 87.3 -> 43.0 and
-// 43.0. The tile sum launched plain, not early: bf16 65.5 -> 66.2, fp32 81.8 ->
-// 81.6, short segments 0.2 to 0.5 lower.
-// The gate the other way round, the tile sum first (its blocks sample and
-// record the pick) and the lane sum launched early behind it, lost: fp32, 1
-// column, power law 85.2 -> 84.1, short segments 88.3 -> 85.3; bf16 76.7 ->
-// 76.0 and 82.2 -> 80.9. The tile sum's own blocks taking the sample cost it
-// 3 us (194.1 -> 197.2 us), more than the lane sum's 4.1 us in front had.
-// What the gate costs, against a build whose lane sum skips the sample and
-// picks the tile sum (H200, ab.py, forward % of copy, same run; results
-// identical): bf16, 1 column, power law 74.9 -> 76.3, fp32 84.3 -> 84.6. On
-// the power law with its tail cut into pieces (`--cut 256`, where every tile
-// holds starts), 38.6 -> 42.6 and 54.9 -> 62.6 (the lane sum forced there:
-// 18.4 and 30.8, so the pick is right). There a call among 20 queued back to
-// back spans 40 us more with the sample (fp32: 310.1 against 270.6 us), a
-// call alone 4.4 us more (294.4 against 290.0), with the same kernel times:
-// not yet explained.
+// samples indptr, and its block 0 records the answer (for the tile sum, and for
+// the fix-up both share); the tile sum's blocks, which wait for the lane sum to
+// end (launch_after), read it instead of sampling again. Without a workspace (a
+// single block) both sample. The gate costs its sample, a few us a call, and
+// little more. Dropped: the tile sum's blocks finding their rows before they
+// wait (a trade, not a gain), one shared memory carveout for both kernels, and
+// the gate the other way round (the tile sum first).
+// Measurements: docs/kernel-notes.md, "gated_out".
 template <typename Acc>
 __device__ __forceinline__ bool gated_out(TailGate gate, const int64_t* __restrict__ indptr,
                                           int64_t segments, int64_t rows,
@@ -2315,66 +1884,34 @@ __global__ void __launch_bounds__(kThreads, kTileSumBlocksPerSm<T, W, kShort>)
   tile_sum_block<T, W, kShort>(src, indptr, out, rows, segments, inner, range, cross, sm);
 }
 
-// Lane sum (rows of 16 bytes or less, short segments): one thread per segment.
-// A block owns a range of rows of equal cost, as in the tile sum, and the segments
-// that start in it. Its teams claim those in stripes of kLaneStripe
-// consecutive segments from a block counter, so a team that met long segments
-// takes fewer stripes; a lane takes kLaneRound segments kTeam apart. A lane
-// adds each segment's rows in registers, a load per row (2-byte rows of one
-// column: two per 32-bit word, word_lane_sums), so a segment end costs one
-// store (no marks, no scan, no staging). A team sums its segments longer than
-// kLaneRows together, 16 bytes per lane and load; those longer than the block's
-// big_rows are summed by the whole block at the end, as are the segment open at
-// the block's first row (head) and the one open after its last row (tail),
-// which the fix-up kernel finishes. Which path sums a segment depends on indptr
-// alone, and every path adds in a fixed order: the results are deterministic.
+// Lane sum (rows of 16 bytes or less, short segments): one thread per segment. A
+// block owns a range of rows of equal cost, as in the tile sum, and the segments
+// that start in it. Its teams claim those in stripes of kLaneStripe consecutive
+// segments from a block counter, so a team that met long segments takes fewer
+// stripes; a lane takes kLaneRound segments kTeam apart. A lane adds each
+// segment's rows in registers, a load per row (2-byte rows of one column: two
+// per 32-bit word, word_lane_sums), so a segment end costs one store (no marks,
+// no scan, no staging). A team sums its segments longer than kLaneRows together,
+// 16 bytes per lane and load; those longer than the block's big_rows are summed
+// by the whole block at the end, as are the segment open at the block's first
+// row (head) and the one open after its last row (tail), which the fix-up kernel
+// finishes. Which path sums a segment depends on indptr alone, and every path
+// adds in a fixed order: the results are deterministic.
 // Two segments per lane and stripe, and a team's long segments read 8 loads
-// deep. Against 4 and 4 on an H100 (ab.py, % of copy bandwidth): fp32, power
-// law, 1 / 2 / 4 columns 58.5 -> 58.3, 71.0 -> 74.0, 75.3 -> 82.0; short
-// segments 86.6 -> 88.5, 85.2 -> 86.2, 78.1 -> 83.9; bf16, 4 columns, power
-// law 63.6 -> 66.5 and short 84.1 -> 85.9; 8 columns 69.7 -> 73.7 and 77.0 ->
-// 78.9. One segment per lane lost up to 16 points on rows of 1 and 2 fp32.
-// Where its time goes on its weakest case, bf16, 4 columns, power law (Nsight
-// Compute, H200, stall samples by the SASS they fall on): a stripe's claim and
-// starts 15 %, the lanes' loop 38 %, the team's segments 28 %, the block's long
-// segments and ends 11 %; 63 registers, 4 blocks per SM (28 warps resident of
-// 32), 44 % of the samples waiting on loads. A stripe waits on memory about 7
-// times: its starts, 1.7 steps of both lane segments and 2.3 of the longer
-// ones' rest (SASS execution counts), and a team segment's loads. The lanes
-// alone are not what holds it: the power law cut into pieces of 32 rows (every
-// segment a lane's, 8 steps a stripe) runs at 45.7 % of copy, yet a change that
-// took a stripe's rest steps from 2.3 to one round trip (kLaneTail) gained
-// nothing on the power law itself.
-// Nor did rows instead of segments as the unit on 8-byte rows of a 2-byte
-// type (a scan sum: each warp an equal slice of the block's rows, 32 lanes of
-// 8 contiguous rows a chunk, 16-byte loads; the chunk's starts marked in
-// shared memory from indptr read 32 at a time; each lane summing its rows in
-// registers, a segmented scan over the lanes joining the segments that span
-// them, the warps' ends joined by the block): correct on every edge case, but
-// H200 (ab.py, forward % of copy, same run, 64 and 80 registers) bf16, 4
-// columns, power law 70.1 -> 51.4 and 47.0, short 85.5 -> 60.3 and 57.9, the
-// power law cut at 256 rows 54.5 -> 52.0; long segments within 0.7. Nsight
-// Compute (power law): 177.8 million warp instructions against the lane sum's
-// 137.6 (148 a chunk for the scan and its shares, 1.7 rounds of indptr a
-// chunk), 25 % of the stall samples waiting on a chunk's starts, whose
-// addresses hang on the chunk before's count, and 18 % on the block's slowest
-// warp (equal rows, unequal starts).
+// deep: both beat 4, and one segment per lane lost up to 16 points on rows of 1
+// and 2 fp32 columns. Rows instead of segments as the unit (a scan sum, on
+// 8-byte rows) lost badly.
+// Measurements: docs/kernel-notes.md, "kLaneRound, kLaneStripe".
 constexpr int kLaneRound = 2;
 constexpr int kLaneStripe = kTeam * kLaneRound;
 constexpr int kLaneUnroll = 8;
-// A lane reads kLaneSteps rows of each of kLaneSide of its segments per step:
-// up to 16 bytes of rows per step and segment side by side. More would lose
-// the lines of a segment from L1 before its next rows are read: on an H100,
-// 4 segments of 16-byte rows side by side ran short segments at 42 % of copy
-// bandwidth against 71 % one at a time, 2 of 8-byte rows at 82 against 75.
-// A 16-byte row goes one segment at a time, so it takes 8 rows per step, not
-// 4: fp32 rows of 4 columns, short segments 74.6 -> 78.5 % and power law
-// 70.1 -> 76.5 %; bf16 rows of 8 columns 72.8 -> 76.6 % and 68.1 -> 69.8 %.
-// Narrower rows lost with 8 (fp32, 1 column, short segments: 88 -> 83 %;
-// bf16, 4 columns, power law: 76.3 -> 71.9 %). Past the team's shorter
-// segments, rows of 8 bytes of a 2-byte type read 8 rows of the one longer
-// segment a step (kLaneTail): the 8 loads of a step of both, where 8 rows of
-// each of both lost as above.
+// A lane reads kLaneSteps rows of each of kLaneSide of its segments per step: up
+// to 16 bytes of rows per step and segment side by side. More would lose the
+// lines of a segment from L1 before its next rows are read. A 16-byte row goes
+// one segment at a time, so it takes 8 rows per step, not 4; narrower rows lost
+// with 8. Past the team's shorter segments, rows of 8 bytes of a 2-byte type
+// read 8 rows of the one longer segment a step (kLaneTail).
+// Measurements: docs/kernel-notes.md, "kLaneSteps, kLaneSide".
 template <typename T, int W>
 constexpr int kLaneSteps = W * sizeof(T) == 16 ? 8 : 4;
 template <typename T, int W>
@@ -2382,72 +1919,28 @@ constexpr int kLaneSide = 16 / (W * static_cast<int>(sizeof(T))) < kLaneRound
                               ? 16 / (W * static_cast<int>(sizeof(T)))
                               : kLaneRound;
 constexpr int kTeamRows = 2048;  // a team sums segments of up to this many rows, at least
-// A team sums its stripe's long segments alone. Where they come in runs (the
-// power law with its tail cut into pieces of 2048 rows, `ab.py run --cut
-// 2048`, as lengths sorted into buckets would give), one team holds a stripe
-// of them while the block's other warps wait at the barrier after the
-// stripes (Nsight Compute, H200, fp32, 4 columns: 52 % of the stall samples
-// at that barrier, SMs active 52 % of the kernel; 25 % of copy bandwidth).
-// Sharing them with the block paid there but lost on the benchmark's laws,
-// so none is kept (H200, ab.py, forward % of copy, against this kernel in
-// the same run; results identical; fp32 then bf16, 4 columns):
-// * segments of 257 rows to big_rows listed in shared memory (256 slots) and
-//   summed by the teams after the stripes: cut at 2048, 25.1 -> 80.7 and
-//   39.6 -> 66.3; at 1024, 40.5 -> 81.5 and 46.8 -> 55.4; power law 84.4 ->
-//   80.7 and 69.4 -> 65.2; bf16 short segments 85.2 -> 83.9. From 33 rows:
-//   power law 76.2 and 59.3.
-// * only from stripes of more than 2 long segments (64 slots): power law
-//   86.4 -> 83.9 and 69.9 -> 68.5, cut at 2048 67.5 and 38.8 (bf16: the
-//   slots overflow).
-// * the list taken during the stripes (a team takes a listed segment before
-//   it claims a stripe; teams out of stripes help until every team is): cut
-//   at 2048, 79.3 and 63.7; power law 80.3 and 63.2; bf16 short segments
-//   85.4 -> 81.2, with no segment listed: the check per stripe alone.
-// Cut at 256 (one round of loads a segment: 61 and 45 % of copy), the first
-// list gained nothing.
-// Nor did the block take more of them: segments from 512 rows (kTeamRows 512,
-// 256 slots) lost (H200, ab.py, forward % of copy, same run): power law, bf16,
-// 4 columns 70.6 -> 63.1, fp32 85.9 -> 83.2, fp32, 2 columns 71.8 -> 65.3;
-// short segments within 0.2.
+// A team sums its stripe's long segments alone; those over the block's big_rows
+// (kTeamRows at least) wait for the whole block at the end, up to kBigSlots of
+// them. Where long segments come in runs, one team holds a stripe of them while
+// the block's other warps wait at the barrier after the stripes; sharing them
+// with the block (listed in shared memory, taken by the teams after or during
+// the stripes) paid there but lost on the benchmark's laws, as did the block
+// taking them from 512 rows, so none is kept.
+// Measurements: docs/kernel-notes.md, "kTeamRows, kBigSlots".
 constexpr int kBigSlots = 64;    // segments a block sums at the end, at most
 
 // Rows of 16 bytes: a stripe whose segments are all short is staged first. Its
 // lanes' loads, one row each at 32 scattered places, kept the lane sum waiting
-// on memory (fp32, 4 columns, short segments: 90 % of the stall samples on
-// global loads, Nsight Compute), each row of a warp's load its own request to
-// the L1 cache. Instead the team copies the rows its segments span into
-// shared memory with cp.async, kLaneStageBytes at a time (a warp moves 512
-// contiguous bytes per instruction), and the lanes add their rows from there
-// in the same order. A stripe spanning more than kLaneStageChunks stages, or
-// holding a segment the team or block sums, is read as before: the staged
-// rows would be rows of the long segment, read twice. On an H100 (ab.py, %
-// of copy bandwidth, against the lane loads alone, two runs): fp32, 4
-// columns, short segments 80.7 -> 83.4 and 80.2 -> 82.6, power law 85.1 ->
-// 85.8 and 84.8 -> 85.5; bf16, 8 columns 78.1 -> 81.4 and 77.6 -> 80.5,
-// 83.2 -> 82.0 and 83.2 -> 82.0. On the benchmark page, fp32, 4 columns:
-// 80.2 -> 83.7 and 84.9 -> 85.5. Dropped (same runs):
-// * staging every stripe, long segments and all: power law, fp32, 4 columns
-//   84.8 -> 80.1; bf16, 4 columns 76.4 -> 66.0;
-// * narrower rows, whose lanes then spend more instructions per byte: bf16, 4
-//   columns, short segments 85.9 -> 80.5; 1 column 82.1 -> 55.3; fp32, 1
-//   column 86.3 -> 75.3;
-// * stages of 2 KB (fp32, 4 columns, short segments 82.4, against 83.5 at 4
-//   KB); of 5 KB, staged round by round (one stage each, mostly), 84.0 but
-//   power law 79.4, the whole stripe 83.4 and 79.5: the larger shared
-//   memory leaves the L1 cache less room for the stripes read as before;
-// * the stage in two halves, the team copying the next half while it adds
-//   the rows of this one (Nsight Compute, H200, fp32, 4 columns, short
-//   segments: 45 % of the stall samples wait on the whole stage's copy):
-//   H200, short segments then power law, fp32, 4 columns 81.1 -> 78.1 and
-//   83.5 -> 83.2; bf16, 8 columns 74.9 -> 56.1 and 72.9 -> 71.5 (the same
-//   registers in fp32; bf16 took 8 bytes of stack).
-// * the lanes' own loads again, on an H200 (ab.py, forward % of copy, same
-//   run, fp32, 4 columns, short segments then power law): 81.9 -> 76.8 and
-//   84.7 -> 81.2 as 16-byte loads; 69.8 and 81.4 as two 8-byte loads a row
-//   (inline PTX, so that they stay two), which 8-byte rows' lanes load at 87 %
-//   of copy (bf16, 4 columns): it is not the width of a scattered load that
-//   the staging saves; long and giant segments within 0.1.
+// on memory, each row of a warp's load its own request to the L1 cache. Instead
+// the team copies the rows its segments span into shared memory with cp.async,
+// kLaneStageBytes at a time (a warp moves 512 contiguous bytes per instruction),
+// and the lanes add their rows from there in the same order. A stripe spanning
+// more than kLaneStageChunks stages, or holding a segment the team or block
+// sums, is read as before: the staged rows would be rows of the long segment,
+// read twice. Staging every stripe, narrower rows, other stage sizes and a stage
+// in two halves all lost.
 // ROCm keeps the lane loads (no cp.async, and a team is half a wavefront).
+// Measurements: docs/kernel-notes.md, "kStagedLaneSum, kLaneStageBytes".
 #if defined(__HIP_PLATFORM_AMD__)
 constexpr bool kStagedLaneSum = false;
 #else
@@ -2495,22 +1988,16 @@ __device__ __forceinline__ void share_round(const T* __restrict__ src, int64_t r
   for (int u = 0; u < kDepth; ++u) add_raw<T, W, kVec>(acc, p[u]);
 }
 
-// A thread's share of items [first, end): items at, at + stride, ... from
-// first, kLaneUnroll per round. kShallow: a round whose items all lie within
-// 1, 2 or 4 strides of its first item reads only that deep. The loads it
-// leaves out are all past end, zeros the full round would add to sums that
-// are never -0.0 (they start at +0.0, and x + (+0.0) is x bit for bit, a NaN
-// included: it is already what an add returns; no flush to zero, which the
-// build does not ask for), so the sums are the same. A team's segments (over
-// 32 rows; rows of 8 bytes, power law: most under 130 rows) take one round,
-// mostly of 16 to 64 units: the full round issued 8
-// loads, their zeroing, 8 bound tests and 64 unpacks and adds of 8 bf16 a
-// load for one or two loads in use (Nsight Compute, bf16, 4 columns, power
-// law: 189 instructions a round, 1.05 rounds a team segment, 1.35 team
-// segments a stripe; 20 % of the kernel's instructions). H200 (ab.py,
-// forward % of copy bandwidth, two runs): bf16, 4 columns, power law 60.2 ->
-// 63.4 and 60.4 -> 63.7; the other lane sums timed (1 and 4 columns, short
-// segments and power law) within 0.2.
+// A thread's share of items [first, end): items at, at + stride, ... from first,
+// kLaneUnroll per round. kShallow: a round whose items all lie within 1, 2 or 4
+// strides of its first item reads only that deep. The loads it leaves out are
+// all past end, zeros the full round would add to sums that are never -0.0 (they
+// start at +0.0, and x + (+0.0) is x bit for bit, a NaN included: it is already
+// what an add returns; no flush to zero, which the build does not ask for), so
+// the sums are the same. A team's segments (over 32 rows, most under 130 on rows
+// of 8 bytes) mostly take one round with one or two loads in use, where the full
+// round issued 8 loads and their adds.
+// Measurements: docs/kernel-notes.md, "strided_share".
 template <typename T, int W, int kVec, int kItem, bool kShallow>
 __device__ __forceinline__ void strided_share(const T* __restrict__ src, int64_t first,
                                               int64_t end, int at, int stride,
@@ -2656,20 +2143,15 @@ __device__ __forceinline__ bool staged_lane_sums(const T* __restrict__ src, T* _
 #pragma unroll
     for (int k = 0; k < W; ++k) acc[i][k] = 0;
   // The stages' bookkeeping in 32 bits, relative to lo (span <= kLaneStageChunks
-  // * kRows), and one source pointer stepped a stage at a time. In 64 bits,
-  // each of a stage's 8 copies built its own address (the source pointer
-  // reloaded from constant memory, a 64-bit add and shift) and each bound took
-  // two 64-bit clamps: 195 instructions a stage outside its adds, 103 now
-  // (sm_90 SASS, fp32, 4 columns; 64 registers, no spills). A stripe of short
-  // segments (1 to 16 rows: 544 rows, 2.8 stages) takes about 1230 where it
-  // took 1450. H200 (ab.py, forward % of copy, two runs): fp32 x4 short
-  // 79.9 -> 81.0 and 79.6 -> 80.9, bf16 x8 power 72.3 -> 73.1; fp32 x4 power
-  // and bf16 x4 within 0.2. The bounds are the same: lo <= a[i] for
+  // * kRows), and one source pointer stepped a stage at a time: in 64 bits, each
+  // copy built its own address and each bound took two 64-bit clamps (about
+  // twice the instructions a stage). The bounds are the same: lo <= a[i] for
   // every segment of this lane's (lo is their minimum), so ra[i] is a[i] - lo,
-  // or span where a[i] lies past hi, which every stage clamps to its n as it
-  // did a[i] - c0; e[i] <= hi, and an e[i] below lo (a malformed indptr, e[i]
-  // < a[i]) gives q1 = q0 either way. The same rows are copied, into the same
+  // or span where a[i] lies past hi, which every stage clamps to its n as it did
+  // a[i] - c0; e[i] <= hi, and an e[i] below lo (a malformed indptr, e[i] <
+  // a[i]) gives q1 = q0 either way. The same rows are copied, into the same
   // slots.
+  // Measurements: docs/kernel-notes.md, "staged_lane_sums".
   const int span = static_cast<int>(hi - lo);
   int ra[kLaneRound], re[kLaneRound];
 #pragma unroll
@@ -2712,32 +2194,15 @@ __device__ __forceinline__ bool staged_lane_sums(const T* __restrict__ src, T* _
 #endif
 }
 
-// Rows of one 4-byte element take 5 blocks per SM (48 registers, no spills;
-// 2-byte ones did too, see below), the others 4. On an H100 against 4 (ab.py,
-// % of copy bandwidth): fp32, 1 column, power law 69.9 -> 71.4, short segments
-// 87.6 -> 88.2; bf16, 1 column, short segments 78.1 -> 81.9 (its power law
-// takes the tile sum: 58.0 -> 57.7). Lost at 5: 16-byte rows (10 to 14 points;
-// at 6 they spill), 8-byte rows (spill; again on an H200, bf16, 4 columns,
-// whose power law waits on its rows' loads, 57 % of the stall samples: at 5,
-// 48 registers and 32 bytes of stack, power law 69.1 -> 68.6, short segments
-// 84.9 -> 80.3; at 6, 62.4 and 62.7), bf16 rows of 2 columns (short segments
-// 1.1 points). Rows of one 2-byte element take 6 (40 registers, no spills):
-// H200 against 5 (ab.py, forward % of copy bandwidth, two runs): bf16, 1
-// column, short segments 78.7 -> 81.2 and 78.7 -> 81.0, power law 65.3 ->
-// 65.3, long segments 86.5 -> 86.6. Nsight Compute, H200, bf16, 1 column, short segments, at 5:
-// the stripes wait on memory (two round trips a stripe: indptr, then the words;
-// 46 % of the warp cycles on long scoreboard), and the bytes moved match the
-// warps resident times the bytes a stripe moves over its time, so more warps
-// should move more. 48 registers were the word loop's: at 40 as the kernel
-// stood, ptxas spilled 36 bytes: the block's first and lim (reloaded every
-// stripe) and issued 3 word loads before a step's first wait instead of 6, the
-// second segment's words a round trip later. The block's head and tail segments
-// (read only after the stripes) now wait in shared memory, and a team segment's
-// row range is read from shared memory again: the word loop then issues 6 words
-// before its first wait at 40, as at 48, and the stripe's instructions are the
-// same but for 2 more a word step and 2 fewer before the word loop (sm_90 SASS:
-// 267 from the claim to the team vote in both, a step 69 -> 71). ROCm keeps 5
-// (not measured there).
+// Resident blocks of the lane sum: rows of one 4-byte element take 5 per SM (48
+// registers), rows of one 2-byte element 6 (40 registers), the others 4, all
+// without spills. Their stripes wait on memory (indptr, then the rows), so more
+// resident warps move more bytes; wider rows lost at 5 (16-byte rows by 10 to 14
+// points; 8-byte rows spill there). To fit 40 registers the block's head and
+// tail segments wait in shared memory (ends) and a team segment's bounds are
+// read again, so that the word loop still issues 6 loads before its first wait.
+// ROCm keeps 5 (not measured there).
+// Measurements: docs/kernel-notes.md, "kLaneBlocksPerSm".
 #if defined(__HIP_PLATFORM_AMD__)
 template <typename T, int W>
 constexpr int kLaneBlocksPerSm = W == 1 && sizeof(T) <= 4 ? 5 : kTileBlocksPerSm;
@@ -2760,25 +2225,19 @@ __device__ __forceinline__ unsigned claim_stripe(unsigned* counter) {
   return atomicInc(counter, 0xffffffffu >> (gridDim.y - 1));
 }
 
-// Rows of one 2-byte element: a lane reads its segments two rows per 32-bit
-// word (kWordLanes), kWordSteps words (8 rows) of each per step, where the
-// stepped loop below reads one row per 2-byte load, 4 rows per step. Short
-// segments (1 to 16 rows, 34 bytes at most) then take 1 or 2 steps, not 1 to
-// 4, and a warp's loop, which runs for its longest segment, 2 steps where it
-// ran 4. The same loop over 4-byte rows (fp32, 1 column) moves twice the bytes
-// per stripe with the same stripe work (claim, indptr, stores) and steps, and
-// ran short segments at 86.3 % of copy bandwidth against 73 for bf16, 1
-// column (H200): the steps, each a wait on memory, weigh on 2-byte rows. Per
-// step (sm_90 SASS): 70 instructions for 16 rows where 49 took 8.
-// The rows are added in the same order as one by one, from the same zero:
-// the first word's low half, when the segment starts on an odd row, is masked
-// to +0.0, and words past the segment are zeros; adding +0.0 leaves a sum that
-// started at +0.0 unchanged (it is never -0.0), so the sums are bit for bit
-// the same. A segment ending on an odd row count adds its last row alone after
-// the words: a word there would hold the row after it, 2 bytes past src when
-// the segment ends at the last row. H200, forward % of copy bandwidth, bf16,
-// 1 column: short segments 74.2 -> 76.0; power law and long segments within
-// 0.3.
+// Rows of one 2-byte element: a lane reads its segments two rows per 32-bit word
+// (kWordLanes), kWordSteps words (8 rows) of each per step, where the stepped
+// loop below reads one row per 2-byte load, 4 rows per step. Short segments (1
+// to 16 rows, 34 bytes at most) then take 1 or 2 steps, not 1 to 4, and each
+// step is a wait on memory.
+// The rows are added in the same order as one by one, from the same zero: the
+// first word's low half, when the segment starts on an odd row, is masked to
+// +0.0, and words past the segment are zeros; adding +0.0 leaves a sum that
+// started at +0.0 unchanged (it is never -0.0), so the sums are bit for bit the
+// same. A segment ending on an odd row count adds its last row alone after the
+// words: a word there would hold the row after it, 2 bytes past src when the
+// segment ends at the last row.
+// Measurements: docs/kernel-notes.md, "kWordLanes".
 template <typename T, int W>
 constexpr bool kWordLanes = sizeof(T) == 2 && W == 1;
 constexpr int kWordSteps = 4;
@@ -2815,18 +2274,11 @@ __device__ __forceinline__ void word_lane_sums(const T* __restrict__ src, T* __r
   }
   // The last row alone (see below), read before the loop: its load then waits
   // along with the first step's, where read after the loop it was one more wait
-  // a stripe (Nsight Compute, H200, bf16, 1 column, short segments: 2.0 % of the
-  // stall samples, at its two uses). Held across the loop, the value had left
-  // the loads too few registers while a and e were held too: ptxas issued the
-  // second segment's first word only after the first segment's adds.
-  // lane_sum_kernel's team sum reads its bounds from indptr again instead (see
-  // there), so a and e are dead in the loop, and a step's first loads hold both
-  // segments' first words again (sm_90 SASS, then at 5 blocks per SM: 48
-  // registers, no spills; a short stripe 309 -> 308 instructions). H200 (ab.py,
-  // forward % of copy bandwidth, two runs): bf16, 1 column, short segments
-  // 75.5 -> 77.8 and 75.6 -> 78.0, power law 62.6 -> 62.6, long segments
-  // 86.9 -> 86.7; fp16 takes the same path (not timed). (The flag implies the
-  // segment is this lane's and not empty: e[i] - 1 >= a[i] >= 0, e[i] <= rows.)
+  // a stripe. a and e are dead in the loop (lane_sum_kernel's team sum reads its
+  // bounds from indptr again), so a step's first loads hold both segments' first
+  // words. (The flag implies the segment is this lane's and not empty: e[i] - 1
+  // >= a[i] >= 0, e[i] <= rows.)
+  // Measurements: docs/kernel-notes.md, "word_lane_sums".
   T last[kLaneRound];
 #pragma unroll
   for (int i = 0; i < kLaneRound; ++i)
@@ -2929,37 +2381,16 @@ __device__ inline int64_t warp_lower_bound(const int64_t* __restrict__ indptr, i
 // reads both its segments kLaneSteps rows a step only while the team's shorter
 // segments last (their longest, rounded up to whole steps), then the rest of a
 // longer one 2 * kLaneSteps rows a step (8 loads a step, as many as a step of
-// both; 8 rows of each of both lost, see kLaneSteps). The loop ran for the
-// team's longest lane segment, kLaneSteps rows of each of the lane's two
-// segments a step, though the lane's other segment had mostly ended by then: on
-// the bench's power law a stripe's longest lane segment is 17 to 32 rows in
-// 77 % of stripes, while most lanes' shorter segments are 1 to 4 rows. A model
-// over the bench's lengths: power law 5.84 -> 4.03 steps a stripe, each a wait
-// on memory; short segments (1 to 16 rows) 4 steps as before. sm_90 SASS: a
-// step of both segments 102 instructions as before, a step of the rest 95;
-// about 13 more a stripe (the team maximum, the vote on the rest), 24 more
-// where the rest is read; 62 -> 63 registers, no spills. The same rows are read
-// in the same stripe as before, unlike the ring of longer segments (see the
-// loop below), which read indptr again and the rows stripes later. H200 (ab.py,
-// forward % of copy, two runs): bf16, 4 columns, power law 64.0 -> 68.7 and
-// 63.8 -> 68.8; short segments 84.5 -> 84.5 and 84.5 -> 84.5; long segments
-// 89.1 -> 89.2. fp16 takes the same path (not timed).
-// Reading both segments two rows per 16-byte load instead (the first pair's
-// row before an odd start zeroed, a last odd row read alone before the loop),
-// 2 pairs of each a step and 4 of the longer one past the shorter ones (the
-// loads and registers of the 8-byte loop, half the steps), lost: H200 (ab.py,
-// forward % of copy, same run): power law 70.2 -> 65.6, short segments 87.3
-// -> 76.5; 4 pairs and 8: 64.3 and 79.0; long within 0.3. Reading an odd
-// start's first row alone before the loop cost the stripe a round trip more:
-// 65.3 and 73.8. Neither did the rest go faster in longer steps or all at
-// once (H200, ab.py, forward % of copy, same run, 5 rounds): 16 or 12 rows a
-// step, power law 70.1 -> 68.0 and 69.5; the rests of up to 2 (or 4) lanes
-// read in one round, a row a lane, and summed over the team, the old loop past
-// that: 70.1 and 69.2; short and long segments within 0.4.
-// The rows go into the same sums in the same order: each segment's rows one
-// by one from +0.0, rows past its end read as +0.0, which leaves a sum that
-// is never -0.0 unchanged (see strided_share); only the count of such zeros
+// both; 8 rows of each of both lost, see kLaneSteps). The loop used to run for
+// the team's longest lane segment, both segments a step, though the lane's other
+// segment had mostly ended: on the power law this saves about a third of a
+// stripe's steps, each a wait on memory. Pairs of rows per load, and longer or
+// one-round rests, lost.
+// The rows go into the same sums in the same order: each segment's rows one by
+// one from +0.0, rows past its end read as +0.0, which leaves a sum that is
+// never -0.0 unchanged (see strided_share); only the count of such zeros
 // changes.
+// Measurements: docs/kernel-notes.md, "kLaneTail".
 #if defined(__HIP_PLATFORM_AMD__)
 template <typename T, int W>
 constexpr bool kLaneTail = false;  // (not measured on ROCm, where a team is half a wavefront)
@@ -3042,35 +2473,13 @@ __global__ void __launch_bounds__(kThreads, kLaneBlocksPerSm<T, W>)
   // out replaces both tests (s < last, s != tail), and a stripe from lim on
   // holds nothing to sum.
   const int64_t lim = tail >= 0 ? tail : last;
-  // This bound, the clamps below, big_rows in shared memory, the ballot and
-  // the stripe claim (claim_stripe), on an H200 (ab.py, % of copy bandwidth,
-  // forward): bf16, 1 column, short segments 61.9 -> 72.7 (75.3 with the
-  // rows of 2 bytes stepped, kStepped); fp32, 1 column 84.2 -> 86.3; power
-  // law, 4 columns, bf16 59.3 -> 61.1, fp32 81.8 -> 84.2; the rest within 0.3.
-  // A team reads its stripe's starts when it claims it. Claimed a stripe
-  // ahead, with the starts copied into shared memory (cp.async) while the
-  // team summed the stripe before, it lost everywhere (H200, ab.py, % of copy
-  // bandwidth): short segments, fp32, 1 column 84.4 -> 69.7, 2 columns 86.0
-  // -> 82.1; bf16, 1 column 61.8 -> 54.3, 4 columns 86.0 -> 79.0; fp32, 4
-  // columns (staged) 79.8 -> 78.7, power law 82.8 -> 80.1. Stripes claimed
-  // two at a time, with the second's starts pulled into L2 (prefetch.global.L2)
-  // by 5 lanes while the first was summed (the asm made all 30 indptr loads
-  // lose .CONSTANT), lost a little too: bf16, 1 column, short 78.0 -> 77.4 and
-  // 77.8 -> 77.5, power law and long within 0.1. The starts of the stripe 8 (or
-  // 24) stripes ahead pulled into L2 by 5 lanes at each claim, the loads kept
-  // .CONSTANT, traded (H200, ab.py, forward % of copy, same run): 4 columns,
-  // bf16, power law 70.5 -> 72.1 (69.6), short 87.2 -> 85.7 (82.1); fp32, power
-  // law 85.1 -> 83.4 (82.3); fp32, 2 columns, power law 71.8 -> 73.2; 1 column,
-  // fp32, short 88.0 -> 89.1 (80.7), bf16 82.6 -> 82.1 (78.0).
-  // The next stripe claimed at the top of this one, its starts' low words
-  // (exact below 2^32 rows) loaded into 3 registers a lane (a lane's two
-  // starts, lane 31 the stripe's last end; the ends shuffled from the next
-  // lane), so that no stripe waits on indptr, lost more: H200 (ab.py, forward
-  // % of copy, same run, no spills): bf16, 1 column, short 81.8 -> 74.2; in
-  // every lane sum also fp32, 1 column, short 87.0 -> 76.7; 4 columns, bf16
-  // short 85.5 -> 85.0, power law 69.4 -> 68.2, fp32 81.7 -> 80.1 and 84.2 ->
-  // 82.0. The registers held across the stripe are the ones its row loads
+  // This bound, the clamps below, big_rows in shared memory, the ballot and the
+  // stripe claim (claim_stripe) each took work out of the stripe loop. A team
+  // reads its stripe's starts when it claims it: claiming stripes ahead (their
+  // starts copied into shared memory, pulled into L2, or held in registers) lost
+  // or traded. The registers held across the stripe are the ones its row loads
   // kept in flight (see kLaneBlocksPerSm).
+  // Measurements: docs/kernel-notes.md, "lane_sum_kernel: the stripe loop".
   for (;;) {  // (2^32 stripes would take an indptr of 4 TiB)
     unsigned stripe = 0;
     if (lane == 0) stripe = claim_stripe(&sm.next_stripe);
@@ -3114,21 +2523,14 @@ __global__ void __launch_bounds__(kThreads, kLaneBlocksPerSm<T, W>)
     // few bytes per row would leave it waiting on one load after another.
     constexpr int kSide = kLaneSide<T, W>;
     constexpr int kSteps = kLaneSteps<T, W>;
-    // Rows of 4 bytes or less step a pointer and a count per segment instead
-    // of recomputing 64-bit addresses, which took most of the loop's
-    // instructions (Nsight Compute, fp32, 1 column: 67 of 115 per step). On an
-    // H100, % of copy bandwidth, when a lane took four segments side by side:
-    // fp32, 1 column, power law 50.7 -> 53.9, short segments 84.3 -> 83.5;
-    // bf16, 1 column, short segments 77.4 -> 79.0, half of them empty 58.5 ->
-    // 64.7. 16-byte rows lost (fp32, 4 columns, short segments 79.3 -> 75.4),
-    // and so did 8-byte rows on an H200 (bf16, 4 columns, short segments 86.0
-    // -> 83.5). (Written as kSide == 4, the test had gone false for every row
-    // once kLaneRound became 2.) Per step, sm_90 SASS: bf16, 1 column 55 -> 49
-    // instructions (that case now reads words instead: word_lane_sums); fp32, 1
-    // column 42 -> 41, and no longer unrolled twice by the compiler (unroll 1
-    // below): a warp's lanes end after different step counts, so the unrolled
-    // loop ran its pair of steps and then its remainder step, nearly the union
-    // of both.
+    // Rows of 4 bytes or less step a pointer and a count per segment instead of
+    // recomputing 64-bit addresses, which took most of the loop's instructions;
+    // 16- and 8-byte rows lost with it. (Written as kSide == 4, the test had
+    // gone false for every row once kLaneRound became 2.) The loop is not
+    // unrolled (unroll 1 below): a warp's lanes end after different step counts,
+    // so the unrolled loop ran its pair of steps and then its remainder step,
+    // nearly the union of both.
+    // Measurements: docs/kernel-notes.md, "lane_sum_kernel: kStepped".
     constexpr bool kStepped = kSide >= 2 && W * sizeof(T) <= 4;
     bool staged = false;
     if constexpr (kLaneStageRows<T, W> > 0) {
@@ -3146,12 +2548,10 @@ __global__ void __launch_bounds__(kThreads, kLaneBlocksPerSm<T, W>)
       word_lane_sums<T>(src, out, base, lane, mine, a, e);
       staged = true;
     }
-    // A warp's loop runs for its longest lane segment, most lanes idle. On
-    // 2-byte rows of 4 columns, setting a stripe's lane segments of 5 to 32
-    // rows aside in a ring in shared memory and summing them 32 at a time, one
-    // a lane, once 32 had gathered, lost: H200 (ab.py, forward % of copy, two
-    // runs), bf16, 4 columns, power law 63.9 -> 60.4 and 63.7 -> 59.7, short
-    // 84.3 -> 83.5 and 84.2 -> 83.4.
+    // A warp's loop runs for its longest lane segment, most lanes idle; setting
+    // a stripe's longer lane segments aside in a ring in shared memory, to sum
+    // them 32 at a time, lost.
+    // Measurements: docs/kernel-notes.md, "lane_sum_kernel: lane segments".
 #pragma unroll
     for (int i0 = 0; i0 < kLaneRound && !staged; i0 += kSide) {
       Acc acc[kSide][W];
@@ -3240,36 +2640,18 @@ __global__ void __launch_bounds__(kThreads, kLaneBlocksPerSm<T, W>)
     }
     // The team's long segments, one after another. Their loads wait on memory
     // one segment at a time (a 64-row segment of 8-byte rows is one load a
-    // lane), so while the team sums one, it pulls the next one's first 8 KB
-    // into L2 (pull_into_l2). The next one is known ahead by walking them in
-    // (i, lane) order, the bits of one 64-bit queue (bit 32 * i + lane: the
-    // lanes' ballots per i); its bounds come from the lane holding it. H200
-    // (ab.py, forward % of copy, one run), base -> this: power law cut into
-    // pieces of 64, 256 and 1024 rows (--cut, runs of the mid-length segments
-    // the team sums), bf16, 4 columns 21.2 -> 28.3, 45.2 -> 55.8, 46.5 -> 54.9;
-    // fp32, 4 columns 48.1 -> 51.6, 60.8 -> 73.2, 40.0 -> 43.6; the power law
-    // itself, bf16, 4 columns 69.9 -> 70.7, fp32, 4 columns 86.0 -> 85.5; short
-    // segments and 1 column within 0.3. Four lines a lane (16 KB) instead of
-    // two: cut laws 0.8 to 1.4 points below two. Lost: each lane pulling its own
-    // long segments (up to 8 or 32 lines) as soon as it has classified them,
-    // alone or beside this: fp32, 4 columns, pieces of 256 rows 60.8 -> 54.6
-    // (32 lines), power law 86.0 -> 82.8; and summing 2 or 4 segments at once
-    // (every segment's loads of a round issued before any add, then one team
-    // reduction each): bf16, 4 columns, pieces of 64 rows 21.6 -> 35.2 and 36.1,
-    // but the power law 69.5 -> 67.5 and 60.0, fp32 84.3 -> 71.9 and 61.1 (4 segments
-    // spilled to the stack on rows of up to 4 bytes). Pulling the queue's first
-    // segment (2 or 4 lines a lane) before the lanes' loop, so that it reached
-    // L2 while the lanes summed, gained nothing: H200 (ab.py, forward % of copy,
-    // same run), power law, bf16, 4 columns 70.6 -> 70.7 and 70.4; fp32 85.9 ->
-    // 85.0 and 84.4; 2 columns 71.8 -> 73.1 and 72.7; short segments within 0.3.
+    // lane), so while the team sums one, it pulls the next one's first 8 KB into
+    // L2 (pull_into_l2). The next one is known ahead by walking them in (i,
+    // lane) order, the bits of one 64-bit queue (bit 32 * i + lane: the lanes'
+    // ballots per i); its bounds come from the lane holding it. That gained most
+    // where mid-length segments come in runs; deeper or per-lane pulls, and
+    // summing 2 or 4 segments at once, lost.
     // On rows of 4 bytes or less the walk is (lane, i) and nothing is pulled:
-    // the queue's bounds held beside the lanes' spilled there (fp32, 1 column:
-    // 24 bytes of stack) and lost short segments, fp32, 1 column 88.5 -> 84.0,
-    // bf16 81.0 -> 78.6, where the power law gained nothing (fp32 84.7 ->
-    // 84.6; bf16's takes the tile sum).
+    // the queue's bounds held beside the lanes' spilled there and lost.
     // (A ballot: one vote, where a warp sum (REDUX) and a shuffle to share it
     // took 8 instructions per stripe and a shuffle's latency; lanes' bits are
     // distinct, so their sum is their union.)
+    // Measurements: docs/kernel-notes.md, "lane_sum_kernel: a team's long segments".
     if constexpr (W * sizeof(T) <= 4) {
       unsigned holders = team_ballot(longs != 0);
       while (holders != 0) {
@@ -3397,112 +2779,45 @@ __global__ void __launch_bounds__(kThreads, kLaneBlocksPerSm<T, W>)
 
 // How far ahead the tile gather reads starts and values, in entries per thread,
 // and the resident blocks its registers are budgeted for. A tile of 2-byte rows
-// holds 8192 rows, about 1000 starts of short segments: read 4 deep, they
-// mostly come in the round read ahead, where 2 deep left a further round to
-// wait on, but the registers that took allowed 3 blocks per SM, not 4 (4 deep
-// at 4 blocks spilled, until the label walk by search stopped holding its run
-// in registers: kTileGatherBlocksPerSm). On an H100, % of copy bandwidth, bf16, 1 column: short
-// segments 70.2 -> 83.2, power law 70.7 -> 68.2 (at 3 blocks alone 61.7 and
-// 64.9). Starts held as 32-bit words (then, before the label walk by search
-// stopped holding its run; now kTileGatherLow) still spilled 64 bytes at 4 blocks (power
-// law 68.4 -> 62.6, short segments 83.2 -> 70.1), and were within 0.3 points
-// everywhere at 3. Rows of 4 bytes (tiles of 4096 rows) read as many as their
-// mean segment length asks (3 steps for 8-row segments), and 4 after a tile
-// whose starts overflowed that (or was cut at the last start read ahead: `cut`
-// in tile_gather_block): fp32, 1 column, power law 77.6 -> 81.3, short
-// segments 84.8 -> 83.8; bf16, 2 columns 76.9 -> 80.3 and 84.5 -> 83.6. (4
-// steps always: short segments lost up to 5.7 points; 2 steps until an
-// overflow, values as deep: bf16, 2 columns lost 3 to 4.5 points.) Rows of 8
-// bytes lost 3 to 5 points 4 deep, and still did once the values were held as
-// words (tile_gather_block): bf16, 4 columns, short segments 82.9 -> 80.3,
-// power law 82.2 -> 80.2; fp32, 2 columns 82.9 -> 80.0 and 82.4 -> 80.2 (as
-// deep as the mean segment length asks, up to 4: 82.7, 80.8, 82.5, 80.7).
+// holds 8192 rows, about 1000 starts of short segments: read 4 deep, they mostly
+// come in the round read ahead, where 2 deep left a further round to wait on.
+// Rows of 4 bytes (tiles of 4096 rows) read as many as their mean segment length
+// asks (kTileGatherAdapts), and 4 after a tile whose starts overflowed that (or
+// was cut at the last start read ahead: `cut` in tile_gather_block). Rows of 8
+// bytes read 2 deep: 4 deep lost there.
+// Measurements: docs/kernel-notes.md, "kTileGatherAhead, kTileGatherAdapts".
 template <typename T, int W>
 constexpr int kTileGatherAhead = W * sizeof(T) <= 4 ? kWindowSteps : kPrefetchSteps;
 template <typename T, int W>
 constexpr bool kTileGatherAdapts = W * sizeof(T) == 4;
 // Rows of 2 and 4 bytes read their starts ahead as the entries' low words, as
-// the tile sum does (fetch_starts): half the registers, and load_window takes
-// a start into the tile in 32-bit arithmetic (low_rel). Exact below 2^32 rows
-// only: more rows go to the team gather (launch_narrow_gather). H200 (ab.py,
-// backward % of copy, two runs, against 64-bit entries in the same run):
-// bf16, 1 column, short segments 81.6 -> 82.1 and 81.3 -> 81.8, power law
-// 72.6 -> 73.7 and 72.5 -> 73.5; fp32, 1 column 79.9 -> 80.3 and 79.6 ->
-// 80.2, 78.8 -> 79.1 and 78.6 -> 79.0; bf16, 2 columns 79.9 -> 80.5 and 79.7
-// -> 80.2, 78.8 -> 79.2 and 78.9 -> 79.3. Rows of 8 bytes lost 0.1 to 0.4
-// (bf16, 4 columns, fp32, 2 columns) and keep 64-bit entries. With the
-// registers saved, 2-byte rows read 8 deep (2048 starts, the power law's
-// fullest tiles in one round) lost on short segments, 81.3 -> 75.1, and
-// gained nothing on the power law (72.5 -> 73.3 against 73.5 at 4 deep); 8
-// deep only as the mean segment length asks (kTileGatherAdapts) spilled 4
-// bytes and lost on both (74.8, 70.1). Low words on rows of 8 bytes read 3
-// or 4 deep, not 2, lost too: bf16, 4 columns, short segments 79.7 -> 78.2
-// and 76.1, power law 78.4 -> 76.4 and 74.9; fp32, 2 columns 79.5 -> 78.0
-// and 76.0, 78.3 -> 76.4 and 75.0. Rows of 4 bytes read 4 deep always, not
-// as the mean segment length asks: power law +0.2 to +0.4, short segments
-// -0.5 to -0.7 (fp32, 1 column and bf16, 2 columns).
+// the tile sum does (fetch_starts): half the registers, and load_window takes a
+// start into the tile in 32-bit arithmetic (low_rel). Exact below 2^32 rows
+// only: more rows go to the team gather (launch_narrow_gather). Rows of 8 bytes
+// lost a little with them and keep 64-bit entries; reading deeper with the
+// registers saved lost too.
+// Measurements: docs/kernel-notes.md, "kTileGatherLow".
 template <typename T, int W>
 constexpr bool kTileGatherLow = W * sizeof(T) <= 4;
-// Every row width takes 4 blocks per SM. Rows of 2 bytes took 3 (76 registers)
+// Every row width takes 4 blocks per SM (64 registers). Rows of 2 bytes took 3
 // while the label walk by search held its run in registers (16 words), the
-// kernel's most registers live at once; at 64 that spilled the values read
-// ahead (52 bytes), stored to the stack just after their loads were issued, so
-// each tile waited there on them. With that walk writing its rows straight to
-// the stage, bf16, 1 column fits 63 registers with no spill (SASS, sm_90: the
-// walk by marks, which every tile of the bench's inputs takes, 143 -> 150
-// instructions from the marks barrier to the stage's last 16-byte store; fp32,
-// 1 column and bf16, 2 columns 63 -> 59 registers). On an H200, bf16, 1 column,
-// power law, at 3 blocks (24 warps per SM): issue slots 49 % busy, DRAM at 49 %
-// of peak, ~5,200 cycles a block and tile (Nsight Compute); fp32, 1 column, at
-// 4: 59 % and 59 %. At 4 blocks (ab.py, backward % of copy, two runs), bf16, 1
-// column: power law 66.5 -> 70.8 and 66.6 -> 71.2, short segments 76.8 -> 81.0
-// and 76.7 -> 81.0; fp32, 1 column and bf16, 2 and 4 columns within 0.3; fp32,
-// 2 columns, short 78.0 -> 77.4.
-// 5 blocks per SM (48 registers: 24 to 60 bytes spilled, nvcc 13.0, sm_90)
-// lost 6 to 9 points on every width and law (H200, ab.py, backward % of copy:
-// bf16, 1 column, short 82.1 -> 73.1, power law 73.4 -> 67.4; fp32, 1 column
-// 80.4 -> 73.0; bf16, 4 columns 78.9 -> 71.7), with the low-word read-ahead.
+// kernel's most registers live at once; with that walk writing its rows straight
+// to the stage, bf16, 1 column fits 63 registers with no spill, and it gained at
+// 4 blocks. 5 blocks per SM (48 registers) spilled and lost on every width and
+// law.
+// Measurements: docs/kernel-notes.md, "kTileGatherBlocksPerSm".
 template <typename T, int W>
 constexpr int kTileGatherBlocksPerSm = kTileBlocksPerSm;
-// Rows of 4 bytes mark a tile of at most 2 * kThreads starts in passes of 2
-// entries a thread, not 4 (mark_gather_starts). Such a tile (4096 rows; short
-// segments hold ~470 starts, p99 510, on the bench's inputs) had threads 0-117
-// mark: warps 0-3 ran a pass of ~95 instructions while warps 4-7 waited at
-// the barrier after the marks. In pairs all 8 warps run one pass of ~66
-// (SASS sm_90, fp32, 1 column, path without a warp crossing), so that
-// barrier waits ~30 instructions less a tile, for ~150 more issued per block
-// and tile (~3,600 now). Nsight Compute, H200, fp32, 1 column, short
-// segments: the tile gather is latency bound (53 % of issue slots busy, 1.1
-// eligible warps a scheduler, 14 cycles between a warp's instructions, ~6,800
-// cycles a block and tile; SMs active 97 % of the kernel, DRAM at 69 % of
-// peak). Tiles of more starts keep passes of 4, which serve 1024 starts a
-// pass (power law: 500 to 1100 in its tiles with a start). H200, backward %
-// of copy bandwidth, short segments: fp32, 1 column 79.5 -> 80.5; bf16, 2
-// columns 79.4 -> 80.4; power law, and bf16 rows of 1 column (2 bytes, not
-// changed), within 0.2.
-// Rows of 8 bytes (tiles of 2048 rows: short segments hold ~241 starts, 97 %
-// of tiles at most 256; the power law p10 151, median 367, p90 503, in its
-// tiles with a start, 92 % at most 512) mark one entry a thread up to
-// kThreads starts and two up to 2 * kThreads, so all 8 warps mark (short
-// segments) where passes of 4 had threads 0-60 do it: 2 warps (3.2 on
-// average on the power law). Nsight Compute, H200, bf16, 4 columns, short
-// segments, passes of 4: a marking warp issued ~173 instructions (its pass,
-// the warp_first records in 62 % of them, divergent branches) after the ~87
-// every warp issues from load_window's barrier to the marks, while the other
-// 6 waited at the barrier after the marks: 23 % of the stall samples, the
-// kernel's largest (issue slots 51 % busy, 1.06 eligible warps a scheduler,
-// ~5,300 cycles a block and tile, 335 warp instructions a warp and tile). A
-// pass of one entry is ~40 instructions (SASS, sm_90, tile_gather_kernel,
-// bf16, 4 columns, path without a warp crossing; ~12 more with a warp_first
-// record): 8 warps of ~45-50 where 2 issued ~173, about 40 more warp
-// instructions a tile, about 1.5 %, for a path to that barrier of ~130
-// instructions instead of ~260. The marks, crowded flag and warp_first are
-// the same at any pass width (sorted starts). H200 (ab.py, backward % of copy
-// bandwidth, two runs): bf16, 4 columns, short segments 77.8 -> 79.6 and
-// 77.9 -> 79.3, power law 76.9 -> 76.9 and 76.9 -> 77.2; fp32, 2 columns,
-// short 77.8 -> 79.4, power 76.7 -> 77.1; 1-column rows within 0.1.
-// Rows of 8 bytes meet kTileGatherMarkPairs too, but they take
-// kTileGatherMarkSingles first, with its 1-entry pass up to kThreads starts.
+// Window entries a thread marks per pass (mark_gather_starts). With passes of 4,
+// a tile of few starts had a few warps marking while the rest waited at the
+// barrier after the marks; so rows of 4 bytes (tiles of 4096 rows, ~470 starts
+// of short segments) mark tiles of up to 2 * kThreads starts in passes of 2, and
+// rows of 8 bytes (tiles of 2048 rows, ~241 starts) in passes of 1 up to
+// kThreads starts (kTileGatherMarkSingles, taken before kTileGatherMarkPairs)
+// and of 2 up to 2 * kThreads. Tiles of more starts keep passes of 4 (1024
+// starts a pass). The marks, crowded flag and warp_first are the same at any
+// pass width (sorted starts).
+// Measurements: docs/kernel-notes.md, "kTileGatherMarkPairs, kTileGatherMarkSingles".
 template <typename T, int W>
 constexpr bool kTileGatherMarkPairs = W * sizeof(T) == 4 || W * sizeof(T) == 8;
 template <typename T, int W>
@@ -3531,54 +2846,18 @@ struct TileGatherShared {
 };
 
 // Row ranges (kTileGatherWaves times as many) and tiles as in tile_sum, the
-// other way round (a tile with more starts than were read ahead ends at the
-// last of them: `cut` in tile_gather_block). Per tile, the window of segment
-// starts marks the rows where segments start, and the values of the segments
-// open in the tile come to shared memory, both read coalesced a tile ahead.
-// Thread g labels its run of kRunRows rows from the marks, writes their values
-// to the stage, and each warp stores its runs as contiguous 16-byte units.
-// (Runs of 16 rows on 2-byte rows, tiles whose starts mostly fit the round read
-// ahead: bf16, 1 column, short segments 70.2 -> 74.7 % of copy bandwidth, power
-// law 70.3 -> 57.4.) Tiles without a start, half of them on the power law, are
-// stored straight from their segment's value (tile_gather_block).
-// What the design itself allows, timed by cutting parts out (wrong rows, the
-// same traffic; H200, ab.py, backward % of copy, against the kernel in the
-// same run): bf16, 1 column, short segments 82.0 -> 82.7 with a warp barrier
-// in place of the block barrier after the marks, 84.8 with no marks at all;
-// power law 73.9 -> 74.5 and 80.2; fp32, 1 column 80.3 -> 81.0 and 82.3,
-// 79.5 -> 79.0 and 81.6; bf16, 4 columns 79.3 -> 79.6 and 80.9, 78.0 -> 79.2
-// and 81.2. In a second run, no marks and no walk either: bf16, 1 column 82.3
-// -> 85.5 and 73.7 -> 81.8; fp32, 1 column 80.2 -> 82.8 and 79.3 -> 82.0;
-// bf16, 4 columns 79.2 -> 80.7 and 78.2 -> 81.2. So marking the starts
-// costs 2 to 6 points, its barrier about one, and the rest of a tile holds
-// these cases near 81-85 % whatever the walk does. The same reads with no
-// window at all (each tile's read-ahead of starts and values waited on at
-// the tile's top, the next one issued after a block barrier, every tile
-// stored straight from one value) stay near there on short segments: bf16,
-// 1 column 82.0 -> 83.2; fp32, 1 column 79.9 -> 83.2; bf16, 4 columns 79.2
-// -> 82.7; on the power law 73.8 -> 90.8, 79.2 -> 87.3 and 78.0 -> 85.2. The
-// stores alone (the read-ahead's loads dead, so compiled out) ran at 115-142 %
-// of copy. With two read-aheads in flight (two sets of registers, each waited
-// on two tiles after it was issued), that bound rose on narrow rows (another
-// run, against one in flight): bf16, 1 column, short 83.0 -> 87.2, power law
-// 91.1 -> 96.8; fp32, 1 column 83.5 -> 86.1 and 87.5 -> 89.3; bf16, 4 columns
-// 83.1 -> 83.6 and 85.9 -> 86.6: the read side, one tile deep, is what holds
-// short segments of narrow rows under 85 %.
-// Nor did a ring give that depth in real code: the read-ahead on 2-byte rows
-// as chunks of 1024 entries (starts as low words, and values) indexed by
-// entry, each chunk refilled once the tiles have consumed it, a tile counting
-// its starts over the ring's entries below its end (wider rows kept one
-// tile's read-ahead). H200 (ab.py, backward % of copy, against this kernel
-// in the same run), bf16, 1 column, short segments 81.9 -> 68.0 with 2
-// chunks, 55.8 with 3 (older chunks counted first, the newest only when a
-// tile reaches it), 75.3 with 2 counted in one barrier; power law 73.4 ->
-// 63.6, 56.2 and 69.8. Every tile counts over every slot and waits on the
-// refills it reaches; where that time goes was not profiled.
-// The stage stays: each thread storing its own run's 64 bytes straight from
-// registers (tiles walked by marks alone, the rest through the stage), with
-// no warp store of 512 contiguous bytes, lost 3 to 32 points: bf16, 1
-// column, short 81.7 -> 61.7, power law 73.8 -> 70.9; fp32, 1 column 80.4 ->
-// 52.2 and 79.1 -> 66.5; bf16, 4 columns 79.2 -> 47.8 and 78.0 -> 57.9.
+// other way round (a tile with more starts than were read ahead ends at the last
+// of them: `cut` in tile_gather_block). Per tile, the window of segment starts
+// marks the rows where segments start, and the values of the segments open in
+// the tile come to shared memory, both read coalesced a tile ahead. Thread g
+// labels its run of kRunRows rows from the marks, writes their values to the
+// stage, and each warp stores its runs as contiguous 16-byte units. Tiles
+// without a start, half of them on the power law, are stored straight from their
+// segment's value (tile_gather_block).
+// Timed with parts cut out, the read side, one tile deep, is what holds short
+// segments of narrow rows under 85 %; a deeper read-ahead through a ring of
+// chunks lost, and so did each thread storing its own run without the stage.
+// Measurements: docs/kernel-notes.md, "tile_gather_block: design".
 
 // One step of an inclusive scan over 32 lanes, as cub's: on CUDA the shuffle's
 // own predicate says whether a lane d below exists (no lane test).
@@ -3721,27 +3000,18 @@ __device__ __forceinline__ void tile_gather_block(const T* __restrict__ src,
                                                   int64_t segments, int64_t rows_per_block,
                                                   TileGatherShared<T, W>& sm) {
   using G = Geometry<T, W>;
-  // Values stay as they were loaded: in 32-bit words wherever a row holds
-  // whole words (RawPack; a row of one half value has nothing to rearrange).
-  // Held as Pack<T, W> of a half type, each value read ahead was rearranged
-  // into 16-bit halves as soon as its load was issued, so the thread waited
-  // there for it (Nsight Compute, H100, bf16, 4 columns, power law: 23 % of
-  // the stall samples). As words, on an H100 (ab.py, % of copy bandwidth):
-  // bf16, 4 columns, short segments 80.9 -> 83.0, power law 78.7 -> 82.2; 2
-  // columns 83.5 -> 84.0 and 80.2 -> 81.3; 1 column and fp32 within 0.3.
+  // Values stay as they were loaded: in 32-bit words wherever a row holds whole
+  // words (RawPack; a row of one half value has nothing to rearrange). Held as
+  // Pack<T, W> of a half type, each value read ahead was rearranged into 16-bit
+  // halves as soon as its load was issued, so the thread waited there for it.
+  // Measurements: docs/kernel-notes.md, "tile_gather_block: values as words".
   using P = RawPack<T, W>;
   constexpr int kRun = G::kRunRows;
   constexpr int kValues = TileGatherShared<T, W>::kValues;
   const int tid = threadIdx.x;
-  // Blocks of kThreads threads (the launch): tid's bound lets the compiler
-  // drop the tests of i < kValues, i < kWindow and the like on k * kThreads + tid.
-  // With the lean first window round, the one bound of prefetch and the
-  // unrolled stores below, then the label walk by step_if, then the counts of
-  // mark_gather_starts, on an H200 (ab.py, % of copy bandwidth, backward):
-  // bf16, 1 column, power law 50.6 -> 54.9 -> 55.9 -> 56.3, short segments
-  // 65.9 -> 71.4 -> 74.0 -> 74.1; fp32, 1 column 67.2 -> 70.2 -> 71.5 -> 72.6
-  // and 70.7 -> 73.0 -> 75.0 -> 75.6; bf16, 4 columns 70.4 -> 73.4 and 73.4
-  // -> 75.9; fp32, 4 columns within 0.3.
+  // Blocks of kThreads threads (the launch): tid's bound lets the compiler drop
+  // the tests of i < kValues, i < kWindow and the like on k * kThreads + tid.
+  // Measurements: docs/kernel-notes.md, "tile_gather_block: lean code".
   __builtin_assume(tid >= 0 && tid < kThreads);
   const int64_t r0 = static_cast<int64_t>(blockIdx.x) * rows_per_block;
   int64_t r1 = imin(rows, r0 + rows_per_block);
@@ -3762,12 +3032,11 @@ __device__ __forceinline__ void tile_gather_block(const T* __restrict__ src,
   int64_t first = block_lower_bound(indptr, segments, rows, r0);
   int round = 0;
   const int64_t expected = starts_per_tile(segments, rows, G::kTileRows);
-  // Starts, and the values of their segments, read a tile ahead: as many
-  // per thread as kTileGatherAhead and kTileGatherAdapts say. Values go as
-  // deep as starts, so a tile of short segments waits on no round of values
-  // after its round of starts (values 4 deep against 2, starts 2 deep, on an
-  // H100, % of copy bandwidth: bf16, 2 columns, short segments 82.5 -> 85.3,
-  // power law 69.5 -> 73.8; fp32, 1 column, 1-3-row segments 68.9 -> 71.2).
+  // Starts, and the values of their segments, read a tile ahead: as many per
+  // thread as kTileGatherAhead and kTileGatherAdapts say. Values go as deep as
+  // starts, so a tile of short segments waits on no round of values after its
+  // round of starts.
+  // Measurements: docs/kernel-notes.md, "tile_gather_block: read-ahead".
   constexpr int kAhead = kTileGatherAhead<T, W>;
   int steps = walk_steps(expected, kAhead);
   const int usual_steps = kTileGatherAdapts<T, W> ? steps : kAhead;
@@ -3775,64 +3044,23 @@ __device__ __forceinline__ void tile_gather_block(const T* __restrict__ src,
   Raw raw[kAhead];
   P raw_values[kAhead];
   // The starts from `from` (their low words: kTileGatherLow), the values from
-  // from - 1, as fetch_starts and value would read them: entry
-  // s = from + k * kThreads + tid exists (s <= segments) exactly when the
-  // value of segment s - 1 does (s - 1 < segments), so one 32-bit bound,
-  // k * kThreads <= room, tests both; s - 1 >= 0 fails only for k = 0 in
-  // thread 0 of a block from segment 0. (from lies in [0, segments + 1].)
-  // With them, the start of the last entry
-  // they read (`cut`): a tile holding more starts than were read ahead ends
-  // there instead, rounded down to whole 16-byte units of rows, so that it
-  // waits on no further round of indptr (only past a quarter of a tile: denser
-  // tiles, a crowd of empty segments, take their further rounds). Such a tile
-  // waited on its next round with nothing else in flight: Nsight Compute, H200,
-  // bf16, 1 column, power law, ~14 % of the stall samples on the first use of
-  // that round's starts, which about a third of the tiles read (1000 to 2200
-  // starts, against 1024 read ahead). The tile after it starts where it ended.
-  // H200 (ab.py, backward % of copy bandwidth, two runs): power law, bf16, 1
-  // column 70.9 -> 72.8 and 70.4 -> 72.3, 2 columns 75.8 -> 77.5 and 76.1 ->
-  // 77.8; fp32, 1 column 76.1 -> 77.9 and 76.1 -> 77.8, 2 columns 77.5 -> 78.1
-  // and 77.2 -> 78.1; bf16, 4 columns 77.3 -> 77.7. Short segments, whose tiles
-  // hold fewer starts than are read ahead (so none is cut), lost about a point
-  // to the code it adds: bf16, 1 column 81.5 -> 80.3 and 81.8 -> 80.4, 2
-  // columns 80.6 -> 79.5; fp32, 1 column 80.2 -> 79.5 and 80.5 -> 79.5; fp32, 2
-  // columns and bf16, 4 columns within 0.2. Kept for the lower of the two laws
-  // at each width. Cut only where the last start read ahead lies in the tile's
-  // first three quarters (a third more starts than were read ahead), it lost on
-  // both laws (bf16, 1 column, power law 70.9 -> 69.8, short 81.5 -> 80.0). A
-  // malformed indptr gives any cut: the tile still ends within its rows. The
-  // cut is rounded down to 128 bytes of rows, so that the tile after it starts
-  // on a line (at 16 bytes it could start mid-sector), a cut tile counts as one
-  // that overflowed what was read ahead (rows of 4 bytes then read kAhead deep
-  // for the next), and indptr[segments], the rows' end, cuts nothing. H200
-  // (ab.py, backward % of copy, against the cut at 16 bytes in the same run):
-  // power law, bf16, 1 column 72.5 -> 72.9, 2 columns 77.8 -> 79.0, 4 columns
-  // 78.1 -> 78.3; fp32, 1 column 77.5 -> 78.8 (the rounding alone: 72.8, 78.6,
-  // 78.2, 78.5); short segments within 0.2.
-  // The round after each prefetch's pulled into L2 as it is issued (one
-  // cp.async.bulk.prefetch.L2 from thread 0 for the starts, one from thread
-  // 32 for the values), so that the next prefetch, and `cut` above all (on
-  // rows of 8 bytes the kernel's longest wait: Nsight Compute, bf16, 4
-  // columns, short segments, ~16 % of the stall samples on the tile's first
-  // use of it), would wait on L2, lost everywhere: H200 (ab.py, backward % of
-  // copy, against the kernel in the same run), bf16, 1 column, power law 73.4
-  // -> 69.2 (starts alone 69.8), short 81.9 -> 81.7; fp32, 1 column 80.2 ->
-  // 78.9 and 79.2 -> 78.0; bf16, 4 columns 78.8 -> 77.6 and 77.9 -> 77.3.
-  // Nor did sm_90's bulk copies, which hold no registers: thread 0 copying
-  // the next tile's starts (8 KB of entries) and values into shared memory
-  // (cp.async.bulk, one mbarrier), where the loads go out now, and every
-  // thread reading its entries from there at the tile's top. It lost
-  // everywhere: H200 (ab.py, backward % of copy, against the kernel in the
-  // same run; results identical), bf16, 1 column, power law 73.7 -> 59.9,
-  // short segments 81.2 -> 66.1; fp32, 1 column 79.8 -> 69.2 and 79.8 ->
-  // 65.9; bf16, 4 columns 77.6 -> 67.0 and 78.4 -> 66.0. Issued beside the
-  // loads and only waited on (the entries still from the registers): bf16,
-  // 1 column 70.0 and 76.0; fp32, 1 column, power law 75.4; bf16, 4 columns
-  // 74.6 and 75.6. The 10 KB more shared memory alone, the same cases: 73.3,
-  // 80.0, 79.1, 77.1 and 78.0. So the copies, issued a tile ahead, had not
-  // landed when the next tile began (4 to 6 % to wait on them), where the
-  // loads had, and reading the entries back from shared memory cost the
-  // rest.
+  // from - 1, as fetch_starts and value would read them: entry s = from + k *
+  // kThreads + tid exists (s <= segments) exactly when the value of segment s -
+  // 1 does (s - 1 < segments), so one 32-bit bound, k * kThreads <= room, tests
+  // both; s - 1 >= 0 fails only for k = 0 in thread 0 of a block from segment 0.
+  // (from lies in [0, segments + 1].)
+  // With them, the start of the last entry they read (`cut`): a tile holding
+  // more starts than were read ahead ends there instead, so that it waits on no
+  // further round of indptr (only past a quarter of a tile: denser tiles, a
+  // crowd of empty segments, take their further rounds). The tile after it
+  // starts where it ended. The cut is rounded down to 128 bytes of rows, so that
+  // the tile after it starts on a line; a cut tile counts as one that overflowed
+  // what was read ahead (rows of 4 bytes then read kAhead deep for the next),
+  // and indptr[segments], the rows' end, cuts nothing. A malformed indptr gives
+  // any cut: the tile still ends within its rows. Kept for the power law, though
+  // short segments lose about a point to its code. Pulling the next round into
+  // L2, or copying it into shared memory with bulk copies, lost everywhere.
+  // Measurements: docs/kernel-notes.md, "tile_gather_block: prefetch and cut".
   int64_t cut = kNever;
   bool was_cut = false;
   auto prefetch = [&](int64_t from) {
@@ -3895,38 +3123,30 @@ __device__ __forceinline__ void tile_gather_block(const T* __restrict__ src,
       if (k < steps && i < kValues) sm.values[i] = raw_values[k];
     }
     int cached = static_cast<int>(imin(steps * kThreads, kValues));
-    // The tile's starts in 32 bits, for all but the crowded label walk: at
-    // most nrows + 1. Sorted starts lie in [0, nrows), so a tile that holds
-    // more than nrows has two equal ones among its first nrows + 1, which
-    // mark_gather_starts finds (crowded), and a tile that is not crowded
-    // holds n = w.n. Crowded tiles use neither marks nor warp_first. An
-    // unsorted indptr gets wrong rows but stays in bounds as before. With
-    // the later window rounds and the extra values in 32 bits as the first
-    // round, on an H200 (ab.py, % of copy bandwidth, backward): bf16, 1
-    // column, power law 56.1 -> 58.0, fp32 72.6 -> 73.3; short segments and
-    // bf16 rows of 4 columns +0.5 to +1.
+    // The tile's starts in 32 bits, for all but the crowded label walk: at most
+    // nrows + 1. Sorted starts lie in [0, nrows), so a tile that holds more than
+    // nrows has two equal ones among its first nrows + 1, which
+    // mark_gather_starts finds (crowded), and a tile that is not crowded holds n
+    // = w.n. Crowded tiles use neither marks nor warp_first. An unsorted indptr
+    // gets wrong rows but stays in bounds as before.
+    // Measurements: docs/kernel-notes.md, "tile_gather_block: 32-bit starts".
     const int n = static_cast<int>(imin(w.n, nrows + 1));
     // Values past the prefetched ones: a tile with more segments than the last.
     // kWindowSteps loads per thread go out before the first store: one at a
-    // time, each store waited on its load (Nsight Compute, H100, bf16, 1
-    // column, short segments: 15 % of the stall samples). On the op
-    // benchmark, bf16, 1 column, short segments: 64.0 -> 66.8 % of copy
-    // bandwidth.
+    // time, each store waited on its load.
     // As value(first - 1 + i) reads them, in 32 bits: i >= cached >= kThreads
-    // here, so first - 1 + i >= 0, and first - 1 + i < segments exactly when i
-    // < there (first <= segments + 1); one 64-bit pointer per pass.
+    // here, so first - 1 + i >= 0, and first - 1 + i < segments exactly when i <
+    // there (first <= segments + 1); one 64-bit pointer per pass.
+    // Measurements: docs/kernel-notes.md, "tile_gather_block: extra values".
     const int wanted = n + 1 < kValues ? n + 1 : kValues;  // as w.n + 1 but in a crowded tile
     // The first pass of those loads goes out here and its values are stored
-    // after the marks, just before the barrier that the walk waits on: the
-    // marks no longer wait behind the loads (a power-law tile holds 1000 to
-    // 2200 starts, more than the 1024 values of 4 steps read ahead, so most
-    // tiles with a start took a full load latency here before marking). H200,
-    // backward, power law, 1 column: bf16 63.7 -> 65.5 % of copy bandwidth
-    // (66.1 with the swizzled stage), fp32 74.9 -> 75.4; short segments bf16
-    // 76.2 -> 75.6 alone, 76.8 with the stage. Further passes, only past
-    // kWindowSteps * kThreads more values, stay after the marks as they were.
-    // A tile without a start (wanted = 1 <= cached) loads none, so the lean
-    // tile's `continue` below leaves none unstored.
+    // after the marks, just before the barrier that the walk waits on: the marks
+    // no longer wait behind the loads (most power-law tiles with a start hold
+    // more starts than the values read ahead). Further passes, only past
+    // kWindowSteps * kThreads more values, stay after the marks as they were. A
+    // tile without a start (wanted = 1 <= cached) loads none, so the lean tile's
+    // `continue` below leaves none unstored.
+    // Measurements: docs/kernel-notes.md, "tile_gather_block: extra values".
     const bool extra = cached < wanted;  // the same in every thread
     const int i_more = cached + tid;
     int there = 0, end = wanted;
@@ -3955,13 +3175,8 @@ __device__ __forceinline__ void tile_gather_block(const T* __restrict__ src,
     cached = cached > wanted ? cached : wanted;
     if (t1 < r1) {  // raw and raw_values are free again
       steps = n >= steps * kThreads || was_cut ? kAhead : usual_steps;
-      // Pulling a tile's second window round into L2 (prefetch.global.L2) before
-      // the first round's barrier, where the first round predicted a full one,
-      // and on 2-byte rows of one column a tile ahead, gained nothing: H200
-      // (ab.py, backward % of copy, two runs), power law, 1 column, bf16 66.3
-      // -> 66.6 and 66.3 -> 66.5, fp32 76.2 -> 76.0 and 75.7 -> 75.4; bf16,
-      // 1 column, short 76.7 -> 75.7 (the asm also took .CONSTANT off every
-      // indptr load).
+      // (Pulling the tile's second window round into L2 here gained nothing.)
+      // Measurements: docs/kernel-notes.md, "tile_gather_block: prefetch and cut".
       prefetch(first + w.n);
     }
     // No start in a whole tile: every row is segment first - 1, whose value
@@ -3970,33 +3185,9 @@ __device__ __forceinline__ void tile_gather_block(const T* __restrict__ src,
     // load_window's barrier, with no barrier before this.) On the power law
     // about half the rows lie in segments longer than a tile: those tiles skip
     // the marks, the label walk and the stage, and the barrier after the marks.
-    // Measured before the tiles were made lean (H100, % of copy bandwidth):
-    // bf16, 4 columns 78.4 -> 79.0 and fp32, 1 column 77.5 -> 77.8, but bf16, 1
-    // column spilled and lost 11 points, so rows of 2 bytes kept the common
-    // path. On the lean tiles (H200, power law): fp32, 1 column 73.4 -> 74.3;
-    // bf16, 4 columns 74.2 -> 75.0. The lean tiles left rows of 2 bytes the
-    // room: they take this path too (then within the 80 registers of 3 blocks
-    // per SM, now within the 64 of 4: kTileGatherBlocksPerSm), with no spill
-    // (SASS, sm_90, bf16, 1 column), and there the walk it skips is the largest
-    // share of a tile's instructions (32 rows per thread, against 16 in rows of
-    // 4 bytes). With the two barriers of a tile below (H200, % of copy
-    // bandwidth, bf16, 1 column): power law 58.3 -> 63.9, short segments 75.3
-    // -> 77.2 (the barriers alone: 60.3 and 78.5). Known a tile ahead instead
-    // (the next start read beside `cut`, a uniform load), such a tile skipped
-    // load_window, its barrier and the prefetch, and lost: H200 (ab.py,
-    // backward % of copy), power law, bf16, 1 column 72.9 -> 72.2, 2 columns
-    // 79.0 -> 78.2, 4 columns 77.9 -> 77.5; fp32, 1 column 79.0 -> 78.2; short
-    // segments, which have no such tile, 0.4 to 1.6 lower. The tiles with
-    // starts, issue-bound, set the pace (Nsight Compute, bf16, 1 column, power
-    // law: ~600 instructions a warp and tile there, ~210 in a tile without a
-    // start). Nor did the whole quiet tiles after this one, up to the next
-    // start (its entry read ahead), stored at once with no window, barrier or
-    // read-ahead of their own: H200 (ab.py, backward % of copy, same run),
-    // power law, bf16, 1 column 74.4 -> 74.8, fp32, 1 column 79.3 -> 78.3,
-    // bf16, 4 columns 77.9 -> 77.5. (The fill gather alike, its rows up to the
-    // next start stored from the open segment's value after a tile without a
-    // start, spilled 12 bytes at its 32 registers and lost: fp32, 4 columns,
-    // power law 79.7 -> 72.5, short segments 87.9 -> 81.7.)
+    // Knowing such tiles a tile ahead, or storing a run of them at once, lost:
+    // the tiles with starts, issue-bound, set the pace.
+    // Measurements: docs/kernel-notes.md, "tile_gather_block: tiles without a start".
     if (w.n == 0 && nrows == G::kTileRows) {
       // The value repeated over a 16-byte unit, built as words: a row of 2
       // bytes fills both halves of each, rows of 4 or 8 bytes are whole ones.
@@ -4110,13 +3301,10 @@ __device__ __forceinline__ void tile_gather_block(const T* __restrict__ src,
         label(q, sm.values[k]);
       }
 #else
-      // sm.values[j], then one entry on at each marked row (step_if). Each
-      // step waits on the load before it; walking the run's second half down
-      // from its last row as a second chain, interleaved with the first (SASS,
-      // fp32, 1 column: the serial waits 15 -> 7, instructions 40 -> 51),
-      // gained nothing: H200, backward % of copy, 1 and 4 columns, short and
-      // power law, fp32 and bf16, within 0.4 (bf16, 1 column, short 77.1 ->
-      // 76.8). Two chains from row 0, tried before, timed the same.
+      // sm.values[j], then one entry on at each marked row (step_if). Each step
+      // waits on the load before it; a second chain, walking the run's second
+      // half, gained nothing.
+      // Measurements: docs/kernel-notes.md, "tile_gather_block: label walk".
       uint32_t at = static_cast<uint32_t>(__cvta_generic_to_shared(&sm.values[j32]));
 #pragma unroll
       for (int q = 0; q < kRun; ++q) {
@@ -4282,50 +3470,23 @@ __device__ __forceinline__ void finish_items(const int64_t* item_key,
   }
 }
 
-// The pairs' loop (rows of kPairRowBytes of a 2-byte type, no read-ahead)
-// reads each segment's end from indptr where the segment before it closes,
-// and waits on it there whenever the next segment is shorter than the rows
-// still in registers: a fifth of its stalls (H100, bf16, 32 columns, power
-// law), and most segments of the power law are 1 or 2 rows long. A group
-// walks its own run of indptr, a 128-byte line per 16 segments, so every 16
-// segments it waits on L2 or memory with no row of its own in flight, and
-// the rows streaming through L1 can evict the line between two of its
-// ends. So the block first copies the ends of the segments its rows can
-// reach, up to kStreamEnds of them, into shared memory, all loads at once,
-// and the loop reads ends there; ends past the copy come from indptr as
-// before. The values are indptr's own: the results are bit for bit the same.
-// The bench's 512 MiB of 32 bf16 columns on an H200 (521 blocks) need up to
-// 1965 ends a block with short segments, a median of 2009 and at most 3731
-// on the power law, where 2048 would leave a fifth of the ends to indptr:
-// 4096 take them all, 4 blocks still fit an SM (then 64-bit ends: 32 KB, 41
-// KB a block, 64 registers, no spill; now 32-bit offsets, kRelEnds: 16 KB,
-// 24 KB a block). H200, forward % of copy bandwidth, bf16, 32 columns:
-// power law 63.4 -> 69.2 (2048 ends: 60.0), short segments 80.0 -> 81.2;
-// fp32, 32 columns within 0.2.
-// ROCm keeps indptr reads there: 4 blocks of 41 KB (64-bit ends) would not
-// fit a 64 KB LDS.
+// The pairs' loop (rows of kPairRowBytes of a 2-byte type, no read-ahead) waited
+// on each segment's end, read from indptr where the segment before it closed,
+// and the rows streaming through L1 could evict its group's run of indptr. So
+// the block first copies the ends of the segments its rows can reach, up to
+// kStreamEnds of them, into shared memory, all loads at once, and the loop reads
+// ends there; ends past the copy come from indptr as before. The values are
+// indptr's own: the results are bit for bit the same. 4096 ends take all a block
+// reaches on the benchmark's power law, and 4 blocks still fit an SM.
+// ROCm keeps indptr reads there: 4 blocks of 41 KB (64-bit ends) would not fit a
+// 64 KB LDS.
 //
 // The read-ahead loops of wide rows (kWide: 2-byte types, 16 packs a row or
-// more; 8-byte packs of the 4- and 8-byte types) stage ends the same way, up
-// to kStreamAheadEnds of them, clamped into [0, rows] as end_of reads them
-// (those loops clamp, as the pairs' loop clamps its offsets): the values are
-// end_of's own, so the results are bit for bit the same. Their loop waited on
-// the next end where the segment before it closed, as the pairs' loop did: a
-// segment of one row (half of the power law's) closes a row after the one
-// before it, and its end, read from indptr at that close, is a load from L1
-// at best. The power law's groups of equal rows meet very unequal numbers of
-// ends (the bench's 512 MiB on an H200, 1 wave: bf16, 256 columns, 664 rows
-// a group, a mean of 84 segment starts a group but up to 258, and 32 % of
-// groups with none; short segments up to 98; fp32, 64 columns, 500 rows, a
-// mean of 67, up to 210; short segments up to 75), and the one wave ends
-// with the groups that meet the most: short segments and the power law
-// differ by 8 points on the same kernel (bf16, 256 columns 83.8 and 76.1 %
-// of copy bandwidth; fp32, 64 columns 83.8 and 79.7). A block of those rows
-// reaches at most 725 ends there (bf16) and 1053 (fp32): 2048 (16 KB) take
-// them all, and 3 blocks (bf16, 29 KB each) or 4 (fp32, 25 KB) still fit an
-// SM. H200, forward % of copy bandwidth, power law: bf16, 256 columns
-// 77.1 -> 81.9; fp32, 64 columns 79.6 -> 83.3; short and long segments of
-// those widths within 0.7 lower, fp32 256 columns short 86.8 -> 85.6.
+// more; 8-byte packs of the 4- and 8-byte types) stage up to kStreamAheadEnds
+// ends the same way, clamped into [0, rows] as end_of reads them (the values are
+// end_of's own: the same results): the power law's groups meet very unequal
+// numbers of ends, and the one wave ends with those that meet the most.
+// Measurements: docs/kernel-notes.md, "kStreamEnds, kStreamAheadEnds".
 #if defined(__HIP_PLATFORM_AMD__)
 constexpr int kStreamEnds = 0;
 constexpr int kStreamAheadEnds = 0;
@@ -4373,12 +3534,9 @@ using StreamSumSharedOf =
                     std::conditional_t<kRelEnds<T, kShape, kInner>, int, int64_t>>;
 
 // kInner > 0: rows are known to hold kInner elements (inner is ignored), so
-// every row address is a constant offset from the group's pointer. On the
-// pairs' 16-row batches a runtime width cost a 64-bit add per load (SASS,
-// sm_90, bf16: two of every three instructions that address a batch; 2952 ->
-// 2464 instructions, 64 -> 62 registers). On an H200 (ab.py, % of copy
-// bandwidth), bf16 rows of 32 columns: short segments 76.0 -> 80.6, power
-// law 61.1 -> 63.7; other widths within 0.3.
+// every row address is a constant offset from the group's pointer: on the pairs'
+// 16-row batches a runtime width cost a 64-bit add per load.
+// Measurements: docs/kernel-notes.md, "stream_sum_block: kInner".
 template <typename T, int W, StreamRows kShape, int64_t kInner = 0, bool kIntRows = false>
 __device__ __forceinline__ void stream_sum_block(const T* __restrict__ src,
                                                  const int64_t* __restrict__ indptr,
@@ -4596,41 +3754,32 @@ __device__ __forceinline__ void stream_sum_block(const T* __restrict__ src,
         for (int b = 0; b < kRows; ++b) d[b] = next[b];
       }
     } else {
-      // A warp runs the code at a segment end whenever any of its groups
-      // meets one: with 8-lane groups and 8-row segments, every other row.
-      // So the check per row is one 32-bit compare with a constant, and the
-      // code at an end steps an output offset and compares ends as read:
-      // the clamp is not needed there, as no row or segment index is derived
-      // from an end (a malformed indptr still reads and writes in bounds). On an
-      // H100, against the read-ahead loop's checks, % of copy bandwidth, bf16,
-      // 32 columns: short segments 74.5 -> 77.9, power law 65.5 -> 70.3.
-      // Rows with reads ahead lost up to 2.4 points with these checks
-      // (bf16, 256 columns, power law 85.5 -> 83.1), so they keep theirs.
+      // A warp runs the code at a segment end whenever any of its groups meets
+      // one: with 8-lane groups and 8-row segments, every other row. So the
+      // check per row is one 32-bit compare with a constant, and the code at an
+      // end steps an output offset and compares ends as read: the clamp is not
+      // needed there, as no row or segment index is derived from an end (a
+      // malformed indptr still reads and writes in bounds). Rows with reads
+      // ahead lost with these checks, so they keep theirs.
+      // Measurements: docs/kernel-notes.md, "stream_sum_block: checks at segment ends".
       auto end_of_raw = [&](int64_t k) {  // staged where kStreamEnds are
         return staged_end(k, [&](int64_t e) { return e < segments ? indptr[e + 1] : kNever; });
       };
-      // kRel (the pairs' loop): rows and ends as 32-bit offsets from the
-      // block's first row r0 (Row), an end clamped into [-1, r1 - r0 + 1]
-      // (rel_end). Every test below sets an end against a row of [r0, r1] (a
-      // row of a batch, the batch's first row r, g1), and the clamp keeps
-      // each answer: an end under r0 (-1) is under every such row, one past
-      // r1 (r1 - r0 + 1; kNever among them) past every such row and unequal
-      // to g1, and end - r stays negative for an end before r (a malformed
-      // indptr), a large unsigned value as the 64-bit difference was. The
-      // offsets fit in 32 bits: segment_sum sends only inputs of up to
-      // kPairMaxRows rows here. The staged ends are such offsets (16 KB where
-      // rows took 32), and j, the index among them of the next end close
-      // reads (segment s + 1's), counts in 32 bits, held at ends_n once past
-      // them, where the 64-bit s - ends_base took a subtraction and two tests
-      // at each end. Short segments close every few rows, and the integer
-      // work at a close is most of what this loop spends besides its adds.
-      // sm_90 SASS, bf16, 32 columns, instructions a close runs (started,
-      // none empty, a staged end): 16-row batches (kDeep) 44 -> 28, 8-row
-      // batches 44 -> 30; per batch, its first until 5 -> 1 and its row
-      // count 4 -> 2; 63-64 registers before, 64 after, no spills. H200
-      // (ab.py, forward % of copy, two runs), bf16, 32 columns: power law 69.6
-      // -> 73.6 and 68.6 -> 73.2, short segments 80.7 -> 81.2 and 80.9 ->
-      // 81.6. Sums bit for bit the same.
+      // kRel (the pairs' loop): rows and ends as 32-bit offsets from the block's
+      // first row r0 (Row), an end clamped into [-1, r1 - r0 + 1] (rel_end).
+      // Every test below sets an end against a row of [r0, r1] (a row of a
+      // batch, the batch's first row r, g1), and the clamp keeps each answer: an
+      // end under r0 (-1) is under every such row, one past r1 (r1 - r0 + 1;
+      // kNever among them) past every such row and unequal to g1, and end - r
+      // stays negative for an end before r (a malformed indptr), a large
+      // unsigned value as the 64-bit difference was. The offsets fit in 32 bits:
+      // segment_sum sends only inputs of up to kPairMaxRows rows here. The
+      // staged ends are such offsets (16 KB where rows took 32), and j, the
+      // index among them of the next end close reads (segment s + 1's), counts
+      // in 32 bits, held at ends_n once past them. Short segments close every
+      // few rows, and the integer work at a close is most of what this loop
+      // spends besides its adds.
+      // Measurements: docs/kernel-notes.md, "stream_sum_block: kRel".
       static_assert(!kRel || kWholeWords<T, W>, "the pairs' zero store below");
       using Row = std::conditional_t<kRel, int, int64_t>;
       auto row_at = [&](int64_t x) -> Row {  // x: a row of [r0, r1]
@@ -4678,31 +3827,16 @@ __device__ __forceinline__ void stream_sum_block(const T* __restrict__ src,
         }
       };
       auto close = [&](Row row) {
-        // kRel: the common close first, under one branch: a started segment,
-        // the next one not empty and its end among the staged ones. It leaves
-        // o, j, end_r, after_r, started and acc as the general close below
-        // would (there next_segment's min(j + 1, ends_n) is j + 1, the loop
-        // over empty segments does not run, and next_end reads sm.end[j +
-        // 1]), with the same store: sums bit for bit the same. The general
-        // close tests these one branch at a time, and a warp's issue waits on
-        // each branch's predicate: sm_90 SASS, bf16, 32 columns (kDeep), a
-        // close taken at a batch's second row 27 instructions (28 in the
-        // count of the loop's comment, taken at another row), 4 branches and
-        // at least 96 cycles of issue stalls; the common close 24, 1 branch
-        // and 59 (plus a wait on its end from shared memory at the join). The
-        // kernel grows 3698 -> 4114 instructions (kNarrow 2658 -> 2826), 64
-        // -> 63 registers (kNarrow 64), no spills, and a batch without a
-        // close runs 3 more. It matters on the power law: a warp whose two
-        // groups sit in a crowd of short segments runs 8.5 closes a 16-row
-        // batch (the bench's 2^23 rows: up to 533 a warp, against 250 on
-        // short segments; 54 % of the power law's warp batches have none),
-        // with no load in flight, and such warps end the one wave. H200
-        // (ab.py, forward % of copy, two runs): bf16 x32 power 73.4 -> 78.4
-        // and 74.0 -> 78.3, short 81.1 -> 82.0 and 81.3 -> 82.3, long within
-        // 0.1. Folding `started` into j (held 2^20 lower until the first
-        // close: a close 24 -> 22 instructions, a batch without one 158 ->
-        // 153) timed the same: power 79.0 -> 78.8 and 79.3 -> 79.6, short
-        // 83.3 -> 83.4 and 83.2 -> 83.5. Not kept.
+        // kRel: the common close first, under one branch: a started segment, the
+        // next one not empty and its end among the staged ones. It leaves o, j,
+        // end_r, after_r, started and acc as the general close below would
+        // (there next_segment's min(j + 1, ends_n) is j + 1, the loop over empty
+        // segments does not run, and next_end reads sm.end[j + 1]), with the
+        // same store: sums bit for bit the same. The general close tests these
+        // one branch at a time, and a warp's issue waits on each branch's
+        // predicate; on the power law the warps in a crowd of short segments,
+        // which close at most rows, end the one wave.
+        // Measurements: docs/kernel-notes.md, "stream_sum_block: the common close".
         if constexpr (kRel) {
           const int jn = j + 1;
           if (started && after_r > row &&
@@ -4810,21 +3944,13 @@ __device__ __forceinline__ void stream_sum_block(const T* __restrict__ src,
 }
 
 // The read-ahead loop of 8-byte packs (fp32 pairs, 2-byte types in fours on
-// kWide) runs on 32-bit rows (stream_sum_block's kIntRows) for inputs of up
-// to kIntRowsMax rows; larger ones keep 64-bit rows, the same sums. Those
-// rows (fp32, 64 columns; bf16, 256 columns) are one warp or more per group,
-// so a warp runs each segment end whole, and on short segments the integer
-// work at the ends and around each batch is much of what it issues. sm_90
-// SASS, instructions a warp runs: fp32 pairs (kRows 4), a batch with no end
-// 118 -> 90 (11 -> 10 a row, the batch's bounds, loads and step 74 -> 50),
-// an end (started, none empty, a staged end) 57 -> 28; bf16 fours (kWide,
-// kRows 6) 195 -> 167 (17 -> 16 a row, 93 -> 71) and 52 -> 32. Registers 64
-// -> 62 and 78 -> 76, no spills. H200 (ab.py, forward % of copy, two runs
-// where two are given), power law: fp32, 64 columns 83.7 -> 85.4 and 83.6 ->
-// 85.3; fp32, 256 columns 82.8 -> 84.9; bf16, 256 columns 82.0 -> 83.9 and
-// 81.9 -> 83.7; short segments: fp32 64 and 256 columns +0.9, bf16 256
-// columns +0.8 and +0.5; long segments within 0.3. ROCm keeps 64-bit rows
-// (not measured there).
+// kWide) runs on 32-bit rows (stream_sum_block's kIntRows) for inputs of up to
+// kIntRowsMax rows; larger ones keep 64-bit rows, the same sums. Those rows
+// (fp32, 64 columns; bf16, 256 columns) are one warp or more per group, so a
+// warp runs each segment end whole, and on short segments the integer work at
+// the ends and around each batch is much of what it issues. ROCm keeps 64-bit
+// rows (not measured there).
+// Measurements: docs/kernel-notes.md, "kIntRowsOf".
 template <typename T, int W, StreamRows kShape>
 constexpr bool kIntRowsOf = StreamSumRows<T, kShape>::kReadAhead && W * sizeof(T) == 8 &&
                             sizeof(T) <= 4 && kStreamAheadEnds > 0;
@@ -4905,24 +4031,15 @@ struct TeamSumShared {
   std::conditional_t<kShort, CostCuts, NoCuts> cuts;  // only the cost split needs them
 };
 
-// Short segments in rows of 128 bytes (kShort below): on the power law,
-// teams of equal rows meet very unequal numbers of segment ends, so blocks
-// and teams split rows by cost, a segment start weighing kTeamSegmentCost
-// rows. On an H100, % of copy bandwidth, short segments then power law: fp32,
-// 32 columns, streamed 84.0 and 79.4, teams of equal rows 88.1 and 72.7, of
-// equal cost 85.3 and 84.8; bf16, 64 columns 82.7 and 76.5, 85.7 and 63.6,
-// 82.3 and 80.4. Picking between the two splits by a sample of indptr (as
-// the narrow sums do) cost as much as it saved (another run, streamed 84.4
-// and 79.7, 83.1 and 76.6: 85.3 and 82.8, 82.1 and 77.8). The cost split
-// costs uniform laws about 3 points (its searches come before the first
-// load); rows of 64 and 256 bytes lost with it.
-// A start weighs more in rows of a 2-byte type: its segment's 64 columns are
-// converted, reduced and stored where fp32's row holds 32. H200, forward % of
-// copy bandwidth, power law, the weight of a start (both splits): bf16 4 ->
-// 72.2 and 72.7 (two runs), 5 -> 74.2, 6 -> 74.3 and 74.8, 7 -> 72.6, 8 ->
-// 70.3, short and long segments within 0.4; fp32 4 -> 81.4 and 81.6, 3 ->
-// 79.2, 6 -> 78.8, 8 -> 74.9. Weighing 6 in the block split only or the team
-// split only gave 72.9 and 73.7 (bf16).
+// Short segments in rows of 128 bytes (kShort below): on the power law, teams of
+// equal rows meet very unequal numbers of segment ends, so blocks and teams
+// split rows by cost, a segment start weighing kTeamSegmentCost rows: 6 in rows
+// of a 2-byte type, whose segment's 64 columns are converted, reduced and stored
+// where fp32's row holds 32, and 4 in fp32. The cost split costs uniform laws
+// about 3 points (its searches come before the first load); rows of 64 and 256
+// bytes lost with it, and picking a split by a sample of indptr cost as much as
+// it saved.
+// Measurements: docs/kernel-notes.md, "kTeamSegmentCost".
 template <typename T>
 constexpr int64_t kTeamSegmentCost = sizeof(T) == 2 ? 6 : 4;
 
@@ -4931,25 +4048,14 @@ constexpr int64_t kTeamSegmentCost = sizeof(T) == 2 ? 6 : 4;
 // rows of 128 bytes); larger ones take the stream sum (short_team_rows).
 constexpr int64_t kShortTeamMaxRows = int64_t{1} << 30;
 
-// The team sum on short segments loads twice kBatch steps a batch, at 3
-// blocks per SM (80 registers; sm_90 SASS: no spills in fp32, bf16 and fp64,
-// 12 bytes in fp16, which spilled 8 at 4 steps): its loop waited on
-// each batch's first load with nothing else in flight (Nsight Compute, H200,
-// fp32, 32 columns, short segments: 55 % of the stall samples on the first
-// add of a batch, issue slots 44 % busy), and a batch of 8 steps holds 4 KB
-// of a warp's rows in flight where 4 held 2. H200 (ab.py, forward % of copy,
-// one run against 4 steps at 4 blocks): fp32, 32 columns, power law 83.9 ->
-// 86.9, short segments 86.9 -> 88.6; bf16, 64 columns 78.9 -> 83.1 and 82.6
-// -> 83.9; long segments (the other kernel) within 0.1. 6 steps at 3 blocks
-// gained less (86.2, 88.0, 81.2, 82.8); 4 steps at 3 blocks tied on fp32 and
-// lost on bf16 (73.1 and 78.0), so the gain is the batch, not the blocks. The
-// sums differ from 4 blocks' in their last bits: fewer blocks, other ranges.
-// Deeper batches lost (H200, ab.py, forward % of copy against 8 steps at 3
-// blocks: fp32, 32 columns, short segments then power law 86.7 and 85.3;
-// bf16, 64 columns 82.0 and 81.2): 12 steps at 3 blocks spill (112 bytes of
-// stack in fp32, 128 in bf16); at 2 blocks, 12 steps (107 registers) 85.6,
-// 81.7, 67.8, 58.5 and 16 steps (124 registers) 85.0, 82.0, 64.4, 40.5.
-// (ROCm keeps kBatch at 4 blocks: not measured there.)
+// The team sum on short segments loads twice kBatch steps a batch, at 3 blocks
+// per SM (80 registers; sm_90 SASS: no spills in fp32, bf16 and fp64, 12 bytes
+// in fp16): at 4 steps its loop waited on each batch's first load with nothing
+// else in flight, and a batch of 8 steps holds 4 KB of a warp's rows in flight
+// where 4 held 2. The gain is the batch, not the blocks; deeper batches spilled
+// or lost. The sums differ from 4 blocks' in their last bits: fewer blocks,
+// other ranges. (ROCm keeps kBatch at 4 blocks: not measured there.)
+// Measurements: docs/kernel-notes.md, "kShortTeamBatch".
 #if defined(__HIP_PLATFORM_AMD__)
 constexpr int kShortTeamBatch = kBatch;
 constexpr int kShortTeamBlocksPerSm = kStreamBlocksPerSm;
@@ -4963,15 +4069,12 @@ template <bool kShort>
 constexpr int kTeamSumBlocksPerSm = kShort ? kShortTeamBlocksPerSm : kStreamBlocksPerSm;
 
 // The block's rows [r0, r1), whose segment starts are [first, last), cut into
-// kTeams ranges of equal cost (a row costs 1, a segment start `per_start`):
-// team t's range is [bound[t], bound[t + 1]). kThreads probes of indptr go
-// out at once, then each cut is searched between two probes. All threads call
-// it (barriers). Every cut lies in [r0, r1), whatever indptr holds.
-// The kTeams - 1 cuts searched together through block_partitions instead (no
-// shared arrays, each thread computing its team's two cuts) spilled and lost:
-// on an H100, % of copy bandwidth, short segments then power law, fp32, 32
-// columns 85.3 -> 81.8 and 84.8 -> 82.0; bf16, 64 columns 82.6 -> 69.0 and
-// 80.5 -> 67.8.
+// kTeams ranges of equal cost (a row costs 1, a segment start `per_start`): team
+// t's range is [bound[t], bound[t + 1]). kThreads probes of indptr go out at
+// once, then each cut is searched between two probes. All threads call it
+// (barriers). Every cut lies in [r0, r1), whatever indptr holds. The kTeams - 1
+// cuts searched together through block_partitions instead spilled and lost.
+// Measurements: docs/kernel-notes.md, "split_by_cost".
 __device__ __forceinline__ void split_by_cost(const int64_t* __restrict__ indptr, int64_t rows,
                                               int64_t r0, int64_t r1, int64_t first,
                                               int64_t last, int64_t per_start, int64_t* probe,
@@ -5020,15 +4123,13 @@ __device__ __forceinline__ void split_by_cost(const int64_t* __restrict__ indptr
 // short segments, balanced_rows; of equal rows on long ones). Rows of 2 to 16
 // 16-byte units: each team of 32 lanes owns a contiguous share of its block's
 // rows and reads them 512 bytes a step, as a copy does, each lane summing its
-// units; the team adds across lanes only where a segment ends, and the
-// segments open at a block's ends go to the fix-up kernel.
-// kShort: short segments (launch_team_sum), where the team reads segment
-// ends ahead and blocks and teams split rows by cost; long segments keep the
-// code that leaves them the registers they had. Storing a one-row segment's
-// sum straight from its lane (rows of 128 bytes; 53 % of the power law's
-// segments), skipping the cross-lane sum, timed no faster: H200, forward %
-// of copy, power law bf16 x64 78.0 -> 77.8 and 78.2 -> 78.1, fp32 x32 83.9 ->
-// 83.6; short segments within 0.1. Not kept.
+// units; the team adds across lanes only where a segment ends, and the segments
+// open at a block's ends go to the fix-up kernel.
+// kShort: short segments (launch_team_sum), where the team reads segment ends
+// ahead and blocks and teams split rows by cost; long segments keep the code
+// that leaves them the registers they had. (Storing a one-row segment's sum
+// straight from its lane timed no faster.)
+// Measurements: docs/kernel-notes.md, "team_sum_kernel".
 template <typename T, int kCols, int U, bool kShort>
 __global__ void __launch_bounds__(kThreads, kTeamSumBlocksPerSm<kShort>)
     team_sum_kernel(const T* __restrict__ src, const int64_t* __restrict__ indptr,
@@ -5067,17 +4168,12 @@ __global__ void __launch_bounds__(kThreads, kTeamSumBlocksPerSm<kShort>)
   Part acc;
 #pragma unroll
   for (int k = 0; k < kCols; ++k) acc.v[k] = 0;
-  // A slice's total, the same in every lane, by shuffles of lane q ^ d: lane
-  // 0 adds in the order cub::WarpReduce did, so sums are bit for bit the same.
-  // cub's reduction checked the logical warp's convergence and guarded every
-  // shuffle (SASS, sm_90, bf16, 64 columns, short segments: 3752 -> 3352
-  // instructions, 16 bytes of stack gone). On an H200 (ab.py, % of copy
-  // bandwidth), forward: bf16, 64 columns, power law 65.0 -> 70.0, short
-  // segments 71.8 -> 75.6; fp32, 32 columns 79.0 -> 83.1 and 82.8 -> 84.2;
-  // long segments and 256 columns within 0.3; the gather untouched. Short
-  // segments have since taken the reduce-scatter below where RS divides kCols:
-  // slice_total now serves long segments, and short ones in fp64 rows. Both
-  // shuffle through slice_xor.
+  // A slice's total, the same in every lane, by shuffles of lane q ^ d: lane 0
+  // adds in the order cub::WarpReduce did, so sums are bit for bit the same,
+  // without cub's convergence check and guard on every shuffle. slice_total
+  // serves long segments, and short ones in fp64 rows; other short segments take
+  // the reduce-scatter below. Both shuffle through slice_xor.
+  // Measurements: docs/kernel-notes.md, "team_sum_kernel: slice_total".
   auto slice_total = [&] {
     Part total = acc;
 #pragma unroll
@@ -5089,19 +4185,16 @@ __global__ void __launch_bounds__(kThreads, kTeamSumBlocksPerSm<kShort>)
     return total;
   };
   // Short segments (kShort, rows of 128 bytes): a reduce-scatter instead. At
-  // each round, lane q keeps half of the columns it holds (the upper half
-  // where bit d of q is set) and sends the other half to lane q ^ d, which
-  // adds it to its own: after the rounds, lane q holds kOwn columns of the
-  // total, from column own0 on, and the slice's lanes store the row's 16
-  // bytes together. A column's total is the same sum as slice_total's, pair
-  // by pair in the same rounds (d = 1 first), only added as other + own in
-  // some lanes where slice_total added own + other: float addition commutes
-  // bit for bit, so the sums are the same. Per segment end (sm_90 SASS, bf16,
-  // 64 columns): 6 shuffles where slice_total took 16, 6 adds where it took
-  // 16, and one 4-byte store per lane (all 32 lanes: a 128-byte row) where a
-  // slice's lane 0 stored 16 bytes. H200, forward % of copy bandwidth, bf16,
-  // 64 columns: short segments 75.3 -> 76.8, power law 69.4 -> 72.5; fp32, 32
-  // columns 0.3 to 0.4 lower (within noise).
+  // each round, lane q keeps half of the columns it holds (the upper half where
+  // bit d of q is set) and sends the other half to lane q ^ d, which adds it to
+  // its own: after the rounds, lane q holds kOwn columns of the total, from
+  // column own0 on, and the slice's lanes store the row's 16 bytes together. A
+  // column's total is the same sum as slice_total's, pair by pair in the same
+  // rounds (d = 1 first), only added as other + own in some lanes where
+  // slice_total added own + other: float addition commutes bit for bit, so the
+  // sums are the same. Fewer shuffles and adds per segment end, and one store
+  // per lane.
+  // Measurements: docs/kernel-notes.md, "team_sum_kernel: reduce-scatter".
   constexpr bool kScatter = kShort && kCols % RS == 0;
   constexpr int kOwn = kScatter ? kCols / RS : kCols;
   using Own = Partial<Acc, kOwn>;
@@ -5158,25 +4251,16 @@ __global__ void __launch_bounds__(kThreads, kTeamSumBlocksPerSm<kShort>)
       for (int64_t e = s - 1; e >= 0 && start_of(indptr, e, rows) == a0; --e) zero(e);
     bool started = s >= 0 && s < segments && start_of(indptr, s, rows) == a0;
     // Short segments keep rows (segment ends, the batch's steps) as 32-bit
-    // offsets from a0 (Row), an end clamped into [-1, a1 - a0 + 1]: every
-    // test below sets an end against a row of [a0, a1] (a step's bound, a
-    // lane's row, a1) or against an earlier end under a1 (lo), and the clamp
-    // keeps each answer but one: lo < end < a0 (only where indptr decreases
-    // or the segment search was given too narrow a range), where both clamp
-    // to -1 and that segment takes zero() where it took store_sum of an acc
-    // no row reached: the same zero bytes. The offsets fit in 32 bits: this
-    // kernel runs only for rows <= kShortTeamMaxRows (launch_team_sum). Short
-    // segments end in most steps of 4 rows, and the integer work around each
-    // end bound these kernels (Nsight Compute, H200, bf16, 64 columns, power
-    // law: ALU the busiest pipe at 54 %, issue slots 63 % busy). sm_90 SASS,
-    // instructions per segment end (one end per step, none empty): bf16, 64
-    // columns 122 -> 100, fp32, 32 columns 82 -> 67; one shuffle per end
-    // where a 64-bit end took two; registers 64 -> 64 and 63 -> 63, no
-    // spills. H200 (ab.py, forward % of copy bandwidth, two runs): bf16, 64
-    // columns, short segments 77.3 -> 82.3 and 76.9 -> 82.0, power law 75.4
-    // -> 78.3 and 75.7 -> 78.4; fp32, 32 columns, short 84.4 -> 86.3, power
-    // law 83.0 -> 83.6; bf16, 64 columns, long segments (the long kernel,
-    // unchanged) 93.0 -> 93.0. Sums bit for bit the same.
+    // offsets from a0 (Row), an end clamped into [-1, a1 - a0 + 1]: every test
+    // below sets an end against a row of [a0, a1] (a step's bound, a lane's row,
+    // a1) or against an earlier end under a1 (lo), and the clamp keeps each
+    // answer but one: lo < end < a0 (only where indptr decreases or the segment
+    // search was given too narrow a range), where both clamp to -1 and that
+    // segment takes zero() where it took store_sum of an acc no row reached: the
+    // same zero bytes. The offsets fit in 32 bits: this kernel runs only for
+    // rows <= kShortTeamMaxRows (launch_team_sum). Short segments end in most
+    // steps of 4 rows, and the integer work around each end bound these kernels.
+    // Measurements: docs/kernel-notes.md, "team_sum_kernel: 32-bit rows".
     using Row = std::conditional_t<kShort, int, int64_t>;
     // from_b below sets a Row against the absolute b, and only rows of one
     // unit (U == 1) take it: short segments come in rows of 8 units alone.
@@ -5187,15 +4271,12 @@ __global__ void __launch_bounds__(kThreads, kTeamSumBlocksPerSm<kShort>)
     };
     // Short segments: lane l holds the end of the l-th of the next kTeam
     // segments (ends) and of the kTeam after them (ends_ahead, read ahead), so
-    // an end costs a shuffle, not a dependent indptr load. end_at is called
-    // for s, then s + 1, s + 2, ...: `next` counts the calls since the last
-    // refill in 32 bits, where a 64-bit base of the held ends took a 64-bit
-    // subtraction and test per end. Going further, a pointer to segment s's
-    // output stepped at each end, with s itself worked out only at refills
-    // (SASS: an end 100 -> 91 instructions, bf16, 64 columns; 67 -> 61 fp32,
-    // 32 columns), was within a point: H200, forward % of copy, two runs,
-    // bf16, 64 columns, short 80.9 -> 81.7 and 80.5 -> 81.0, power law 77.0 ->
-    // 76.7 and 77.5 -> 77.2; fp32, 32 columns within 0.2.
+    // an end costs a shuffle, not a dependent indptr load. end_at is called for
+    // s, then s + 1, s + 2, ...: `next` counts the calls since the last refill
+    // in 32 bits, where a 64-bit base of the held ends took a 64-bit subtraction
+    // and test per end. (A stepped output pointer, s worked out only at refills,
+    // was within a point.)
+    // Measurements: docs/kernel-notes.md, "team_sum_kernel: ends read ahead".
     int next = 0;
     Row ends = kShort ? row_of(end_of(indptr, segments, rows, s + l)) : 0;
     Row ends_ahead = kShort ? row_of(end_of(indptr, segments, rows, s + kTeam + l)) : 0;
@@ -5213,11 +4294,9 @@ __global__ void __launch_bounds__(kThreads, kTeamSumBlocksPerSm<kShort>)
     for (int64_t b = a0; b < a1; b += kBatchRows) {
       // Batches that no segment end falls in add every row into acc, in a loop
       // of their own: the general batch rebuilds each address from the team's
-      // bounds (SASS, sm_90, bf16, 1 column: about 130 instructions per batch
-      // of four 16-byte loads against 76, 64 of them the adds). On an H200
-      // (ab.py, % of copy bandwidth), long segments of 1 column: bf16 75.2 ->
-      // 78.8, fp32 87.4 -> 90.0; short segments never fill a batch and only
-      // paid for the test (fp32, 32 columns, power law 78.5 -> 76.3).
+      // bounds (about 130 instructions per batch of four 16-byte loads against
+      // 76). Short segments never fill a batch: they leave the loop out.
+      // Measurements: docs/kernel-notes.md, "team_sum_kernel: full batches".
       if constexpr (!kShort) {
         const int64_t full = (imin(end, a1) - b) / kBatchRows;
         if (full > 0) {
@@ -5238,33 +4317,21 @@ __global__ void __launch_bounds__(kThreads, kTeamSumBlocksPerSm<kShort>)
       // step bounds (`left`, the team's rows from b as far as the batch
       // reaches), on rows of one unit the test for a step that no segment end
       // falls in (`end_b`), and on rows of one 2-byte column (8 rows a unit)
-      // add_rows's row tests, where each was a 64-bit test. Long segments of
-      // 1 bf16 column were bound by integer instructions (Nsight Compute,
-      // H200: ALU the busiest pipe at 68 % of cycles, 96 instructions per
-      // warp-wide 16-byte load against 44 for fp32), most of them the tests
-      // around segment ends, one of which falls in nearly every batch (1024
-      // rows; segments of 512 to 1536). H200 (ab.py, forward % of copy
-      // bandwidth): bf16, 1 column, long segments 78.9 -> 85.3 and 85.2 (two
-      // runs); the rest within 0.7 (bf16, 64 columns, power law 74.3 -> 74.9;
-      // fp32, 32 columns 81.3 -> 82.0). The row tests in 32 bits on units of
-      // 4 rows (bf16, 2 columns, long segments) lost 1.6 (89.3 -> 87.7), so
-      // they stay on units of 8. Same rows, same adds: the sums are bit for
-      // bit the same.
+      // add_rows's row tests, where each was a 64-bit test: long segments of 1
+      // bf16 column were bound by integer instructions. On units of 4 rows the
+      // 32-bit row tests lost, so they stay on units of 8. Same rows, same adds:
+      // the sums are bit for bit the same.
       // Short segments: b's row and a1's as offsets from a0 (32-bit, see Row),
-      // so that `left` takes two 32-bit instructions where the compiler,
-      // short of registers, rebuilt it from 64-bit a1 - b after each end.
+      // so that `left` takes two 32-bit instructions where the compiler, short
+      // of registers, rebuilt it from 64-bit a1 - b after each end.
+      // Measurements: docs/kernel-notes.md, "team_sum_kernel: 32-bit batch bookkeeping".
       const Row b_row = kShort ? static_cast<Row>(b - a0) : static_cast<Row>(b);  // b in [a0, a1)
       const int left = kShort ? min(static_cast<int>(a1 - a0) - static_cast<int>(b_row), kBatchRows)
                               : static_cast<int>(imin(a1 - b, int64_t{kBatchRows}));
-      // At 4 steps a batch the loop waited on these loads (Nsight Compute,
-      // H200, short segments, fp32 x32 and bf16 x64: 10.3 and 5.5 of 17.6 and
-      // 12.7 cycles an issue on long scoreboard, issue slots 44 and 60 %
-      // busy; kShortTeamBatch took 8 steps). Before that, reloading d[k]
-      // with the next batch's unit k as soon as unit k is added, to keep
-      // loads in flight through the batch in the same registers, lost: H200
-      // (ab.py, forward % of copy) fp32 x32 power law 84.3 -> 83.4, short
-      // 87.2 -> 86.8; bf16 x64 (32 bytes spilled) 79.0 -> 71.9 and 82.7 ->
-      // 73.2. A ring in shared memory lost more (see StreamRows).
+      // At 4 steps a batch the loop waited on these loads (kShortTeamBatch took
+      // 8 steps); reloading d[k] with the next batch's unit as soon as unit k is
+      // added, and a ring in shared memory (see StreamRows), lost.
+      // Measurements: docs/kernel-notes.md, "team_sum_kernel: loads".
       uint4 d[kSteps];
 #pragma unroll
       for (int k = 0; k < kSteps; ++k) {  // all loads first
@@ -5342,12 +4409,9 @@ __global__ void __launch_bounds__(kThreads, kTeamSumBlocksPerSm<kShort>)
             }
           }
           lo = end;
-          // One end_at per segment: it shuffles on short segments, and
-          // calling it again for the segment the loop stopped at cost, on an
-          // H200 (ab.py, % of copy bandwidth), short segments then power
-          // law: fp32, 32 columns 79.4 -> 81.5 and 73.3 -> 78.0; bf16, 64
-          // columns 68.4 -> 71.2 and 60.5 -> 64.1. (Long segments reading
-          // the next end ahead instead of on demand: within a point.)
+          // One end_at per segment: it shuffles on short segments, and calling
+          // it again for the segment the loop stopped at cost 2 to 5 points.
+          // Measurements: docs/kernel-notes.md, "team_sum_kernel: one end_at per segment".
           for (++s;; ++s) {
             end = end_at(s);
             // Short segments: end <= lo only for s < segments (row_of(kNever)
@@ -5451,51 +4515,34 @@ __global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
   }
 }
 
-// Rows of whole 16-byte units wider than 16 bytes. The stream gather's seek is
-// a chain of dependent loads at every segment; here no load waits on another.
-// A block labels a tile of kLabelTileRows rows with their segments (kLabelRows
-// per thread, from the tile's window of segment starts read a tile ahead, as
-// in the tile kernels), then copies the tile as 16-byte units, each thread
-// with kBatch loads of segment values in flight before its stores.
+// Rows of whole 16-byte units wider than 16 bytes. The stream gather's seek is a
+// chain of dependent loads at every segment; here no load waits on another. A
+// block labels a tile of kLabelTileRows rows with their segments (kLabelRows per
+// thread, from the tile's window of segment starts read a tile ahead, as in the
+// tile kernels), then copies the tile as 16-byte units, each thread with kBatch
+// loads of segment values in flight before its stores.
 //
-// A tile's labelling costs barriers and a scan whatever the row width, so
-// narrow rows want tiles of many rows. On an H100, % of copy bandwidth with 4
-// rows per thread against 1, short segments then power law: fp32, 8 columns
-// 52.7 -> 80.1 and 55.9 -> 84.7; bf16, 16 columns 47.4 -> 80.0 and 49.5 ->
-// 84.7; bf16, 32 columns 75.7 -> 82.8 and 80.2 -> 89.7; rows of 256 columns
-// within a point. More loads in flight per thread lost on an H200 (ab.py, %
-// of copy bandwidth, kBatch = 4 against 8 and 6): short segments, bf16, 64
-// columns 78.0 -> 73.8 and 71.7; fp32, 256 columns 83.3 -> 77.5 and 76.9;
-// power law, bf16, 256 columns 85.5 -> 78.0 and 77.7. Tiles of 8 rows per
-// thread lost 1 to 2 points on every width (H200, ab.py, backward: bf16, 32
-// columns, short segments 77.4 -> 76.5; fp32, 64 columns 82.0 -> 80.5); 2
-// rows gained under a point on rows of 128 bytes or more (fp32, 256 columns,
-// short 84.4 -> 85.2) but lost on rows of 64 (bf16, 32 columns, short 77.4
-// -> 74.8, power law 84.1 -> 81.5).
+// A tile's labelling costs barriers and a scan whatever the row width, so narrow
+// rows want tiles of many rows: 4 rows per thread (1 was far slower on narrow
+// rows, 8 lost 1 to 2 points, 2 lost on rows of 64 bytes). More loads in flight
+// per thread lost.
+// Measurements: docs/kernel-notes.md, "kLabelRows".
 constexpr int kLabelRows = 4;
 constexpr int kLabelTileRows = kThreads * kLabelRows;
 // A tile's segment values, as many as fit kLabelValueUnits 16-byte units (16
-// KB), are copied into shared memory with cp.async while the tile is marked
-// and labelled, and its units are read from there. Read from src in the copy,
-// short segments put a segment's first row in nearly every warp's batch of
-// loads (a warp's batch spans 8 rows of 64 bytes, 2 of 256, and a segment 8.5
-// rows on average), so each batch of every warp waits on a load from DRAM
-// before its stores: on the power law, whose tiles mostly continue one long
-// segment, the same loads hit the L1 cache, and the kernel is 5 to 10 points
-// of copy bandwidth faster there (H200, rows of 64 to 512 bytes: short
-// segments 77 to 83 %, power law 84 to 90 %). In shared memory a tile's
-// values wait on DRAM once, behind the marks, the scan and the labels, and
-// the copy's loads take tens of cycles (short segments: fp32, 32 columns 80.1
-// -> 90.2, 64 columns 83.3 -> 90.6; bf16, 32 columns 78.3 -> 85.1, 64 columns
-// 80.1 -> 90.5, 256 columns 83.3 -> 90.3). 16 KB holds a tile of short
-// segments in rows of up to 128 bytes (about 120 segments in 1024 rows) and
-// half of one in rows of 256; the rest is read from src as before. It takes
-// 16 KB from the L1 cache per block, which serves the values read from src
-// and no longer those held here.
+// KB), are copied into shared memory with cp.async while the tile is marked and
+// labelled, and its units are read from there. Read from src in the copy, short
+// segments put a segment's first row in nearly every warp's batch of loads, so
+// each batch waited on DRAM before its stores; in shared memory a tile's values
+// wait on DRAM once, behind the marks, the scan and the labels. 16 KB holds a
+// tile of short segments in rows of up to 128 bytes and half of one in rows of
+// 256; the rest is read from src as before. It takes 16 KB from the L1 cache per
+// block.
 // ROCm reads every value from src, as before the copy: with the values a block
 // takes about 33 KB of shared memory, so a 64 KB LDS holds 1 block where the 4
 // of __launch_bounds__ were asked and 3 fitted at 16.6 KB (as kStreamEnds). A
 // zero-size array being ill-formed, it keeps one unused unit (16 bytes).
+// Measurements: docs/kernel-notes.md, "kLabelValueUnits".
 #if defined(__HIP_PLATFORM_AMD__)
 constexpr int kLabelValueUnits = 0;
 #else
@@ -5559,15 +4606,13 @@ __global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
                       ? warp_lower_bound<kNarrowLabelSearchProbes>(indptr, segments, rows, r0)
                       : block_lower_bound(indptr, segments, rows, r0);
   // A row's label is where its segment's value lies, worked out once per row,
-  // not once per 16-byte unit; with the stores through a pointer that steps
-  // with the unit (SASS, sm_90, bf16: 197 -> 108 instructions per 4 units). On
-  // an H200 (ab.py, % of copy bandwidth), backward: bf16, 256 columns, short
-  // segments 81.3 -> 83.2, power law 85.7 -> 87.2; fp32, 64 columns, short
-  // 81.2 -> 82.9; bf16, 32 columns 77.1 -> 78.1.
-  // The label is a generic address: the copy reads a unit with one load,
-  // from shared memory or global, as its row's value lies. Segment first - 1
-  // + i (i >= 0) of a tile that holds `cached` values: its first unit in
-  // sm.values for i < cached, else in src; null for no segment (zeros).
+  // not once per 16-byte unit, with the stores through a pointer that steps with
+  // the unit.
+  // Measurements: docs/kernel-notes.md, "label_gather_kernel: labels".
+  // The label is a generic address: the copy reads a unit with one load, from
+  // shared memory or global, as its row's value lies. Segment first - 1 + i (i
+  // >= 0) of a tile that holds `cached` values: its first unit in sm.values for
+  // i < cached, else in src; null for no segment (zeros).
   auto label_of = [&](int64_t i, int cached) -> const uint4* {
     const int64_t s = first - 1 + i;
     return s < 0 || s >= segments ? nullptr
@@ -5624,11 +4669,9 @@ __global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
     constexpr uint32_t kRunMask = (1u << kLabelRows) - 1;
     const uint32_t marks = sm.starts[a / 32] >> (a % 32) & kRunMask;
     if (!sm.crowded) {
-      // Labels worked out in 32 bits against bounds taken once a tile, with a
-      // copy loop that keeps the column where a row's units divide kThreads
-      // (sm_90 SASS, bf16: 89 -> 59 instructions a batch), timed on an H200
-      // (ab.py, backward % of copy): bf16, 32 columns, short segments 85.1 ->
-      // 85.2; 256 columns 90.5 -> 89.4. Not kept.
+      // (Labels worked out in 32 bits against bounds taken once a tile did not
+      // pay.)
+      // Measurements: docs/kernel-notes.md, "label_gather_kernel: labels".
       int before;
       CountScan(sm.count_scan).ExclusiveSum(__popc(marks), before);
 #pragma unroll
@@ -5707,20 +4750,17 @@ __global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
   int64_t s = segment_at(indptr, segments, rows, a0, range.lo, range.hi);
   int64_t end = end_of(indptr, segments, rows, s);
   P v = value(s);
-  // The next segment's end and value are read while this one's rows are
-  // written: at an end, the team had waited on indptr, then on src (the seek,
-  // then the value). On an H200 (ab.py, % of copy bandwidth), long segments of
-  // 1 column: fp32 76.2 -> 94.2, bf16 75.4 -> 81.2; other widths gained up to
-  // 1.5. Two segments ahead: bf16 82.8, but fp32 fell back to 80.8.
+  // The next segment's end and value are read while this one's rows are written:
+  // at an end, the team had waited on indptr, then on src (the seek, then the
+  // value). Two segments ahead lost on fp32.
+  // Measurements: docs/kernel-notes.md, "team_gather_kernel".
   int64_t next_end = end_of(indptr, segments, rows, s + 1);
   P next_v = value(s + 1);
   for (int64_t step0 = a0; step0 < a1; step0 += kStepRows) {
-    // Steps that no segment end falls in store the segment's value in a loop
-    // of their own: the general step rebuilds each address from the team's
-    // bounds (SASS, sm_90: about 70 instructions per 16-byte store against
-    // 3). On an H200 (ab.py, % of copy bandwidth), long segments: bf16, 1
-    // column 81.3 -> 91.3; fp32, 4 columns 94.4 -> 96.5; giant segment, bf16,
-    // 1 column 100.1 -> 104.3.
+    // Steps that no segment end falls in store the segment's value in a loop of
+    // their own: the general step rebuilds each address from the team's bounds
+    // (SASS, sm_90: about 70 instructions per 16-byte store against 3).
+    // Measurements: docs/kernel-notes.md, "team_gather_kernel".
     const int64_t full = (imin(end, a1) - step0) / kStepRows;
     if (full > 0) {
       P same[R];
@@ -5774,39 +4814,24 @@ __global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm)
 // Crossing segments, for both designs
 
 // Finishes the segments that cross block boundaries. Block (x, y) handles the
-// segment whose last partial block x holds (its tail), for the y-th share of
-// the columns, up to kThreads columns per pass: it adds the heads of the
-// following blocks the segment spans, with the threads left over per column
-// (up to kFixupParts), reduced in a fixed order. A giant segment thus costs
-// one read of blocks x inner partials, spread over the y blocks (launch_fixup
-// asks for one per kThreads columns, and more only where segments span
-// several blocks: two per block spanned). kGated: after the gated sums, the
-// blocks are the tile sum's where cross.picked says it ran. It is a template
-// flag so that the other sums' fix-up keeps its code: with the choice in it,
-// a giant segment's forward lost 2-3 points of copy bandwidth on an H100.
-// Held to 64 registers (4 blocks per SM, not the 3 that its 80 allowed), so
-// more of its blocks run at once, and with the first kThreads heads' keys read
-// beside the tail's, so a block waits on memory twice before it adds, not three
-// times. On an H100 (ab.py, % of copy bandwidth, the sum with its fix-up): a
-// giant segment, fp32, 1 column 93.7 -> 95.0, bf16, 64 columns 90.3 -> 91.5;
-// bf16, 256 columns, power law 84.5 -> 85.4; the other cases within 0.5. At 40
-// or 32 registers it spilled and lost up to 2.4 points.
-// The fix-up runs after the sum's last block, so all of its time adds to the
-// op's. With one y block, it reads the first pass's tail and first head
-// partials, and the gated sums' pick, with the keys, so a segment crossing
-// one boundary waits on memory once before its store: the time from the sum
-// kernel's end to the op's fell from 3.8 to 2.5 us (fp32, 4 columns, power
-// law) and from 3.0 to 2.2 (bf16, 256 columns, short segments). H200 (ab.py,
-// forward % of copy, against the reads after the count, same run): fp32, 4
-// columns, power law 86.3 -> 86.7; bf16, 4 columns, short 86.4 -> 87.0; bf16,
-// 256 columns, short 86.5 -> 87.0; fp32, 1 column, short 87.2 -> 87.8; bf16,
-// 1 column, short 81.6 -> 82.1; giant and long segments within 0.2 (fp32,
-// 256 columns, giant 88.7 -> 88.5). Results identical. With several y
-// blocks, the blocks that find no segment must return at once: over a giant
-// segment in fp32 rows of 256 columns, 16 y blocks for each of the sum's
-// blocks, all of them but 16 find none, and reading early in each of them
-// lost 88.7 -> 84.1 (bf16 89.0 -> 85.7); only working out their columns
-// before returning (a 64-bit division) lost 88.7 -> 85.9.
+// segment whose last partial block x holds (its tail), for the y-th share of the
+// columns, up to kThreads columns per pass: it adds the heads of the following
+// blocks the segment spans, with the threads left over per column (up to
+// kFixupParts), reduced in a fixed order. A giant segment thus costs one read of
+// blocks x inner partials, spread over the y blocks (launch_fixup asks for one
+// per kThreads columns, and more only where segments span several blocks: two
+// per block spanned). kGated: after the gated sums, the blocks are the tile
+// sum's where cross.picked says it ran. It is a template flag so that the other
+// sums' fix-up keeps its code: with the choice in it, a giant segment's forward
+// lost 2-3 points of copy bandwidth.
+// Held to 64 registers (4 blocks per SM, not the 3 that its 80 allowed), so more
+// of its blocks run at once, and with the first kThreads heads' keys read beside
+// the tail's, so a block waits on memory twice before it adds, not three times.
+// The fix-up's time all adds to the op's: with one y block it reads the first
+// pass's partials and the gated sums' pick with the keys, so a segment crossing
+// one boundary waits on memory once before its store; with several, the blocks
+// that find no segment return at once (reading early in each of them lost).
+// Measurements: docs/kernel-notes.md, "kFixupBlocksPerSm".
 constexpr int kFixupBlocksPerSm = 4;
 
 // Grid: x = the sum's blocks (one per block boundary a segment may cross), y
@@ -6043,15 +5068,12 @@ inline cudaError_t launch_fixup(T* out, int64_t rows, int64_t segments, int64_t 
                                 int64_t block_rows, int64_t blocks,
                                 const Crossing<typename Num<T>::acc>& c, cudaStream_t stream,
                                 int64_t tile_blocks = 0) {
-  // A tail has a head or two to add unless a mean segment spans two blocks
-  // or more: a y block per kThreads columns adds them in one pass, and more
-  // would be blocks that mostly find nothing to add, and take waves of them
-  // (on an H100, fp32 rows of 256 columns in 1024-row segments, one block's
-  // rows, were 80 % of copy bandwidth with 16 y blocks, 92 % with one).
-  // Where segments span more, two y blocks per block spanned, of kFixupCols
-  // columns at least, share their heads: fp32 rows of 1024 columns in
-  // 1024-row segments, two blocks' rows, were 78 % with 64 y blocks, 92 %
-  // with 4. (block_rows: the mean.)
+  // A tail has a head or two to add unless a mean segment spans two blocks or
+  // more: a y block per kThreads columns adds them in one pass, and more would
+  // be blocks that mostly find nothing to add, and take waves of them. Where
+  // segments span more, two y blocks per block spanned, of kFixupCols columns at
+  // least, share their heads. (block_rows: the mean.)
+  // Measurements: docs/kernel-notes.md, "launch_fixup".
   const int64_t spans = rows / segments / block_rows;
   const int64_t passes = ceil_div(inner, kThreads);
   const int64_t wanted =
@@ -6380,26 +5402,12 @@ cudaError_t launch_narrow_sum(const T* src, const int64_t* indptr, T* out, int64
       // Mean segments under 64 rows (under 32 on 16-byte rows: the team sum
       // above takes them from there): on rows of up to 4 bytes from
       // kGateMinBytes, the lane or the tile sum, as a sample of indptr decides
-      // (TailGate); otherwise the lane sum on rows of 4 to 16 bytes of fp32 or
-      // 8 to 16 bytes of a 2-byte type, the tile sum on narrower ones. On an
-      // H100, % of copy bandwidth against the tile sum, short segments then
-      // power law: fp32, 2 columns 84 against 71, 69 against 66; bf16, 4
-      // columns 82 against 56, 62 against 53; fp32, 4 columns 75 against 70, 69
-      // against 69 (16-byte rows took the lane sum before: against it without
-      // kLaneSide, claimed stripes and units). Measured again once both were
-      // tuned (ab.py), lane against tile sum, the power law then short
-      // segments: fp32, 2 columns 81.8 against 79.3, 85.3 against 77.5; bf16,
-      // 4 columns 76.3 against 61.5, 85.4 against 59.1 (the tile sum spills
-      // there, as on 16-byte rows); fp32, 4 columns 84.9 against 63.7, 80.2
-      // against 61.7; bf16, 8 columns, power law 83.1 against 38.4. So no
-      // gate there.
-      // Nor does the team sum take these means where long segments lie in
-      // runs (the power law cut into pieces, ab.py --cut, where the lane sum
-      // is weakest): every mean sent to it, H200, ab.py, forward % of copy,
-      // lane then team sum: bf16, 4 columns, power law 70.0 -> 7.8, pieces of
-      // 16, 64 and 256 rows 49.7 -> 7.2, 21.2 -> 7.7, 45.2 -> 7.9; fp32, 4
-      // columns 85.8 -> 15.3, 48.3 -> 15.4 (pieces of 64); 1 column, bf16 76.1
-      // -> 3.0, fp32 85.9 -> 5.3; short segments 87.5 -> 12.1 (bf16, 4).
+      // (TailGate); otherwise the lane sum on rows of 4 to 16 bytes of fp32 or 8
+      // to 16 bytes of a 2-byte type, the tile sum on narrower ones. On those
+      // wider rows the lane sum beat the tile sum on both laws, so no gate
+      // there; nor does the team sum take these means where long segments lie in
+      // runs (it ran them at 3 to 15 % of copy bandwidth).
+      // Measurements: docs/kernel-notes.md, "launch_narrow_sum".
       if (mean_rows < kShortSegmentRows) {
         if constexpr (W * sizeof(T) <= 4) {
           if (rows * W * static_cast<int64_t>(sizeof(T)) >= kGateMinBytes)
@@ -6427,67 +5435,18 @@ cudaError_t launch_narrow_sum(const T* src, const int64_t* indptr, T* out, int64
 // Fill gather (rows of 16 bytes, segments shorter than two team steps on
 // average): each row is one uint4, whatever its type. A block owns an equal
 // range of rows, as in the tile gather, and builds its output a tile of
-// kFillTileRows rows at a time in shared memory. In rounds of kThreads
-// segments (those open in the tile), each thread writes its segment's value
-// into the segment's rows of the tile; the few segments with more than
-// kFillRows rows there are filled by the whole block after the round. The
-// tile then goes out as a copy would write it. Against the tile gather on an
-// H100 (ab.py, % of copy bandwidth, short segments then power law): fp32, 4
-// columns 80.6 -> 84.7 and 82.2 -> 83.0; bf16, 8 columns 80.2 -> 84.7 and
-// 79.5 -> 83.1. Narrower rows lost, as rows of their own type (8 bytes:
-// bf16, 4 columns, power law 78.3 -> 70.8; fp32, 2 columns 82.2 -> 72.7; 2
-// bytes: bf16, 1 column, short segments 68.5 -> 59.0), as did 2 or 4
-// segments per thread and round (fp32, 4 columns, short segments 64.8 and
-// 81.4), the long ones filled by a warp each (83.5) and tiles of 32 KB (82.0).
-// Each segment's value and end read with its start by every thread, not
-// once the start puts it in the tile, lost a little too (fp32, 4 columns,
-// short segments 84.4 -> 83.4, power law 83.1 -> 82.7). The kernel now reads
-// only the value early, and only for about 1.25 times the last tile's starts
-// plus kFillAheadMargin threads: H200 (ab.py, backward % of copy, two runs),
-// fp32, 4 columns, short segments 79.0 -> 79.3 and 78.9 -> 80.0, power law
-// 76.5 -> 77.4 and 76.5 -> 77.2, long unchanged. A tile's bounds in 32
-// bits alone (one clamp, a 32-bit round test, full tiles stored off one
-// pointer: sm_90 SASS, ~175 -> 125 instructions a thread and tile) timed on
-// an H200 within a point: fp32, 4 columns, short segments 79.0 -> 79.5,
-// power law 76.2 -> 76.1; its clamp (tile_row) stays, to fit the early value
-// in 32 registers.
-// Where it waits (Nsight Compute, H200, fp32, 4 columns, power law, per
-// instruction, at 4 waves of blocks, not kFillGatherWaves): 23 % of the
-// stall samples on a round's first use of its start, 19 % at the barrier
-// after the round (__syncthreads_count), ~9 % on the block's first search
-// (block_lower_bound); DRAM at 68 % of peak. Tried on an H200 at 4 waves and
-// dropped (ab.py, backward % of copy, fp32, 4 columns, short segments then
-// power law, against the kernel as it stood in the same run):
-// * A tile's first round (start and early value) loaded before the tile
-//   before it is stored, its wait overlapping the stores and their barrier:
-//   at 8 blocks per SM it spilled 16 bytes, 80.6 -> 72.6 and 78.1 -> 69.7;
-//   the start alone, spilling 8, 76.4 and 73.7; at 6 blocks (39 registers,
-//   no spill) 82.1 and 77.3, a gain on short segments paid on the power law.
-// * Tiles without a start (the segment open at the tile's first row and the
-//   next start, both kept in shared memory by the threads that read them,
-//   say the tile holds one value) stored straight from that value, with no
-//   round, barrier or staging: 80.5 -> 80.3 and 78.0 -> 77.0 (32 registers,
-//   no spill). On the power law about 40 % of its tiles have no start; they
-//   were not what it waits on.
-// * Blocks of equal cost (balanced_rows, a start weighing 8 or 32 bytes more
-//   than its row) in one wave, where 4 waves of equal rows each search their
-//   first segment: 80.0 -> 73.9 and 77.1 -> 70.6 (weight 8), 74.1 and 70.8
-//   (32); 2 waves 73.8 and 71.0. The same for the tile gather: below
-//   kTileGatherWaves.
-// The fill gather's blocks find their first segment with warp_lower_bound. They
-// hold one tile each (16 waves), so they search 4 times as often as the tile
-// gather's, and every probe is a request to L2. 128 probes a round (4 a lane: 3
-// rounds up to 2M segments) against block_lower_bound's 256 and a barrier a
-// round, H200, ab.py, backward % of copy: fp32, 4 columns, short segments 86.4
-// -> 88.4, power law 77.6 -> 79.9; bf16, 8 columns 86.9 -> 88.8 and 77.5 ->
-// 79.8; a second run 86.0 -> 87.9 and 78.0 -> 80.2. 32 and 64 probes did about
-// as well (87.6 to 88.5, 79.3 to 80.0); 16 and 8 lost (short 85.4 and 82.6,
-// power 77.6 and 74.8: rounds wait on memory one after the other). With it, 12
-// and 24 waves against 16: fp32, 4 columns, short 87.9 -> 86.2 and 78.7, power
-// 80.2 -> 80.6 and 70.8. A kernel before the gather finding every block's first
-// (a warp per block, 32 probes a round; the gather launched early, waiting for
-// it) took the power law to 82.3 but short segments to 85.2: it ran ~10 us, and
-// the gap between the two kernels 5 to 13 us more.
+// kFillTileRows rows at a time in shared memory. In rounds of kThreads segments
+// (those open in the tile), each thread writes its segment's value into the
+// segment's rows of the tile; the few segments with more than kFillRows rows
+// there are filled by the whole block after the round. The tile then goes out as
+// a copy would write it. It beat the tile gather on rows of 16 bytes, and lost
+// on narrower ones.
+// The blocks find their first segment with warp_lower_bound, kFillSearchProbes
+// probes a round: they hold one tile each (16 waves), so they search 4 times as
+// often as the tile gather's, and every probe is a request to L2, where
+// block_lower_bound's 256 probes and a barrier a round were slower; 16 and 8
+// probes lost.
+// Measurements: docs/kernel-notes.md, "fill_gather_kernel, kFillSearchProbes".
 constexpr int kFillSearchProbes = 128;
 
 constexpr int kFillTileRows = 1024;  // 16 KB of shared memory
@@ -6507,25 +5466,16 @@ struct FillGatherShared {
 };
 
 // Rows [lo, hi) of a fill tile set to v by one thread, in the order of their
-// bank group, not of the rows: at step k (0 to 7) it stores the run's rows t
-// and t + 8, t = (tid - lo + k) mod 8, both in group r = tid + k (mod 8). A
-// 16-byte store of a warp runs as quarter warps of 8 lanes over the 8 groups
-// of 16 bytes of shared memory banks (rows r mod 8 of the tile), so the 8
-// lanes of a quarter, each at its own r mod 8, never share a group, where
-// rows lo + k did (the short segments' starts fall at any r mod 8). Nsight
-// Compute on an H200, fp32, 4 columns, short segments: the fill's 16-byte
-// stores ran 15.3M shared wavefronts where 6.4M would do (bank conflicts: a
-// run's first store, 7.1 wavefronts against 3.2), 77 % of the kernel's
-// shared wavefronts, with L1 82 % busy. In this order, by a host emulation
-// of the bench's tiles (quarter-warp model, which puts the old order at 401
-// wavefronts a tile against the 453 measured), 232 a tile instead of 401 on
-// short segments, 156 instead of 170 on the power law. H200 (ab.py, backward
-// % of copy bandwidth, two runs): fp32, 4 columns, short segments 79.1 ->
-// 80.0 and 78.7 -> 79.9, power law 76.7 -> 77.5 both; bf16, 8 columns, short
-// 78.8 -> 79.9, power 76.6 -> 77.4; long segments 97.5 -> 97.2.
-// Rows 16 on of a run (more than 16 rows: about 1 run in 40 on the power
-// law, and the long ones of an unsorted indptr that do not fit the long
-// slots) keep the row order.
+// bank group, not of the rows: at step k (0 to 7) it stores the run's rows t and
+// t + 8, t = (tid - lo + k) mod 8, both in group r = tid + k (mod 8). A 16-byte
+// store of a warp runs as quarter warps of 8 lanes over the 8 groups of 16 bytes
+// of shared memory banks (rows r mod 8 of the tile), so the 8 lanes of a
+// quarter, each at its own r mod 8, never share a group, where rows lo + k did
+// (the short segments' starts fall at any r mod 8).
+// Rows 16 on of a run (more than 16 rows: about 1 run in 40 on the power law,
+// and the long ones of an unsorted indptr that do not fit the long slots) keep
+// the row order.
+// Measurements: docs/kernel-notes.md, "fill_run".
 template <typename Row>
 __device__ __forceinline__ void fill_run(Row* tile, int lo, int hi, const Row& v, int tid) {
   Row* const run = tile + lo;
@@ -6556,14 +5506,13 @@ __global__ void __launch_bounds__(kThreads, kFillBlocksPerSm)
   const int64_t r1 = imin(rows, r0 + rows_per_block);
   if (tid == 0) sm.nlong = 0;
   int64_t first = warp_lower_bound<kFillSearchProbes>(indptr, segments, rows, r0);  // (a barrier)
-  // Threads that read their segment's value with its start, in the same wait
-  // on memory, not once the start puts the segment in the tile: the first
-  // round's, then about 1.25 times the last tile's starts and a margin. The
-  // others (segments not expected in the tile) read it after the start, as
-  // all did before. Every thread reading its value and end ahead (256 values
-  // a round against about 121 starts a tile of short segments) lost a point
-  // on an H100 (see the comment above). The wait saved is one of a tile's two
-  // on memory (the gain is in the comment above kFillTileRows).
+  // Threads that read their segment's value with its start, in the same wait on
+  // memory, not once the start puts the segment in the tile: the first round's,
+  // then about 1.25 times the last tile's starts and a margin
+  // (kFillAheadMargin). The others (segments not expected in the tile) read it
+  // after the start, as all did before. Every thread reading its value and end
+  // ahead lost a point. The wait saved is one of a tile's two on memory.
+  // Measurements: docs/kernel-notes.md, "fill_gather_kernel, kFillSearchProbes".
   int ahead = kThreads;
   for (int64_t t0 = r0; t0 < r1; t0 += kFillTileRows) {
     const int64_t t1 = imin(r1, t0 + kFillTileRows);
@@ -6654,13 +5603,12 @@ cudaError_t launch_fill_gather(const T* src, const int64_t* indptr, T* out, int6
   return cudaGetLastError();
 }
 
-// A narrow gather goes to the team kernel when its segments are long: two
-// steps of 512 bytes then meet less than one segment start on average, and the
-// team writes a copy's traffic; with shorter segments the tile kernel's shared
-// labels (on rows of 16 bytes, the fill kernel's shared tile) cost less than
-// the team seeking start after start (on an H100, % of copy bandwidth,
-// 32-256-row segments, fp32, 1 column 62.5 -> 83.9 and bf16, 2 columns 54.0
-// -> 83.8 with the threshold at two steps, not one).
+// A narrow gather goes to the team kernel when its segments are long: two steps
+// of 512 bytes then meet less than one segment start on average, and the team
+// writes a copy's traffic; with shorter segments the tile kernel's shared labels
+// (on rows of 16 bytes, the fill kernel's shared tile) cost less than the team
+// seeking start after start (the threshold at two steps, not one).
+// Measurements: docs/kernel-notes.md, "launch_narrow_gather".
 template <typename T, int W = 1>
 cudaError_t launch_narrow_gather(const T* src, const int64_t* indptr, T* out, int64_t rows,
                                  int64_t segments, int64_t inner, cudaStream_t stream) {
@@ -6670,21 +5618,10 @@ cudaError_t launch_narrow_gather(const T* src, const int64_t* indptr, T* out, in
     if (inner != W)
       return launch_narrow_gather<T, 2 * W>(src, indptr, out, rows, segments, inner, stream);
     if (rows / segments < 2 * TeamShape<T, W, 1>::kStepRows) {
-      // Narrower rows through the fill kernel (tiles of 16 KB, each run
-      // written row by row into shared memory, the tile stored in 16-byte
-      // units) lost badly against the tile gather, H200, ab.py, backward % of
-      // copy, short segments then power law: bf16, 1 column 81.8 -> 50.8 and
-      // 73.1 -> 42.1; fp32, 1 column 79.9 -> 65.9 and 78.8 -> 53.2; bf16, 4
-      // columns 79.5 -> 75.4 and 78.3 -> 65.9. It pays per segment (a thread
-      // each, a barrier per kThreads of them), and narrow rows hold more
-      // segments per byte. With 4 segments a thread and round on 2-byte rows
-      // (2 on 4- and 8-byte rows) and the round's starts counted in a shared
-      // word, not a barrier, it lost as badly (same run, tile gather first,
-      // then 4 and 2 segments a thread on 2-byte rows): bf16, 1 column, short
-      // 81.7 -> 49.7 and 55.6, power law 73.1 -> 40.5 and 45.6; fp32, 1
-      // column 79.7 -> 72.3 and 78.8 -> 57.3; bf16, 4 columns 79.2 -> 73.0
-      // and 78.1 -> 66.7; fp32, 4 columns (rows of 16 bytes, unchanged)
-      // within 0.2.
+      // Narrower rows lost badly through the fill kernel: it pays per segment (a
+      // thread each, a barrier per kThreads of them), and narrow rows hold more
+      // segments per byte.
+      // Measurements: docs/kernel-notes.md, "launch_narrow_gather".
       if constexpr (W * sizeof(T) == 16)
         return launch_fill_gather<T>(src, indptr, out, rows, segments, stream);
       else if (!kTileGatherLow<T, W> || low_words_exact(rows))
@@ -6713,15 +5650,12 @@ inline bool unit_rows_of_team(int64_t inner, int64_t elem_size) {
          (units & (units - 1)) == 0;
 }
 
-// Short segments (a mean under kTeam rows) stream, except in rows of 128
-// bytes, from a mean of kShortTeamMinRows rows and kGateMinBytes: those take
-// the team sum split by cost (kTeamSegmentCost says why and what it gained).
-// Smaller inputs and shorter means, not measured there, keep the stream sum.
-// Other widths lost in the team sum: bf16, 32 columns (64-byte rows), short
-// segments 79.7 -> 65.0 % of copy bandwidth, and split by cost (ab.py) 77.4
-// -> 62.8, power law 70.1 -> 51.2 (fp32, 16 columns: 81.4 -> 77.4 and 74.1 ->
-// 66.2); fp32, 64 columns (256-byte rows), power law 86.4 -> 82.4 split by
-// cost.
+// Short segments (a mean under kTeam rows) stream, except in rows of 128 bytes,
+// from a mean of kShortTeamMinRows rows and kGateMinBytes: those take the team
+// sum split by cost (kTeamSegmentCost says why). Smaller inputs and shorter
+// means, not measured there, keep the stream sum. Other widths lost in the team
+// sum.
+// Measurements: docs/kernel-notes.md, "kShortTeamMinRows".
 constexpr int64_t kShortTeamMinRows = 4;
 inline bool short_team_rows(int64_t rows, int64_t inner, int64_t elem_size) {
   return inner * elem_size == 128 && rows * inner * elem_size >= kGateMinBytes &&
@@ -6770,22 +5704,17 @@ cudaError_t segment_sum(const T* src, const int64_t* indptr, T* out, int64_t row
             src, indptr, out, rows, segments, workspace, stream, short_segments);
       });
   }
-  // The sum loads 8 bytes per thread and row: more accumulators per thread
-  // would cost the registers that keep blocks resident and loads in flight
-  // (measured on an H100: 16-byte loads were 2 to 26 points of copy bandwidth
-  // slower). Rows of kPairRowBytes of a 2-byte type load 4 bytes, a pair, per
-  // thread and row: twice the threads per row, so half the groups per warp and
-  // fewer of a warp's lanes idle while one group closes a segment. On an H100
-  // (ab.py, % of copy bandwidth), bf16, 32 columns: short segments 76.8 ->
-  // 81.1, power law 69.9 -> 70.5. They keep the loop without read-ahead
-  // (launch_stream_sum sends 2-byte types to the read-ahead only in packs of
-  // more than 4 bytes, though pairs make as many lanes as kWideHalfLanes; on
-  // devices deep_memory picks, that loop holds 16 rows): with the read-ahead,
-  // short segments lost (75.5), and so did the power law (63.1). Other widths
-  // lost on the power law or gained nothing: 16 columns, short segments 68.1
-  // -> 73.9 but power law 62.6 -> 61.5; 24 columns 69.1 -> 73.1 and 65.0 ->
-  // 62.2; 64 columns within 0.2. At 5 blocks per SM (48 registers) the pairs'
-  // loop spills, with 8 rows per batch or 12.
+  // The sum loads 8 bytes per thread and row: more accumulators per thread would
+  // cost the registers that keep blocks resident and loads in flight (16-byte
+  // loads were slower). Rows of kPairRowBytes of a 2-byte type load 4 bytes, a
+  // pair, per thread and row: twice the threads per row, so half the groups per
+  // warp and fewer of a warp's lanes idle while one group closes a segment. They
+  // keep the loop without read-ahead (launch_stream_sum sends 2-byte types to
+  // the read-ahead only in packs of more than 4 bytes, though pairs make as many
+  // lanes as kWideHalfLanes; on devices deep_memory picks, that loop holds 16
+  // rows): with the read-ahead they lost. Pairs in other widths lost on the
+  // power law or gained nothing.
+  // Measurements: docs/kernel-notes.md, "segment_sum: pairs".
   if constexpr (sizeof(T) == 2) {
     if (inner * static_cast<int64_t>(sizeof(T)) == detail::kPairRowBytes &&
         rows <= detail::kPairMaxRows && detail::aligned(src, 4) && detail::aligned(out, 4))
@@ -6818,11 +5747,9 @@ cudaError_t segment_gather(const T* src, const int64_t* indptr, T* out, int64_t 
     return detail::launch_narrow_gather<T>(src, indptr, out, rows, segments, inner, stream);
   if (inner % kVec == 0 && detail::aligned(src, 16) && detail::aligned(out, 16)) {
     // The label gather's cost is per tile, not per segment: it takes every
-    // length but the long segments of rows the team gather fits. Against the
-    // stream gather on an H100, % of copy bandwidth: long segments, fp32, 40
-    // columns 66.7 -> 102.7, 256 columns 93.0 -> 99.7, 1000 columns 91.0 ->
-    // 99.8; bf16, 3000 columns 70.0 -> 94.3; one segment, fp32, 256 columns
-    // 93.9 -> 107.7; 32-256-row segments, fp32, 40 columns 66.4 -> 97.9.
+    // length but the long segments of rows the team gather fits (it beat the
+    // stream gather on every length measured).
+    // Measurements: docs/kernel-notes.md, "segment_gather: the label gather".
     const bool team = detail::unit_rows_of_team(inner, sizeof(T));
     if ((!team || rows / segments < detail::kLabelGatherRows) &&
         detail::label_tile_fits(inner / kVec))
