@@ -210,9 +210,12 @@ def _status(r: CellReport, strict: bool = False) -> str:
     if r.build == "built" and not r.failed:
         if strict and failure(r, strict):  # ok on its own, failed by --strict: say which rule
             untested = _untested_pythons(r)
-            why = ("a torch it serves went untested" if any(s.test != "passed" for s in r.serves)
-                   else f"Python {', '.join(untested)} it serves went untested (not installed "
-                   "here)" if untested else first_line(r.cross_check))
+            if any(s.test != "passed" for s in r.serves):
+                why = "a torch it serves went untested"
+            elif untested:
+                why = f"Python {', '.join(untested)} it serves went untested (not installed here)"
+            else:
+                why = first_line(r.cross_check)
             return f"FAILED (--strict): {why}"
         return "ok"
     status = "FAILED" if r.failed else r.build
