@@ -1081,6 +1081,50 @@ def test_a_builds_ccache_counts_are_its_own_compiles(tmp_path):
     assert build("second") == {"hits": 1, "misses": 0}
 
 
+def test_the_same_cell_in_another_work_folder_hits_the_compiler_cache(tmp_path):
+    # Another checkout, another EXTMATRIX_WORK, a test's temporary folder: the torch headers
+    # sit at another absolute path, and a cache keyed on it would never hit.
+    cell = PLAN.cell("torch2.13-cpu")
+    tools = toolchain.Toolchain("cpu", None, None, "none")
+    counts = []
+    for work in ("one", "two"):
+        cell_dir = tmp_path / work / cell.id
+        venv, src = cell_dir / "build-env", cell_dir / "src"
+        (venv / "include").mkdir(parents=True)
+        (venv / "include" / "torchish.h").write_text("#define ANSWER 42\n")
+        src.mkdir()
+        (src / "op.c").write_text('#include "torchish.h"\nint answer(void) { return ANSWER; }\n')
+        env = local.compile_env(cell, tools, ctx_for(tmp_path), venv, src)
+        env["CCACHE_STATSLOG"] = str(cell_dir / "stats")
+        subprocess.run(["gcc", f"-I{venv / 'include'}", "-c", "op.c", "-o", "op.o"], cwd=src,
+                       check=True, env={**os.environ, **env})
+        counts.append(toolchain.ccache_counts(env))
+    assert counts == [{"hits": 0, "misses": 1}, {"hits": 1, "misses": 0}]
+
+
+def test_a_header_linked_again_during_a_compile_does_not_keep_it_out_of_the_cache(tmp_path):
+    # uv installs torch's headers as hard links into its cache: a venv made while a cell
+    # compiles (-j 2, another cell's test env) changes their ctime mid-compile.
+    env = toolchain.compiler_cache(tmp_path / "cache")
+    gcc = str(Path(env["CCACHE_SHIMS"]) / "gcc")
+    (tmp_path / "inc").mkdir()
+    (tmp_path / "inc" / "torchish.h").write_text("#define ANSWER 42\n")
+    (tmp_path / "op.c").write_text('#include "torchish.h"\n' + "".join(
+        f"int f{i}(int x) {{ return x * {i} + ANSWER; }}\n" for i in range(4000)))
+
+    def build(name: str) -> dict[str, int]:
+        run_env = {**env, "CCACHE_STATSLOG": str(tmp_path / f"{name}.stats")}
+        compiling = subprocess.Popen([gcc, "-O1", "-Iinc", "-c", "op.c", "-o", f"{name}.o"],
+                                     cwd=tmp_path, env={**os.environ, **run_env})
+        time.sleep(0.2)
+        os.link(tmp_path / "inc" / "torchish.h", tmp_path / f"{name}.link")
+        assert compiling.wait() == 0
+        return toolchain.ccache_counts(run_env)
+
+    assert build("first") == {"hits": 0, "misses": 1}  # stored, not "uncacheable"
+    assert build("second") == {"hits": 1, "misses": 0}
+
+
 def test_engines_installed_apart_keep_their_own_compiler_shims(tmp_path, monkeypatch):
     shims = []
     for name in ("one", "two"):

@@ -237,6 +237,11 @@ def compiler_cache(cache: Path) -> dict[str, str]:
         # Cells build in different folders: compare paths relative to the build folder.
         "CCACHE_NOHASHDIR": "1",
         "CCACHE_COMPILERCHECK": "content",
+        # torch's headers are hard links into uv's cache, made seconds before the build:
+        # their ctime (and, fresh from a wheel, their mtime) is that of any venv's install,
+        # even one made during the compile, and ccache refuses to store a result that
+        # includes a file changed that recently. Nothing edits a cell's files mid-build.
+        "CCACHE_SLOPPINESS": "include_file_ctime,include_file_mtime",
         "CCACHE_MAXSIZE": os.environ.get("CCACHE_MAXSIZE", "5G"),
         "CCACHE_SHIMS": str(shims),
     }
@@ -267,5 +272,17 @@ def ccache_counts(env: dict[str, str]) -> dict[str, int]:
         key, _, value = line.partition("\t")
         if value.strip().isdigit():
             stats[key] = int(value)
+    # A compile ccache could not store is a miss too (each run compiles it again), and said
+    # apart: a build whose every compile was uncacheable reads 0/0 otherwise.
+    uncacheable = sum(n for key, n in stats.items() if key in _UNCACHEABLE
+                      or key.startswith(("unsupported_", "could_not_use_")))
     return {"hits": stats.get("direct_cache_hit", 0) + stats.get("preprocessed_cache_hit", 0),
-            "misses": stats.get("cache_miss", 0)}
+            "misses": stats.get("cache_miss", 0) + uncacheable,
+            **({"uncacheable": uncacheable} if uncacheable else {})}
+
+
+# ccache's log statistics for a compile it ran but could not store (not a link, not a
+# failed compile).
+_UNCACHEABLE = frozenset({"modified_input_file", "multiple_source_files", "output_to_stdout",
+                          "error_hashing_extra_file", "compiler_produced_stdout",
+                          "compiler_produced_empty_output", "bad_output_file"})

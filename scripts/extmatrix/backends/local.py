@@ -202,7 +202,9 @@ def compile_env(cell: Cell, tools: toolchain.Toolchain, ctx: Context, venv: Path
     if ccache:
         path.insert(0, ccache.pop("CCACHE_SHIMS"))
         env.update(ccache)
-        env["CCACHE_BASEDIR"] = str(src)
+        # Paths under the cell's folder (its sources and its venv's torch headers) hash as
+        # relative ones: the same cell in another checkout or work folder hits the cache.
+        env["CCACHE_BASEDIR"] = os.path.commonpath([src, venv])
         if tools.home and cell.family == "cuda":
             env["PYTORCH_NVCC"] = f"{ccache['EXTMATRIX_CCACHE']} {tools.home / 'bin' / 'nvcc'}"
     env["PATH"] = os.pathsep.join([*path, env.get("PATH", os.environ.get("PATH", ""))])
