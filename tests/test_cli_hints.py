@@ -169,14 +169,28 @@ def test_plan_options_that_would_be_ignored_are_refused(capsys, args, line):
     assert capsys.readouterr() == ("", line + "\n")
 
 
-def test_a_reader_that_stops_early_ends_the_run_quietly(monkeypatch, capsys):
+@pytest.mark.parametrize("args", [["--json"], [], ["--explain"]])  # print, then rich
+def test_a_reader_that_stops_early_ends_the_run_quietly(monkeypatch, capsys, args):
     read, write = os.pipe()
     os.close(read)  # `extmatrix plan --json | head -c 10`, head gone
     out = os.fdopen(write, "w")
     monkeypatch.setattr(sys, "stdout", out)
     matrix = Path(__file__).resolve().parents[1] / "matrix.yaml"
     try:
-        assert main(["plan", "--matrix", str(matrix), "--json"]) == 128 + signal.SIGPIPE
+        assert main(["plan", "--matrix", str(matrix), *args]) == 128 + signal.SIGPIPE
     finally:
         monkeypatch.undo()
     assert capsys.readouterr().err == ""
+
+
+def test_a_build_whose_watcher_went_away_goes_on_quietly():
+    # `extmatrix build 2>&1 | head`: the build's results still land in dist/, and its exit
+    # status is the build's, not rich's 1 for a closed pipe.
+    from extmatrix import run
+
+    read, write = os.pipe()
+    os.close(read)
+    console = run.console()
+    console.file = os.fdopen(write, "w")
+    console.print("build torch2.13-cpu: ok")  # no SystemExit, no BrokenPipeError
+    assert console.quiet

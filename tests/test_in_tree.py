@@ -221,6 +221,15 @@ def test_a_refused_test_command_says_what_pytest_refused(ext, tmp_path, monkeypa
     assert "error: unrecognized arguments: --bogus; see " in reason, reason
 
 
+def test_a_test_that_ends_the_process_with_status_0_fails_the_run(ext, tmp_path, monkeypatch):
+    # pytest never reaches the end of its session: no report, no tally, exit 0.
+    (ext / "test" / "test_quits.py").write_text("import os\n\n\ndef test_quits():\n"
+                                                "    os._exit(0)\n")
+    outcome, _, reason, _ = local_suite(ext, tmp_path, monkeypatch)
+    assert outcome == "failed"
+    assert reason.startswith("the tests exited 0 without writing their JUnit report"), reason
+
+
 def test_a_test_command_that_hides_a_failure_behind_exit_0_fails(ext, tmp_path, monkeypatch):
     # Piped through tee, pytest's exit status is lost; its tally is not.
     (ext / "test" / "test_broken.py").write_text(BROKEN_TEST)

@@ -109,6 +109,78 @@ error: Request failed after 3 retries in 11.3s
 """
 
 
+# A setup.py that raises, as `pip wheel --no-build-isolation` reports it (pip 25).
+PIP_HOOK_FAILED = """\
+  Preparing metadata (pyproject.toml): finished with status 'error'
+  error: subprocess-exited-with-error
+
+  × Preparing metadata (pyproject.toml) did not run successfully.
+  │ exit code: 1
+  ╰─> [16 lines of output]
+      Traceback (most recent call last):
+        File "<string>", line 1, in <module>
+      ModuleNotFoundError: No module named 'pybind11'
+      [end of output]
+
+  note: This error originates from a subprocess, and is likely not a problem with pip.
+error: metadata-generation-failed
+
+× Encountered error while generating package metadata.
+╰─> from file:///work/cell/src
+
+note: This is an issue with the package mentioned above, not pip.
+hint: See above for details.
+"""
+# scikit-build-core's configure step, under pip.
+CMAKE_FAILED = """\
+      -- Detecting CXX compile features - done
+      CMake Error at CMakeLists.txt:22 (find_package):
+        By not providing "FindNotThereLib.cmake" in CMAKE_MODULE_PATH this project
+        has asked CMake to find a package configuration file provided by
+        "NotThereLib", but CMake did not find one.
+
+        Could not find a package configuration file provided by "NotThereLib" with
+        any of the following names:
+
+      -- Configuring incomplete, errors occurred!
+
+      *** CMake configuration failed
+      [end of output]
+
+  note: This error originates from a subprocess, and is likely not a problem with pip.
+  ERROR: Failed building wheel for cmake-op
+Failed to build cmake-op
+ERROR: Failed to build one or more wheels
+"""
+# setuptools linking a library that is not there.
+LINK_FAILED = """\
+      gcc -shared build/temp.linux-x86_64-cpython-311/src/native.o -lnuma_missing -o _native.so
+      /usr/bin/ld: cannot find -lnuma_missing: No such file or directory
+      collect2: error: ld returned 1 exit status
+      error: Command '['gcc', '-shared', '-lnuma_missing']' returned non-zero exit status 1.
+      [end of output]
+  ERROR: Failed building wheel for plain-c
+"""
+
+
+def test_first_cause_of_a_failed_build_is_the_builds_own_error_not_pips_frame():
+    assert steps.first_cause(PIP_HOOK_FAILED) == "ModuleNotFoundError: No module named 'pybind11'"
+    assert steps.first_cause(CMAKE_FAILED) == (
+        'CMake Error at CMakeLists.txt:22: By not providing "FindNotThereLib.cmake" in '
+        "CMAKE_MODULE_PATH this project has asked CMake to find a package configuration file "
+        'provided by "NotThereLib", but CMake did not find one.')
+    assert steps.first_cause(LINK_FAILED) == (
+        "/usr/bin/ld: cannot find -lnuma_missing: No such file or directory")
+    undefined = LINK_FAILED.replace(
+        "/usr/bin/ld: cannot find -lnuma_missing: No such file or directory",
+        "/usr/bin/ld: native.o: in function `f': native.c:(.text+0x5): undefined reference to "
+        "`g'")
+    assert steps.first_cause(undefined).endswith("undefined reference to `g'")
+    # A compiler's error still comes first: the link never ran.
+    assert steps.first_cause("src/a.c:3:1: error: expected ';'\n" + LINK_FAILED) == (
+        "src/a.c:3:1: error: expected ';'")
+
+
 def test_first_cause_gives_uvs_reason_not_its_headline(tmp_path):
     assert steps.first_cause(UV_NO_SOLUTION) == (
         "No solution found when resolving dependencies: Because there is no version of "
@@ -243,6 +315,56 @@ def test_the_tests_step_says_what_failed_not_pytests_tally():
     assert local.test_failure(1, PYTEST_FAILURE, {}) == (
         "tests failed (exit 1): test_opcheck: RuntimeError: opcheck(op, ...): test_schema "
         "failed with The schema of row_sum is wrong")
+
+
+# A failing test beside a passing one whose warning names a module it could not import.
+PYTEST_WARNING_AND_FAILURE = """\
+.F                                                                       [100%]
+=================================== FAILURES ===================================
+_______________________________ test_wrong_result _______________________________
+
+    def test_wrong_result():
+>       assert 2 + 2 == 5
+E       assert (2 + 2) == 5
+
+test_ops.py:9: AssertionError
+=============================== warnings summary ===============================
+test_ops.py::test_fast_path
+  test_ops.py:5: UserWarning: fast path off (ModuleNotFoundError: No module named 'triton_x')
+=========================== short test summary info ============================
+FAILED test_ops.py::test_wrong_result - assert (2 + 2) == 5
+==================== 1 failed, 1 passed, 1 warning in 0.05s ====================
+"""
+PYTEST_OWN_MODULE_MISSING = """\
+==================================== ERRORS ====================================
+_______________________ ERROR collecting test/test_native.py _______________________
+test/test_native.py:1: in <module>
+    from plain_c._native import scale
+E   ModuleNotFoundError: No module named 'plain_c._native'
+=========================== short test summary info ============================
+ERROR test/test_native.py
+!!!!!!!!!!!!!!!!!!!! Interrupted: 1 error during collection !!!!!!!!!!!!!!!!!!!!
+1 error in 0.12s
+"""
+CONFTEST_IMPORT_ERROR = """\
+ImportError while loading conftest '/home/ci/ext/tests/conftest.py'.
+tests/conftest.py:1: in <module>
+    import hypothesis
+E   ModuleNotFoundError: No module named 'hypothesis'
+"""
+
+
+def test_a_missing_module_is_blamed_only_where_a_test_failed_on_it():
+    from extmatrix.backends import local
+
+    assert local.test_failure(1, PYTEST_WARNING_AND_FAILURE, {}, "plain_c") == (
+        "tests failed (exit 1): FAILED test_ops.py::test_wrong_result - assert (2 + 2) == 5")
+    assert local.test_failure(2, PYTEST_OWN_MODULE_MISSING, {}, "plain_c") == (
+        "the wheel has no module 'plain_c._native', which the tests import: the build left it "
+        "out (the build log says what it compiled)")
+    assert local.test_failure(4, CONFTEST_IMPORT_ERROR, {}, "plain_c") == (
+        "the tests need 'hypothesis', which is not in the test environment: add it to "
+        "extension.test_requires in the matrix, or to the extension's `test` extra")
 
 
 def test_a_failure_names_its_log_so_that_any_folder_finds_it(tmp_path, monkeypatch):

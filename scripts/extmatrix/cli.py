@@ -9,8 +9,6 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from rich.console import Console
-
 from . import report, run, schema
 from .cells import Cell, Plan, plan_file
 from .errors import Interrupted, NotBuildable, UserError, describe_os_error
@@ -178,10 +176,9 @@ def _plan(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(report.matrix_json(workflow.matrix(cells, args.job)))
     else:
-        out = Console()
-        # Piped or in a CI log, rich would wrap cell ids at 80 columns.
-        out = out if out.is_terminal else Console(width=max(out.width, 160))
-        report.print_plan(cells, plan.dropped if args.explain else None, out)
+        # Piped or in a CI log, rich would wrap cell ids at 80 columns: run.console widens.
+        report.print_plan(cells, plan.dropped if args.explain else None,
+                          run.console(stderr=False))
     return 0
 
 

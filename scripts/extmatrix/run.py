@@ -26,10 +26,23 @@ from .report import CellReport, failure, repro_lines, summary_markdown, summary_
 BACKENDS = ("local", "container")
 
 
-def console() -> Console:
-    """Progress and summaries on stderr; CI logs are no terminal, but they are wide."""
-    err = Console(stderr=True)
-    return err if err.is_terminal else Console(stderr=True, width=max(err.width, 160))
+class _Console(Console):
+    """rich's Console, whose reader going away (`| head`) is no failure of ours (rich's own
+    exits 1): on stdout it ends the command quietly, as print() to a closed pipe does
+    (main: 141); on stderr it silences the progress and the run goes on, its results
+    landing in dist/ whoever watches."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        if not self.stderr:
+            raise BrokenPipeError
+
+
+def console(stderr: bool = True) -> Console:
+    """Progress and summaries on stderr (plan's table on stdout); CI logs are no terminal,
+    but they are wide."""
+    out = _Console(stderr=stderr)
+    return out if out.is_terminal else _Console(stderr=stderr, width=max(out.width, 160))
 
 
 def backend(name: str) -> ModuleType:

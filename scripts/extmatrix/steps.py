@@ -195,8 +195,14 @@ _NOISE = re.compile(
     r"subprocess-exited-with-error|metadata-generation-failed|legacy-install-failure"
     r"|Failed (building|to build)|error: command '|ninja: build stopped"
     r"|CalledProcessError|ERROR: Command errored out|Error compiling objects for extension"
-    r"|note: This error originates|exit code: \d+", re.IGNORECASE)
+    r"|note: This error originates|exit code: \d+"
+    # pip's frame around a failed build hook's own output, and gcc's echo of a failed link.
+    r"|did not run successfully|Encountered error while|\[end of output\]|lines of output\]"
+    r"|collect2: error: ld returned", re.IGNORECASE)
 _COMPILER = re.compile(r"(?:^|[\s:)])(?:fatal )?error(?: [A-Z]+\d+)?:\s*\S", re.IGNORECASE)
+# The linker's own line ("/usr/bin/ld: cannot find -lfoo", "undefined reference to `f'").
+_LINKER = re.compile(r"(?:^|/)ld(?:\.\w+)?: (?!warning)\S|undefined reference to ")
+_CMAKE = re.compile(r"^\s*CMake Error(?P<where> at \S+)?(?: \(\w+\))?:\s*(?P<msg>.*)$")
 _PIP = re.compile(r"^(?:ERROR|error): \S")
 _RESOLVER = re.compile(r"^\s*(?:╰─▶|×)\s*(?P<msg>.+)")
 # uv 0.13 and later: "error: No solution found …", then why, indented: "  cause: Because …"
@@ -232,6 +238,7 @@ def first_cause(output: str, limit: int = 300, *, step: str | None = None) -> st
         return next((line for line in meaningful if predicate(line)), None)
 
     found = pick(lambda line: _COMPILER.search(line) is not None and not _PIP.match(line))
+    found = found or pick(lambda line: _LINKER.search(line) is not None) or _cmake_error(output)
     if found is None:
         resolver = [_RESOLVER.match(line) for line in meaningful]
         found = next((m["msg"] for m in reversed(resolver) if m and "╰─▶" in m.group(0)), None)
@@ -245,6 +252,25 @@ def first_cause(output: str, limit: int = 300, *, step: str | None = None) -> st
             if (said := _CIBUILDWHEEL.match(line)) is not None:
                 found = said["msg"] or next(iter(meaningful[at + 1:at + 2]), None)
     return _shorten(found or _last_exception(meaningful) or (meaningful or lines)[-1], limit)
+
+
+def _cmake_error(output: str) -> str | None:
+    """CMake's first error, with its message: the paragraph under "CMake Error at F:L (cmd):",
+    joined into one line."""
+    lines = [_ANSI.sub("", raw) for raw in output.splitlines()]
+    for at, line in enumerate(lines):
+        if (said := _CMAKE.match(line)) is None:
+            continue
+        words = [said["msg"].strip()] if said["msg"].strip() else []
+        for more in lines[at + 1:]:
+            if not more.strip():
+                if words:
+                    break
+                continue
+            words.append(more.strip())
+        where = f" at {said['where'].removeprefix(' at ')}" if said["where"] else ""
+        return f"CMake Error{where}: {' '.join(words)}"
+    return None
 
 
 def _shorten(found: str, limit: int) -> str:

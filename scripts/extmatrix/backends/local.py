@@ -329,7 +329,8 @@ def run_suite(ctx: Context, venv: Path, cell_dist: Path, suffix: str,
     """The extension's tests in `venv`: (passed | failed, JUnit totals, why it failed)."""
     junit_path = cell_dist / f"junit{suffix}.xml"
     facts_path = cell_dist / CELL_FACTS
-    facts_path.unlink(missing_ok=True)
+    for stale in (junit_path, facts_path):  # what this run writes, never an earlier run's
+        stale.unlink(missing_ok=True)
     ext = ctx.matrix.extension
     suite = venv.parent / workspace.SUITE
     workspace.stage_tests(ctx.ext_dir, ext.tests, ext.import_name, suite,
@@ -354,12 +355,20 @@ def run_suite(ctx: Context, venv: Path, cell_dist: Path, suffix: str,
     facts = _read_facts(facts_path)
     if facts:
         junit["gpu_skipped"] = int(facts.get("gpu_skipped", 0))
+    promised = ext.test_command is None or any("{junit}" in part for part in ext.test_command)
+    if result.returncode == 0 and promised and not junit_path.is_file():
+        # pytest writes its report at the session's end: a test that ended the process
+        # (os._exit, a native crash handler exiting 0) leaves none, and ran what it ran.
+        return "failed", junit, ("the tests exited 0 without writing their JUnit report: the "
+                                 "process ended before the session did (the log's last lines "
+                                 f"show where); see {steps.shown}")
     if result.returncode == 0:
         if wrong := _not_a_pass(junit, ctx.require_gpu):
             return "failed", junit, f"{wrong}; see {steps.shown}"
         return "passed", junit, None
-    return "failed", junit, (f"{test_failure(result.returncode, result.stdout, facts)}; "
-                             f"see {steps.shown}")
+    why = test_failure(result.returncode, result.stdout, facts,
+                       ctx.matrix.extension.import_name)
+    return "failed", junit, f"{why}; see {steps.shown}"
 
 
 def _test_stable(cell: Cell, ctx: Context, wheel: Path, sources: envs.Sources, steps: Steps,
@@ -503,19 +512,28 @@ def _not_a_pass(junit: dict[str, int], require_gpu: bool = False) -> str | None:
             "log lists why)")
 
 
-def test_failure(code: int, output: str, facts: dict) -> str:
-    """Why the tests failed, as the fix would be stated."""
+def test_failure(code: int, output: str, facts: dict, package: str | None = None) -> str:
+    """Why the tests failed, as the fix would be stated. `package` is the extension's
+    import name: a module of its own that is missing is the wheel's fault, not a test
+    dependency's."""
     if facts.get("no_gpu"):
         return NO_GPU
-    missing = _MISSING_MODULE.search(output)
+    cause = failed_test_line(output)
+    # A missing module counts where a test failed on it (a passing test may print one in
+    # a warning); where no test ran at all (a conftest that failed to import), anywhere.
+    some_test_failed = re.search(r"^(?:FAILED|ERROR) ", output, re.M) is not None
+    missing = _MISSING_MODULE.search(cause if some_test_failed else output)
+    if missing and package and (missing[1] == package or missing[1].startswith(f"{package}.")):
+        return (f"the wheel has no module '{missing[1]}', which the tests import: the build "
+                "left it out (the build log says what it compiled)")
     if missing:
         return (f"the tests need '{missing[1]}', which is not in the test environment: add it "
                 "to extension.test_requires in the matrix, or to the extension's `test` extra")
     if code == 4:
-        return f"the test command was refused (exit 4): {failed_test_line(output)}"
+        return f"the test command was refused (exit 4): {cause}"
     if code == 5:
         return "no tests were collected (exit 5): check extension.tests in the matrix"
-    return f"tests failed (exit {code}): {failed_test_line(output)}"
+    return f"tests failed (exit {code}): {cause}"
 
 
 def failed_test_line(output: str) -> str:
