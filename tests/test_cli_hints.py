@@ -194,3 +194,17 @@ def test_a_build_whose_watcher_went_away_goes_on_quietly():
     console.file = os.fdopen(write, "w")
     console.print("build torch2.13-cpu: ok")  # no SystemExit, no BrokenPipeError
     assert console.quiet
+
+
+@pytest.mark.parametrize(("requires", "said"), [
+    ('["setuptools>>=64"]', "[build-system] requires: "),
+    ("[5]", "[build-system] requires holds a value that is not a string"),
+])
+def test_a_broken_build_requirement_is_one_line_before_any_cell_starts(project, capsys,
+                                                                       requires, said):
+    pyproject = project / "ci" / "ext" / "pyproject.toml"
+    pyproject.write_text(f"[build-system]\nrequires = {requires}\n[project]\nname = 'demo'\n")
+    assert main(["build", "--matrix", "ci/extmatrix.yaml", "--cell", CELL]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"{pyproject}: {said}") and err.count("\n") == 1, err
+    assert not (project / "ci" / "dist" / CELL).exists()  # no cell started, nothing recorded

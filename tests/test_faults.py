@@ -330,6 +330,7 @@ def test_a_disk_that_fills_during_a_build_is_one_line_naming_the_attempts_log(pr
         assert "Traceback" not in err
         (line,) = [x for x in err.splitlines() if x.startswith(f"{CELL}: build could not")]
         assert "No space left on device" in line and f"could not be recorded in {dist}" in line
+        assert line.endswith("free space there and build again")
         log = Path(line.split("its log is ", 1)[1].split(";", 1)[0])
         assert log.is_file() and log.read_text()
         assert {p.name: p.read_bytes() for p in dist.iterdir()} == before  # the good build's
@@ -402,6 +403,17 @@ def test_a_wheel_whose_records_were_deleted_outlives_a_failed_build(project, goo
     assert build(project) == 1
     assert report(project).build == "failed"
     assert wheels(project) == [good]
+
+
+def test_the_tests_take_the_wheel_the_record_names_among_those_kept(project, good, capsys):
+    # A failed build keeps every wheel (an older release's too): the tests and the cross
+    # check take the last good build's, not "the one wheel" of the folder.
+    folder = project / "dist" / CELL
+    shutil.copy(folder / good, folder / good.replace("1.0.0+", "0.9.0+"))
+    assert main(["test-matrix", *cli(project, "--cell", CELL)]) == 0, capsys.readouterr().err
+    assert report(project).test == "passed"
+    installed = (folder / "test.log").read_text()
+    assert (folder / good).as_uri() in installed and "0.9.0" not in installed
 
 
 def test_a_wheel_tagged_abi3_whose_binary_is_not_is_refused_by_the_local_build(project, capsys):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -840,6 +841,24 @@ def test_a_malformed_pyproject_value_is_one_line_on_the_file(tmp_path, text, sai
     with pytest.raises(UserError, match=f"pyproject.toml: .*{said}"):
         project.versioned_by_git(tree)
         project.git_version_env(tree, Path(sys.executable), {}, True)
+
+
+def test_an_attempt_that_cannot_be_recorded_for_want_of_rights_says_so(tmp_path,
+                                                                       monkeypatch):
+    # dist/<cell>/ left root's by a `sudo` run: freeing space would not help.
+    ctx, cell = ctx_for(tmp_path), PLAN.cell("torch2.13-cpu")
+
+    def refused(*args, **kwargs):
+        raise PermissionError(errno.EACCES, "Permission denied", str(ctx.dist / cell.id))
+
+    monkeypatch.setattr(workspace, "publish", refused)
+    with pytest.raises(UserError) as caught, backends.building(ctx, cell, "local") as (saved,
+                                                                                     _, _):
+        saved.build = "failed"
+    said = str(caught.value)
+    assert "could not be recorded" in said and "Permission denied" in said
+    assert said.endswith("make that folder writable (its owner, its permissions) and build "
+                         "again")
 
 
 def test_a_wheel_the_checks_refuse_never_sits_beside_the_last_good_one(tmp_path):

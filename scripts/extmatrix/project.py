@@ -87,7 +87,8 @@ def build_requirements(ext_dir: Path) -> list[str]:
         try:
             name = canonicalize_name(Requirement(text).name)
         except InvalidRequirement as exc:
-            raise UserError(str(pyproject), f"[build-system] requires: {exc}",
+            why = str(exc).splitlines()[0]  # packaging draws a caret under the text below
+            raise UserError(str(pyproject), f"[build-system] requires: {text!r}: {why}",
                             "write PEP 508 requirements") from None
         if name not in CELL_PINNED:
             wanted.append(text)

@@ -212,7 +212,9 @@ def crash_log(exc: BaseException) -> str:
 def build(cells: list[Cell], ctx: Context, backend_name: str, jobs: int, keep_going: bool,
           console: Console) -> list[CellReport]:
     impl = backend(backend_name)
-    if backend_name == "container":  # a mistake every cell would make: one line first
+    # Mistakes every cell would make: one line first, exit 2, no cell started.
+    project.build_requirements(ctx.ext_dir)
+    if backend_name == "container":
         from . import engines
 
         engines.check_choice()

@@ -321,6 +321,15 @@ def _remove(path: Path) -> None:
         shutil.rmtree(path)
 
 
+def recorded_wheel(folder: Path) -> Path:
+    """The wheel of the cell's last good build, the one its record names: dist/<cell>/ may
+    also hold older wheels that failed builds kept. A folder with no record: its one wheel."""
+    good = last_good(folder)
+    if good is not None:
+        return folder / str(good["wheel"])
+    return single_wheel(folder)
+
+
 def single_wheel(folder: Path) -> Path:
     found = sorted(folder.glob("*.whl"))
     if len(found) != 1:

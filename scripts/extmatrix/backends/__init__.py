@@ -8,6 +8,7 @@ in an exception that would stop the other cells.
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import sys
@@ -92,12 +93,15 @@ def building(ctx: Context, cell: Cell, backend: str) -> Iterator[tuple[CellRepor
             try:
                 workspace.publish(attempt, report.to_json(), good, kept)
             except OSError as exc:
-                # A full disk, typically: dist/<cell>/ still holds the last record whole,
-                # so the one line must say where this attempt's log is instead.
+                # dist/<cell>/ still holds the last record whole, so the one line must say
+                # where this attempt's log is instead.
+                full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
                 raise UserError(None, f"its attempt could not be recorded in {attempt.final} "
                                 f"({describe_os_error(exc)}); its log is "
                                 f"{attempt.staging / 'build.log'}",
-                                "free space there and build again") from None
+                                "free space there and build again" if full else
+                                "make that folder writable (its owner, its permissions) and "
+                                "build again") from None
 
 
 def _free_gb(folder: Path) -> float | None:

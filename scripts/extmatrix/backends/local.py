@@ -25,7 +25,7 @@ from ..errors import Interrupted, NotBuildable, StepFailed, UserError, describe_
 from ..project import build_requirements
 from ..report import CROSS_NOT_MADE, NOT_INSTALLED, CellReport, ServedTorch
 from ..steps import PYTEST_TALLY, Steps, first_cause
-from ..workspace import single_wheel
+from ..workspace import recorded_wheel, single_wheel
 from . import Context, audit_abi3, building, check_wheel, copy_sources, stamp_wheel
 
 STAMP = "inputs.sha256"  # beside the last wheel: what it was built from
@@ -265,7 +265,7 @@ def test(cell: Cell, ctx: Context, report: CellReport) -> CellReport:
         del report.commands[report.build_commands:]
     report.junit, report.pythons, report.serves = {}, {}, []  # and its results
     try:
-        wheel = single_wheel(cell_dist)
+        wheel = recorded_wheel(cell_dist)
         sources = envs.sources_for(cell)
         if cell.stable:
             _test_stable(cell, ctx, wheel, sources, steps, report)
@@ -621,7 +621,7 @@ def cross_check(cell: Cell, other: Cell, ctx: Context,
 
 def _cross_check(cell: Cell, other: Cell, ctx: Context, log: Steps) -> str:
     venv = ctx.work / other.id / "test-env"
-    wheel = single_wheel(ctx.dist / cell.id)
+    wheel = recorded_wheel(ctx.dist / cell.id)
     target = ctx.work / cell.id / f"cross-{other.id}"
     shutil.rmtree(target, ignore_errors=True)
     installed = log.run("cross-check", [
