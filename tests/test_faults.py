@@ -104,6 +104,9 @@ def good(project, capsys) -> str:
 
 
 def test_a_compile_error_keeps_the_good_wheel_and_says_the_compilers_line(project, good, capsys):
+    assert main(["test-matrix", *cli(project, "--cell", CELL)]) == 0, capsys.readouterr().err
+    tested = {name: (project / "dist" / CELL / name).read_bytes()
+              for name in ("test.log", "junit.xml")}
     source = project / "ext" / "src" / "native.c"
     source.write_text(source.read_text() + "\n#error the kernel does not compile\n")
     assert build(project) == 1
@@ -118,12 +121,15 @@ def test_a_compile_error_keeps_the_good_wheel_and_says_the_compilers_line(projec
     assert wheels(project) == [good]
     assert saved.kept["wheel"] == good and saved.kept["attempt"]
     kept = json.loads((project / "dist" / CELL / "last-good.json").read_text())
-    assert kept["build"] == "built" and kept["wheel"] == good
+    assert kept["build"] == "built" and kept["wheel"] == good and kept["test"] == "passed"
+    # The records its "passed" stands on stay with it.
+    assert {name: (project / "dist" / CELL / name).read_bytes() for name in tested} == tested
     assert "Traceback" not in err
 
 
 @pytest.mark.parametrize("sig, twice", [(signal.SIGINT, False), (signal.SIGTERM, False),
-                                        (signal.SIGTERM, True)])
+                                        (signal.SIGTERM, True),
+                                        (signal.SIGHUP, False)])  # the ssh session dropped
 def test_an_interrupted_compile_stops_its_children_and_keeps_the_good_wheel(project, good, sig,
                                                                             twice):
     (project / "ext" / "setup.py").write_text(SLOW_SETUP)

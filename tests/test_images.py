@@ -256,8 +256,10 @@ def test_an_engine_that_cannot_be_run_is_one_line_naming_it(tmp_path, monkeypatc
     ctx = Context(plan.matrix, ROOT, tmp_path / "dist", tmp_path / "work", tmp_path / "cache", 1)
     with (tmp_path / "out.txt").open("w") as fh:
         assert images.build(ctx, [plan.cell("torch2.13-cpu")], None, "upstream", fh) == 1
-    assert capsys.readouterr().err == (f"extmatrix: cannot run {gone}: No such file or "
-                                       "directory\n")
+    err = capsys.readouterr().err
+    assert err.startswith(f"extmatrix: cannot run {gone}: No such file or directory; see ")
+    log = Path(err.strip().rsplit("; see ", 1)[1])
+    assert err.count("\n") == 1 and log.is_file() and str(gone) in log.read_text()
 
 
 def test_the_local_bake_file_holds_only_what_a_local_base_can_build(capsys):

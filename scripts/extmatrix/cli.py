@@ -401,7 +401,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    previous = _stop_on_sigterm()
+    previous = _stop_on_signals()
     try:
         args = build_parser().parse_args(argv)  # (Ctrl-C this early: the one line too)
         with report.repro_options(_named_matrix(args), getattr(args, "dist", None),
@@ -434,8 +434,8 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 70
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+        for kind, handler in previous.items():
+            signal.signal(kind, handler)
 
 
 def _named_matrix(args: argparse.Namespace) -> str | None:
@@ -446,15 +446,20 @@ def _named_matrix(args: argparse.Namespace) -> str | None:
     return given
 
 
-def _stop_on_sigterm():
-    """SIGTERM (a CI cancel, `kill`) ends a run like Ctrl-C: attempts recorded, wheels kept."""
+def _stop_on_signals() -> dict:
+    """SIGTERM (a CI cancel, `kill`) and SIGHUP (the terminal or ssh session gone) end a
+    run like Ctrl-C: commands stopped, attempts recorded, wheels kept. The previous
+    handlers, to put back."""
     def handler(signum, frame):
         raise KeyboardInterrupt
 
+    previous = {}
     try:
-        return signal.signal(signal.SIGTERM, handler)
+        for kind in run.STOP_SIGNALS:
+            previous[kind] = signal.signal(kind, handler)
     except ValueError:  # not the main thread (an embedding program): leave signals alone
-        return None
+        pass
+    return previous
 
 
 if __name__ == "__main__":

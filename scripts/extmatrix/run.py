@@ -24,6 +24,8 @@ from .errors import Interrupted, UserError, describe_os_error
 from .report import CellReport, failure, repro_lines, summary_markdown, summary_table
 
 BACKENDS = ("local", "container")
+# Signals that stop a run as Ctrl-C does (the CLI turns them into KeyboardInterrupt).
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 
 class _Console(Console):
@@ -148,7 +150,7 @@ def _signals_absorbed() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    kinds = (signal.SIGINT, signal.SIGTERM)
+    kinds = (signal.SIGINT, *STOP_SIGNALS)
     previous = {kind: signal.getsignal(kind) for kind in kinds}
     for kind in kinds:
         signal.signal(kind, lambda *_: None)

@@ -130,7 +130,8 @@ class Steps:
             proc = subprocess.Popen(cmd, env=full_env, cwd=cwd, stdout=subprocess.PIPE,
                                     stderr=subprocess.STDOUT, start_new_session=True)
         except OSError as exc:
-            raise StepFailed(step, f"cannot run {cmd[0]}: {exc.strerror or exc}") from None
+            raise StepFailed(step, f"cannot run {cmd[0]}: {exc.strerror or exc}; see "
+                                   f"{self.shown}") from None
         # Tools print their configuration (cibuildwheel: the whole environment, index
         # URLs included): the log gets their output with credentials taken out.
         copier = threading.Thread(target=self._copy, args=(proc.stdout,), daemon=True)

@@ -34,6 +34,9 @@ from .errors import Interrupted, StepFailed, UserError, describe_os_error
 from .steps import cancelled
 
 LAST_GOOD = "last-good.json"
+# What test-matrix writes beside the wheel it tested: a failed build carries them forward
+# with the last good wheel (the tests always run on that wheel).
+KEPT_TEST_RECORDS = ("test.log", "junit*.xml", "test-facts.json")
 REPORT = "report.json"
 # A wheel the checks refused, kept for a look but out of the cell's *.whl: the last good
 # wheel beside it stays the only one there.
@@ -168,6 +171,11 @@ def publish(attempt: Attempt, report_json: str, good: bool, kept: dict | None) -
         # older release's, records deleted by hand): only a good build replaces a wheel.
         if kept is not None:
             (attempt.staging / LAST_GOOD).write_text(json.dumps(kept, indent=2) + "\n")
+            # ... with the records of its tests, which last-good.json's verdict stands on.
+            for pattern in KEPT_TEST_RECORDS:
+                for record in attempt.final.glob(pattern):
+                    if record.is_file() and not (attempt.staging / record.name).exists():
+                        _link_or_copy(record, attempt.staging / record.name)
         for wheel in attempt.final.glob("*.whl"):
             if wheel.is_file():
                 _link_or_copy(wheel, attempt.staging / wheel.name)
