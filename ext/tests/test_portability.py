@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 
 SOURCE_DIR = Path(os.environ.get("SEGMENT_OPS_SRC", Path(__file__).resolve().parents[1]))
-CUDA_SOURCES = sorted((SOURCE_DIR / "csrc" / "cuda").glob("*.cu*"))
+# The classic build's and the stable build's: ROCm hipifies both.
+CUDA_SOURCES = sorted([*(SOURCE_DIR / "csrc" / "cuda").glob("*.cu*"),
+                       *(SOURCE_DIR / "csrc" / "stable").glob("*.cu")])
 CUDA_ONLY = re.compile(r"\b\w+_sync\s*\(|\b__syncwarp\b|\basm\b|\b__pipeline_\w+")
 HIP = r"defined\s*\(\s*__HIP_PLATFORM_AMD__\s*\)"
 NOT_HIP = re.compile(r"#ifndef\s+__HIP_PLATFORM_AMD__\b|!\s*" + HIP)
@@ -41,8 +43,10 @@ def unguarded_cuda_only(text: str) -> list[tuple[int, str]]:
 
 def test_the_cuda_sources_are_there():
     # Missing, the check below would run on nothing and pass.
-    where = SOURCE_DIR / "csrc" / "cuda"
-    assert CUDA_SOURCES, f"no CUDA sources under {where} (set SEGMENT_OPS_SRC)"
+    for folder in ("cuda", "stable"):
+        where = SOURCE_DIR / "csrc" / folder
+        assert any(p.parent == where for p in CUDA_SOURCES), (
+            f"no CUDA sources under {where} (set SEGMENT_OPS_SRC)")
 
 
 @pytest.mark.parametrize("path", CUDA_SOURCES, ids=lambda p: p.name)

@@ -30,6 +30,15 @@ LAYOUTS = {
 }
 
 
+def triton_or_skip():
+    """segment_ops._triton where triton is installed, else a skip; an ImportError of the
+    module's own (a name gone from .ops, say) fails the test instead of skipping it."""
+    pytest.importorskip("triton")
+    from segment_ops import _triton
+
+    return _triton
+
+
 def make_indptr(lengths, device="cpu"):
     return torch.tensor([0, *lengths], dtype=torch.int64, device=device).cumsum(0)
 
@@ -558,7 +567,7 @@ def test_triton_one_column_rows_skip_tiles_that_lost():
     # A power law shares its shape class (the mean segment length) with short
     # segments, so the autotuner may keep for one the tile that won on the
     # other: rows of one column only try the tiles that won on both.
-    triton_module = pytest.importorskip("segment_ops._triton", exc_type=ImportError)
+    triton_module = triton_or_skip()
     configs = triton_module._lane_configs()
     prune = triton_module._prune_lane_configs
     kept = prune(configs, {"length_class": 3}, INNER=1)
@@ -571,7 +580,7 @@ def test_triton_one_column_rows_skip_tiles_that_lost():
 def test_triton_walk_only_shapes_only_for_giant_segments():
     # A walk-only shape sums a chunk where many segments start far slower than
     # the lanes do, so only giant segments try it.
-    triton_module = pytest.importorskip("segment_ops._triton", exc_type=ImportError)
+    triton_module = triton_or_skip()
     configs = triton_module._lane_configs()
     prune = triton_module._prune_lane_configs
     assert any(c.kwargs["WALK_ONLY"] for c in configs)
@@ -600,7 +609,7 @@ WALK_INSIDE = [3, 2 * 131072 + 4099, 0, 7, 200_003]
 @pytest.mark.parametrize("inner", [1, 3, 4])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_triton_every_walk_only_shape_sums_right(monkeypatch, inner, dtype):
-    triton_module = pytest.importorskip("segment_ops._triton", exc_type=ImportError)
+    triton_module = triton_or_skip()
     kernel = triton_module._LANE_KERNELS[False]
     indptr = make_indptr(WALK_INSIDE, "cuda")
     src = random_src(int(indptr[-1]), (inner,), dtype, "cuda")
@@ -620,7 +629,7 @@ MID_MIX = ([1] * 10 + [2, 3, 5, 8, 13, 17, 20, 25, 33, 40, 70, 100, 128, 129, 30
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_triton_every_mid_shape_sums_right(monkeypatch, dtype):
-    triton_module = pytest.importorskip("segment_ops._triton", exc_type=ImportError)
+    triton_module = triton_or_skip()
     kernel = triton_module._LANE_KERNELS[False]
     indptr = make_indptr(MID_MIX, "cuda")
     src = random_src(int(indptr[-1]), (1,), dtype, "cuda")
@@ -653,7 +662,7 @@ def test_triton_lane_register_cap_only_where_eight_rows_fit_under_it(monkeypatch
     # which spills on other widths, fp64 and the multi-warp giant shapes, and
     # which torch.compile drops. The kernels are stand-ins: what is checked is
     # which tuner and LANE_STEP the launch picks, so no GPU is needed.
-    triton_module = pytest.importorskip("segment_ops._triton", exc_type=ImportError)
+    triton_module = triton_or_skip()
     capped, uncapped = triton_module._LANE_KERNELS[True], triton_module._LANE_KERNELS[False]
     assert {c.maxnreg for c in capped.configs} == {triton_module._LANE_CAP_REGISTERS}
     assert {c.maxnreg for c in uncapped.configs} == {None}
@@ -690,7 +699,7 @@ def test_triton_wide_lanes_only_for_short_segments_of_narrow_enough_rows(monkeyp
     # four segments, on two warps above 256 bytes. Wider rows, fp64 and long
     # segments keep the walk. Chunks inside one segment walk 2 KB a warp a step
     # (FAST_TILES tiles), at least two tiles. Stand-in kernels: no GPU needed.
-    triton_module = pytest.importorskip("segment_ops._triton", exc_type=ImportError)
+    triton_module = triton_or_skip()
     launches = []
 
     def recorder(name, like=None):
@@ -747,7 +756,7 @@ def test_triton_workspace_slots_divide_every_chunk_the_tuner_may_run(monkeypatch
     # as long as that allows (the workspace is zeroed and scanned per slot).
     # The oracle is triton's own pruning (Autotuner.prune_configs, with the
     # launch's positional and keyword arguments, as Autotuner.run calls it).
-    triton_module = pytest.importorskip("segment_ops._triton", exc_type=ImportError)
+    triton_module = triton_or_skip()
     launches = []
     recorders = []
 
