@@ -41,13 +41,9 @@ _FANOUT = 32  # probes per step of the per-program search over indptr
 # a reduction over its tile, so short segments want small tiles on one warp
 # (no cross-warp step) and long ones big tiles on four; the autotuner picks
 # per row width, dtype and mean segment length. The shapes are the ones that
-# won on an H100 for some case of the benchmark, and one that won on an H200:
-# tiles of 4096 elements in chunks of 64 (H200, % of copy bandwidth, bf16,
-# 256 columns, as tuned before -> with it: long segments 72.8 -> 82.7, one
-# giant segment 73.2 -> 87.6; chunks of 32 tiles 77.7 and 81.7, 8 warps lost).
-# Other widths try it too, unmeasured alone; on the page the Triton forward
-# rose most on giant segments of 32 and 64 bf16 columns (82.1 -> 93.9, 77.3 ->
-# 92.3, in a run where the CUDA forward rose 2 to 3 points).
+# won on an H100 for some case of the benchmark, and one that won on an H200
+# for long and giant segments (tiles of 4096 elements in chunks of 64).
+# Measurements: docs/kernel-notes.md, "_TILE_SHAPES".
 _TILE_SHAPES = [
     (32, 128, 1),
     (64, 128, 1),
@@ -192,11 +188,8 @@ def _tile_mask(row_mask, col_mask, EVEN_COLS: tl.constexpr):
         return row_mask[:, None] & col_mask[None, :]
 
 
-# Source rows are read once, yet loading them evict_first (every kernel's
-# loads of src, 14 tl.loads) lost everywhere: H200, ab.py, Triton forward, %
-# of copy bandwidth, power law: bf16, 1 column 48.2 -> 43.8, fp32 64.0 ->
-# 59.5, bf16, 32 columns 66.6 -> 59.4; short segments: fp32, 4 columns 76.2
-# -> 58.8, bf16, 64 columns 78.3 -> 76.0.
+# Source rows are read once, yet loading them evict_first lost everywhere.
+# Measurements: docs/kernel-notes.md, "_lane_row: evict_first".
 @triton.jit
 def _lane_row(row_ptr, r, left, col_mask, INNER: tl.constexpr, EVEN_COLS: tl.constexpr):
     """Row r (a constant) from `row_ptr` (row k of each lane's segment); zeros
@@ -282,10 +275,9 @@ def _walk_inside(
     tiles, read while the previous step is added; each step is folded over its
     tiles within the thread into a one-tile accumulator, so the registers grow
     with the loads in flight only."""
-    # Two steps in flight on the one-warp lane shapes (two buffers taking turns,
-    # each reloaded right after its add: the same registers, the per-step moves
-    # gone) timed, H200, Triton over CUDA forward speed, power law, 1 column:
-    # bf16 0.684 -> 0.695, fp32 0.778 -> 0.746; not kept.
+    # One step is read ahead: two steps in flight (two buffers taking turns)
+    # gained a little on bf16 and lost more on fp32.
+    # Measurements: docs/kernel-notes.md, "_walk_inside".
     acc_type = tl.float64 if IS_FP64 else tl.float32
     BLOCK_COLS: tl.constexpr = cols.shape[0]
     ELEMENTS: tl.constexpr = BLOCK_ROWS * BLOCK_COLS
@@ -743,13 +735,10 @@ def _walk_rows_vec(
 # converts the flagged slots. Every element of src is read once. Sums of
 # segments crossing chunks are combined in arbitrary order (atomics), so
 # their last bits may differ from run to run.
-# Reading the next segment's end one segment ahead (its load in flight while
-# the current segment is summed) lost on an H200, tuned either way, % of copy
-# bandwidth: bf16, 64 columns, short segments 73.3 -> 70.9, power law 63.6 ->
-# 61.7; 256 columns 68.2 -> 67.8 and 67.1 -> 66.4; fp32, 32 columns, power law
-# 72.9 -> 71.8. Short segments of 256 bf16 columns found no better tile
-# either (1 or 2 rows, chunks of 256 to 1024 rows, 1 or 2 warps: 68.7 at
-# best, as tuned 68.2, the CUDA forward 86.1).
+# The next segment's end is read when the current one closes: reading it one
+# segment ahead lost. Short segments of 256 bf16 columns found no tile much
+# better than the tuned one either.
+# Measurements: docs/kernel-notes.md, "_segment_sum_kernel".
 @triton.jit(do_not_specialize=["segments", "slots", "length_class"])
 def _segment_sum_kernel(
     src_ptr,
@@ -825,40 +814,11 @@ def _segment_sum_kernel(
 # whole program a tile at a time and written as in the walk (crossing parts
 # into the workspace). The row width is a constexpr, so a lane reads a whole
 # row with one load.
-# A scan over rows instead (tl.cumsum of each tile, the segments' sums taken
-# as differences of the prefix gathered at their ends with tl.gather) ran 12x
-# slower on an H100: the gather became warp shuffles, 1024 of them, at 255
-# registers. Cutting the segments longer than a lane takes into pieces of 8
-# rows, one per lane (each piece's segment found with tl.histogram and
-# tl.gather, the pieces added with a segmented tl.associative_scan) lost a
-# fifth of the bandwidth on the power law (bf16, % of copy: 1 column 46.0 ->
-# 35.6, 4 columns 59.0 -> 50.4): a pass of that bookkeeping cost about what a
-# block of lanes does.
-# Where the time goes, rows of one column, bf16, power law (H200, % of copy,
-# side by side): 35.6 as it is, 49.9 without the rest segments' loop, 51.2
-# without the lanes' loop, 80.4 without both. Most blocks hold one lane of
-# 9-48 rows, so the lanes' loop runs 4 steps on average, in which 1-8 of the
-# warp's 32 threads load (ncu). These ways around it lost, bf16 power law
-# then short segments, % of copy: a lane reading its rows as aligned 16-byte
-# vectors (the rows outside its segment dropped with tl.where), 35.6 -> 16.7;
-# prefix sums of each tile, a segment's sum the difference of two tl.gather
-# of them (tiles of 256-2048 rows), 35.6 -> 28.1 and 63.5 -> 27.4; each lane
-# owning 8 consecutive rows (one 16-byte load) summed by a segmented
-# tl.associative_scan in the lane and across lanes, the segment starts
-# scattered into per-lane bit words by tl.atomic_or into a scratch buffer,
-# 35.5 -> 28.5 and 63.4 -> 24.1; the rest segments read as 16-byte vectors
-# (the mask made constant over each vector), 35.9 -> 29.6 and 64.1 -> 56.1
-# (the short segments take no rest path: the kernel went from 72 to 95
-# registers); 32 segments per block, 35.6 -> 35.2 and 63.0 -> 56.1; lanes
-# summing 8 rows once, the segments of 9-48 rows queued (tl.cumsum, stores
-# into a per-program ring) and summed 64 at a time, 35.6 -> 23.8 and 63.3 ->
-# 25.2 (32 at a time: 36.2 and 42.9). On an H200, side by side: each lane
-# summing its first 8 rows, then the rows left in the block's longer lanes
-# gathered in one tile of 8 lanes x 64 rows (the lanes ranked with tl.cumsum,
-# their bounds picked out by masked sums), 36.1 -> 18.3 and 64.0 -> 8.4 (tiles
-# of 4 and 16 lanes: 26.6 and 9.9 on the power law; 4 columns, bf16 power law
-# 48.2 -> 33.9 at best); 16 rows per lane and iteration instead of 8, 36.1 ->
-# 35.9 and 64.0 -> 64.2 (fp32, power law 54.3 -> 53.8).
+# On the power law the lanes' loop and the rest segments' loop cost about
+# the same, and in a step of the lanes' loop few of a warp's threads load. The ways tried
+# around that (prefix sums and tl.gather, segments cut into pieces of 8 rows,
+# 16-byte lane reads, queued segments, tiles of lanes) lost or tied.
+# Measurements: docs/kernel-notes.md, "_segment_sum_lanes_kernel".
 @triton.jit(do_not_specialize=["segments", "slots", "length_class"])
 def _segment_sum_lanes_kernel(
     src_ptr,
@@ -907,22 +867,10 @@ def _segment_sum_lanes_kernel(
     acc_type = tl.float64 if IS_FP64 else tl.float32
     flag_ptr, part_ptr = _workspace(ws_ptr, slots, FLAG_WORDS)
     nseg = tl.cast(segments, tl.int64)
-    # Programs take chunks in order. Taking them in 64 interleaved strands, so
-    # that every wave of programs mixes the chunks inside a giant segment with
-    # the lane-heavy ones (on the power law, bf16, 1 column, the longest
-    # segment fills 2.9 waves of chunks), lost: H200, Triton over CUDA forward
-    # speed, two runs, power law, 1 column, fp32 0.783 -> 0.746 and 0.793 ->
-    # 0.755, bf16 0.690 -> 0.687 and 0.689 -> 0.687; 4 columns -0.014/-0.016.
-    # Nor do chunks of equal cost pay, as the CUDA lane sum's do (its grid is
-    # one wave; here many waves of chunks balance themselves). Each program
-    # searched indptr for the row where the rows before it plus K times the
-    # segments starting before it reach its share of the cost (rounded to
-    # SLOT_ROWS), then for its segments. H200 (ab.py, Triton forward, % of
-    # copy), as now -> K = 2 / 8 / 24: power law, 1 column, bf16 45.6 -> 44.2 /
-    # 41.5 / 37.4, fp32 61.0 -> 56.9 / 54.6 / 50.5; 4 columns, bf16 56.4 ->
-    # 54.5 / 51.3 / 45.1; short segments, each on the shapes its variant tuned
-    # for the power law (same tuning key), bf16 1 column 65.9 -> 61.0 / 54.8 /
-    # 54.5, fp32 4 columns 75.3 -> 69.2 / 69.1 / 67.6.
+    # Programs take chunks in order: many waves of chunks balance themselves, and
+    # neither interleaving them in strands nor chunks of equal cost (as the CUDA
+    # lane sum's, whose grid is one wave) paid.
+    # Measurements: docs/kernel-notes.md, "_segment_sum_lanes_kernel: chunk order".
     c0 = tl.program_id(0).to(tl.int64) * CHUNK_ROWS
     c1 = tl.minimum(c0 + CHUNK_ROWS, rows)
     cols = tl.arange(0, BLOCK_COLS)
@@ -957,11 +905,10 @@ def _segment_sum_lanes_kernel(
             even_cols,
             FAST_TILES,
             # Only the long-segment shapes (one warp, 256-element tiles, chunks of
-            # 32768 rows or more: the tuner takes them for long segments alone):
-            # the vector walk takes the lane kernel from 62-64 to 72 registers
-            # (80 on 8 warps), which the lane paths of short segments and the
-            # power law would pay in occupancy: ungated, H200, bf16 power law,
-            # Triton over CUDA forward speed 0.708 -> 0.675 and 0.710 -> 0.677.
+            # 32768 rows or more: the tuner takes them for long segments alone): the
+            # vector walk takes the lane kernel from 62-64 to 72 registers, which the
+            # lane paths of short segments and the power law would pay in occupancy.
+            # Measurements: docs/kernel-notes.md, "_segment_sum_lanes_kernel: vector walk".
             BLOCK_COLS == 1
             and src_ptr.dtype.element_ty.primitive_bitwidth == 16
             and ROW_ELEMENTS == 256
@@ -976,26 +923,13 @@ def _segment_sum_lanes_kernel(
     # no longer vectorized.)
     # The next block's bounds are read while this block's rows are summed: read
     # at its top, a block waited on indptr before its first row load could go
-    # out. On an H100, % of copy bandwidth, side by side: power law, bf16, 4
-    # columns 60.3 -> 62.0, fp32 72.3 -> 72.8; short segments, bf16, 1 column
-    # 75.3 -> 76.8, 4 columns 81.0 -> 81.7; power law, 1 column, within 0.4
-    # (bf16 47.9 -> 47.6, fp32 63.5 -> 63.1). The rest segments below read
-    # their tiles one at a time: reading the next one ahead gained 1.1 points
-    # on bf16, 4 columns, power law and lost 2.5 on 1 column; taking their
-    # bounds from the lanes' registers (a reduction each) instead of indptr
-    # lost up to 4.7 (fp32, 1 column).
+    # out. The rest segments below read their tiles one at a time.
     # Bounds are int32 and relative to c0, clamped into [-1, CHUNK_ROWS + 1]
     # (_indptr_local): every test below (inside the chunk, lane or rest, rows
     # in the chunk) gives what it gave on the absolute int64 bounds, at half
-    # the integer instructions, and the rest segment to take next is found by
-    # a 32-bit warp reduction over lane slots (REDUX on sm_90) instead of an
-    # int64 shuffle tree over segment ids. Its bounds come from the lanes'
-    # registers packed into one int32 (PACK_BOUNDS below): the two bounds kept
-    # live over the lane loop took it from 72 to 80 registers (bf16, 1 column,
-    # offline). The int32 bounds take the lane kernel from 72 to 64 registers
-    # (sm_90, 1 column), 32 programs an SM where 28 fit. H200, Triton / CUDA
-    # forward, power law, 1 column (with the walk below in both): bf16 0.631
-    # -> 0.691, fp32 0.802 -> 0.850 (bounds still read again from indptr).
+    # the integer instructions and fewer registers, and the rest segment to take
+    # next is found by a 32-bit warp reduction over lane slots.
+    # Measurements: docs/kernel-notes.md, "_segment_sum_lanes_kernel: bounds".
     chunk_src = src_ptr + c0 * INNER
     chunk_len = (c1 - c0).to(tl.int32)
     slot_lanes = tl.arange(0, BLOCK_SEGS)
@@ -1004,13 +938,8 @@ def _segment_sum_lanes_kernel(
     # offsets: the per-lane index and address arithmetic is 32-bit. On rows
     # wider than 4 columns (the wide lanes) the block loop's counter and
     # segments left are int32 too, where fewer than 2^31 segments make that
-    # exact (SEGS32). H200 (ab.py, Triton forward, % of copy), power law: bf16
-    # 32 columns 63.7 -> 66.0, 64 columns 68.6 -> 71.0, 256 columns 71.2 ->
-    # 71.6, fp32 32 columns 75.6 -> 76.9; bf16 short segments, 32 columns 67.5
-    # -> 68.5. Rows of 4 columns lost with it (fp32 short segments 74.7 ->
-    # 69.4, power law 69.2 -> 67.6; bf16 power law 55.8 -> 54.3, short 77.4 ->
-    # 74.7), and so had those of 1 (bf16 short segments, Triton over CUDA
-    # forward speed 0.909 -> 0.874): they keep int64.
+    # exact (SEGS32); rows of 1 and 4 columns lost with it and keep int64.
+    # Measurements: docs/kernel-notes.md, "_segment_sum_lanes_kernel: 32-bit blocks".
     BLOCK_LOOP32: tl.constexpr = SEGS32 and BLOCK_COLS > 4
     block = base
     segs_left = hi - base  # segments from the block's first on
@@ -1047,11 +976,9 @@ def _segment_sum_lanes_kernel(
         if PACK_BOUNDS:
             # The rest (and mid) segments' bounds, (start + 1) << 16 | end + 1,
             # computed before the lane loop so that start and end are not live
-            # across it. The rest path read them from indptr again (an L1 round
-            # trip and the 64-bit clamps, one segment after another): offline,
-            # sm_90, bf16, 1 column, 131 -> 104 instructions per rest segment
-            # with the tile change below (timed only together with the lane
-            # kernel's other changes, see _LANE_MID_SHAPES).
+            # across it, and not read from indptr again (an L1 round trip and the
+            # 64-bit clamps, one segment after another).
+            # Measurements: docs/kernel-notes.md, "_segment_sum_lanes_kernel: packed bounds".
             packed = tl.where(rest | mid if MID else rest, _pack_bounds(start, end), 0)
             if MID_KEYS:
                 # A mid lane's word is its key instead: negative (the other
@@ -1074,10 +1001,9 @@ def _segment_sum_lanes_kernel(
                 row_ptr_k = chunk_src + (first + k)[:, None] * INNER + cols[None, :]
             else:
                 row_ptr_k = row_ptr + k * INNER
-            # bf16 rows of one column read as aligned 4-byte words, two rows a
-            # load (-4.4 % of a lane chunk's instructions offline) lost: H200,
-            # Triton over CUDA forward speed, power law 0.680 -> 0.651 and
-            # 0.678 -> 0.649.
+            # A load per row: bf16 rows of one column read as aligned 4-byte words,
+            # two rows a load, lost.
+            # Measurements: docs/kernel-notes.md, "_segment_sum_lanes_kernel: lane loads".
             for r in tl.static_range(LANE_STEP):
                 acc += _lane_row(row_ptr_k, r, left, col_mask, INNER, even_cols).to(acc_type)
         if not MID_KEYS:
@@ -1095,15 +1021,9 @@ def _segment_sum_lanes_kernel(
             # sums after the loop instead of a store a step. Same segments in
             # the same order, same rows and adds (bit-identical sums). Steps
             # = mid lanes, and only a mid lane's word is negative: every step
-            # takes one, inside the chunk, for any indptr. Offline, sm_90,
-            # 8192-row chunks, bf16 (fp32): 59 (54) -> 50 (46) instructions a
-            # mid segment, the block's code outside its loops +6 (+3); bf16
-            # 62 -> 63 registers, fp32 64 unchanged (the same 64 allocated):
-            # bench power law, 1 column, about -3 % (-4 %) of a lane chunk's
-            # instructions. H200 (tri.py, Triton over CUDA forward speed, two
-            # runs): bf16, 1 column, power law 0.680 -> 0.699 and 0.678 ->
-            # 0.699, short segments 0.909 -> 0.912; fp32 power law 0.773 ->
-            # 0.772 and 0.775 -> 0.774.
+            # takes one, inside the chunk, for any indptr. Fewer instructions a
+            # mid segment; bf16 gained, fp32 unchanged.
+            # Measurements: docs/kernel-notes.md, "_segment_sum_lanes_kernel: mid keys".
             stored = lane | mid
             for _ in range(tl.sum(mid.to(tl.int32), axis=0)):
                 key = tl.min(packed, axis=0)
@@ -1128,13 +1048,10 @@ def _segment_sum_lanes_kernel(
             # each, reduced over the warp. In lanes, a block's loop ran as long
             # as its longest lane, up to LANE_ROWS rows: on the bench's power
             # law (bf16, 1 column) 9.6 % of the lane load slots carried a row.
-            # With lanes up to 16 rows the loop runs at most twice. Offline
-            # (sm_90 SASS times the bench input's counts, per chunk that takes
-            # lanes): 81.4 -> 39.5 lane-loop iterations, 38.7 mid segments at
-            # 59 instructions each (tiles of 128 rows); segments of 49 to
-            # MID_ROWS rows leave the rest path too (11.5 per chunk). Their
+            # With lanes up to 16 rows the loop runs at most twice. Their
             # sums are added in another order than the lanes' or the rest
-            # path's (a tree over the warp). Timed at _LANE_MID_SHAPES.
+            # path's (a tree over the warp).
+            # Measurements: docs/kernel-notes.md, "_segment_sum_lanes_kernel: mid path".
             for _ in range(tl.sum(mid.to(tl.int32), axis=0)):
                 pick, picked, mid = _take_lowest(mid, slot_lanes, BLOCK_SEGS)
                 m_first, m_end = _unpack_bounds(tl.sum(tl.where(picked, packed, 0), axis=0))
@@ -1163,9 +1080,8 @@ def _segment_sum_lanes_kernel(
             # Tiles start at a multiple of 16 rows so their loads stay
             # vectorized (c0 is one too). Only the segment's rows are
             # loaded: loading the tile's other rows of the chunk and dropping
-            # them cost, on an H100, % of copy bandwidth, power law: fp32, 1
-            # column 63.3 -> 69.1, 4 columns 72.7 -> 76.0; bf16 47.7 -> 49.3
-            # and 61.9 -> 62.6.
+            # them cost.
+            # Measurements: docs/kernel-notes.md, "_segment_sum_lanes_kernel: rest tiles".
             a16 = a // 16 * 16
             total = tl.zeros([BLOCK_ROWS, BLOCK_COLS], dtype=acc_type)
             for t in range(0, tl.cdiv(b - a16, BLOCK_ROWS)):
@@ -1174,13 +1090,9 @@ def _segment_sum_lanes_kernel(
                 # and no add per row (offline, sm_90, bf16, 1 column: 84 -> 71
                 # instructions per tile; same rows, same order).
                 t0 = a16 + t * BLOCK_ROWS
-                # The mask below keeps these loads to one row each. Loading
-                # whole 16-byte vectors (mask per vector, the segment's rows
-                # kept with tl.where) on one-warp 256-row tiles of one column,
-                # with chunks of up to 16384 rows, lost: H200, Triton over CUDA
-                # forward speed, two runs, power law, bf16 0.690 -> 0.654 and
-                # 0.688 -> 0.649, fp32 0.787 -> 0.721 and 0.787 -> 0.718 (2-byte
-                # types alone: bf16 0.653 and 0.648).
+                # The mask below keeps these loads to one row each: whole 16-byte
+                # vectors (the segment's rows kept with tl.where) lost.
+                # Measurements: docs/kernel-notes.md, "_segment_sum_lanes_kernel: rest tiles".
                 keep = (tile_rows >= a - t0) & (tile_rows < b - t0)
                 tile = tl.load(
                     (chunk_src + t0 * INNER) + tile_rows[:, None] * INNER + cols[None, :],
@@ -1264,29 +1176,13 @@ _LANE_MAX_COLS = 4
 # Short segments of rows of 5 columns to 64 bytes (fp32, fp16, bf16) take lanes
 # too, in blocks of _WIDE_LANE_BYTES per row (BLOCK_SEGS = that over the row's
 # column block): one 16-byte load per thread and row on one warp, which won at
-# every width against more segments or fewer. On an H200, % of copy bandwidth,
-# walk (as tuned) -> lanes (best shape), short segments then power law: bf16,
-# 32 columns 52.1 -> 71.7 and 45.7 -> 58.4 (blocks of 1 KB: 58.4 and 55.2); 16
-# columns 38.6 -> 61.5 and 33.1 -> 49.8; 8 columns 22.6 -> 63.0 and 21.7 ->
-# 48.4; fp16, 32 columns, short segments 52.9 -> 72.6; fp32, 16 columns 67.4 ->
-# 76.5 and 52.2 -> 71.3; 8 columns 41.2 -> 70.3 and 36.9 -> 64.6 (the CUDA
-# forward on those four fp32 cases: 71.2, 62.0, 58.0, 49.5). Segments of more
-# than 16 rows go to the rest path (8 rows lost up to 35 points on short
-# segments, 32 up to 3 on the power law).
-# Wider rows, to _WIDE_LANE_MAX_BYTES, take blocks of _WIDE_ROW_SEGS segments:
-# blocks of 2 KB had lost on rows of 128 bytes (fp32, 32 columns, short
-# segments 85.5 -> 69.2, power law 72.9 -> 58.1), blocks of 4 won (H200, walk
-# as tuned -> lanes, CUDA forward in brackets): bf16, 256 columns, short
-# segments 68.3 -> 84.1 (84.5); 128 columns 76.7 -> 82.6 (81.9); 64 columns
-# 71.9 -> 74.7, power law 62.4 -> 64.2; fp32, 32 columns, power law 72.7 ->
-# 75.3. One warp reads a block of rows up to 256 bytes, two above. Some cases
-# lost, but share their shape class (the mean segment length) with one that
-# won more: bf16, power law, 256 columns 67.4 -> 65.0, 128 columns 70.2 ->
-# 69.7; fp32, 32 columns, short segments 84.2 -> 82.6 (its power law 72.1 ->
-# 75.9 in that run). fp32 rows of 512 bytes lost (128 columns, short segments
-# 84.0 -> 78.8), so fp32 stops at 128 bytes. Segments of a mean of _WALK_ROWS
-# rows or more keep the walk: its multi-warp tiles stream long segments faster
-# than one warp does.
+# every width against more segments or fewer. Segments of more than 16 rows go
+# to the rest path. Wider rows, to _WIDE_LANE_MAX_BYTES, take blocks of
+# _WIDE_ROW_SEGS segments, on one warp up to 256 bytes a row, two above; fp32
+# stops at 128 bytes (rows of 512 bytes lost). Segments of a mean of _WALK_ROWS rows
+# or more keep the walk: its multi-warp tiles stream long segments faster than
+# one warp does.
+# Measurements: docs/kernel-notes.md, "_WIDE_LANE_BYTES, _WIDE_ROW_SEGS".
 _WIDE_LANE_BYTES = 512
 _WIDE_LANE_MAX_BYTES = {4: 128, 2: 512}  # by element size
 _NARROW_ROW_BYTES = _WIDE_LANE_BYTES // 8  # one 16-byte load per row and thread
@@ -1297,75 +1193,29 @@ _WIDE_LANE_ROWS = 16
 # Chunks of the wide lanes that lie inside one segment take _walk_inside,
 # FAST_TILES tiles a step, that step _WIDE_FAST_BYTES a warp or two tiles,
 # whichever is more (a tile is ROW_ELEMENTS elements: 512 bytes a warp for
-# rows of up to 64 bytes, 1 or 2 KB a warp for wider ones). They took
-# _walk_rows before: on the bench's power law (bf16, 32 columns, 2^23 rows,
-# chunks of 512 rows) 7420 of the 16385 chunks, 45 % of the rows, lie inside
-# one segment, and offline (sm_90 SASS) the walk's tile loop waits for the
-# load it issues at its top (the bf16 pairs are unpacked there into the
-# loop-carried tile): one 512-byte tile a warp in flight, about 60
-# instructions per 8 rows. _walk_inside keeps 4 tiles (2 KB a warp) in flight
-# at 130 instructions per 32 rows. Registers (sm_90, one warp, chunks of 512
-# rows, 4 / 8 rows per lane and iteration), before -> with it: bf16, 32
-# columns 66 -> 72 and 70 -> 70 (both 28 programs an SM, registers being
-# allocated by 8 a thread), 64 columns 72 and 72 unchanged, 256 columns (two
-# warps) 127 and 128 unchanged; fp32, 8 to 32 columns unchanged (64 to 66); no
-# spills. Two widths lose occupancy on 4 rows: 8 bf16 columns 64 -> 70 at
-# chunks of 512 and 1024 rows (32 -> 28 programs an SM), 128 columns 119 ->
-# 128 (17 -> 16). Model of the bench's bf16 x32 power law (one round = one
-# load wait of a warp): inside chunks 527k -> 178k rounds of 1339k. H200
-# (tri.py, Triton over CUDA forward speed, two runs), power law, bf16: 32
-# columns 0.802 -> 0.868 and 0.792 -> 0.857, 256 columns 0.829 -> 0.853 and
-# 0.818 -> 0.840, 64 columns 0.876 -> 0.889 and 0.865 -> 0.878; short
-# segments of 32 bf16 or fp32 columns and fp32 power law, 32 columns, within
-# 0.003 (one run).
+# rows of up to 64 bytes, 1 or 2 KB a warp for wider ones). _walk_rows waits
+# on the load it issues at the top of its tile loop, one tile a warp in
+# flight; _walk_inside keeps 2 KB a warp in flight, at a few registers.
+# Measurements: docs/kernel-notes.md, "_WIDE_FAST_BYTES".
 _WIDE_FAST_BYTES = 2048
 # Longest segment a lane sums on its own; longer ones go to the whole program,
 # one after another. Rows of one column are cheap enough per lane to take
-# longer ones (H100, % of copy bandwidth, power law, 1 column: bf16 43.7 ->
-# 45.5, fp32 59.9 -> 61.1 with 48 rows; short segments unchanged); rows of 4
-# columns lose with them (power law, bf16, 64 rows: 59.3 -> 54.6).
+# longer ones; rows of 4 columns lose with them.
+# Measurements: docs/kernel-notes.md, "_LANE_ROWS, _LANE_ROWS_ONE_COLUMN".
 _LANE_ROWS = 32
 _LANE_ROWS_ONE_COLUMN = 48
-# Mean segment length (rows) from which a chunk walks. Walking from 32 rows
-# lost on the power law; from 128 it tied (H200, ab.py, Triton forward, % of
-# copy, 1 column, with the mid shapes' lanes of up to 16, 24 or 32 rows: bf16
-# 46.5 -> 43.7 and 46.6, fp32 62.0 -> 60.9 and 62.4).
+# Mean segment length (rows) from which a chunk walks: from 32 it lost on
+# the power law, from 128 it tied.
+# Measurements: docs/kernel-notes.md, "_WALK_ROWS".
 _WALK_ROWS = 64
 # Chunks of 8192 rows (rows of one column) and blocks of 32 segments (rows of
 # 4 columns) win on one law or both and lose at most 2 points on the other,
-# which may share their shape class. On an H100, % of copy bandwidth, 64
-# segments in 4096 rows -> the new shape, short segments then power law:
-# 1 column, bf16 70.1 -> 73.2, 46.2 -> 48.1; fp32 81.2 -> 83.5, 63.4 -> 61.6;
-# 4 columns, bf16 78.5 -> 81.1, 60.2 -> 58.7; fp32 67.7 -> 77.6, 70.8 -> 71.3.
-# Blocks of 128 segments and walk tiles of 512 elements lost on both.
-# Measured again on an H200, rows of one column: blocks of 128 segments
-# (4 rows per lane and iteration, so that a thread has as many rows in
-# flight; sm_90: 79 registers, 72 with the mid path) and of 256 with the mid
-# path (2 rows; 128 registers on bf16, 113 on fp32), offered beside the
-# shapes here. Tuned on the power law (bf16, fp32) and bf16 long segments,
-# the tuner took none of them (ab.py: times within 0.3 % of these shapes
-# alone).
-# The shapes of 2048 elements on 4 and 8 warps (giant segments only) won on
-# an H200, as tuned before -> the new shape, % of copy bandwidth: bf16, 1
-# column 75.8 -> 77.9 (chunks of 131072 rows, 8 warps), 4 columns 81.0 ->
-# 84.3 (32768 rows, 4 warps). Tiles of 2048 elements lost on fp32. On rows
-# of one column, walk tiles loaded as 16-byte vectors (no row mask on whole
-# tiles) and the rest segments read 2 to 8 tiles per step both lost or tied
-# (bf16, power law 36.0 -> 34.1 at most, giant segment 74.4 -> 74.6); so did
-# lanes of 64 to 128 rows.
-# The last two shapes won on giant segments of rows of 4 columns on an
-# H200 (Triton over CUDA forward speed, as tuned -> the shape): bf16 0.86 ->
-# 0.96 (tiles of 8192 elements on 8 warps), fp32 0.96 -> 1.01 (4096 on 4).
-# Neither beat tiles of 2048 elements on rows of one column (bf16 0.78 ->
-# 0.66 for both; tiles of 4096 elements on 8 warps, 0.45).
-# Chunks of 32768 and 65536 rows on one warp: fewer chunks, so fewer searches,
-# first-tile waits and crossing segments. The tuner takes 32768 for bf16 long
-# segments of one column (H200, its shapes timed alone: 16384 rows 192.6 us,
-# 32768 rows 188.1, 65536 rows 188.9); Triton over CUDA forward speed there
-# 0.766 -> 0.780 and 0.772 -> 0.786 (two runs), bf16 short segments 0.889 ->
-# 0.897, eight other cases within 0.003. Reading the walk's next segment end
-# one segment ahead lost (bf16 long 0.766 -> 0.747, fp32 power law 0.863 ->
-# 0.831); so did a second tile in flight in the walk (0.762 -> 0.744).
+# which may share their shape class. The multi-warp shapes of 2048 to 8192
+# elements are for giant segments, and chunks of 32768 and 65536 rows on one
+# warp for long ones: fewer chunks, so fewer searches, first-tile waits and
+# crossing segments. Most variants tried beside them (bigger blocks, other
+# tiles, longer lanes, the walk reading further ahead) lost or tied.
+# Measurements: docs/kernel-notes.md, "_LANE_SHAPES".
 _LANE_SHAPES = [
     (32, 512, 1, 128),
     (64, 1024, 1, 128),
@@ -1385,22 +1235,12 @@ _LANE_SHAPES = [
     (64, 65536, 4, 4096),
 ]
 # Shapes that only walk (WALK_ONLY), for giant segments: the lanes compiled
-# out. On an H200, Triton over CUDA forward speed, bf16 rows of one column,
-# tiles of 2048 elements on 8 warps: 0.784 -> 0.799 (two runs alike; 64 -> 59
-# registers, four programs per SM either way, so not occupancy); fp32 ties at
-# 0.96 and rows of 4 columns keep their shapes. Walk-only shapes that lost,
-# bf16 then fp32: tiles of 4096 elements on 16 warps 0.76 and 0.95, 8192 on 16
-# 0.67 and 0.91, 4096 on 8 0.45 and 0.71 (99 registers), 2048 on 4 0.60 and
-# 0.84; chunks of 262144 rows (4096 on 16) 0.79 and 0.96. Any chunk is summed
-# right by the walk, only slower where many segments start in it (long
-# segments, walk only: bf16 0.34 of the CUDA forward, fp32 0.55).
-# Their fifth field is FAST_TILES: chunks inside one segment take
-# _walk_inside, FAST_TILES tiles per step (offline, sm_90, tiles of 2048
-# elements on 8 warps: 4 tiles, 64 bytes a thread in flight, 59 registers on
-# bf16 and 73 on fp32; 2 tiles 64 and 64; the walk alone 59 and 63). On an
-# H200, Triton over CUDA forward speed, rows of one column: bf16 0.81 -> 0.96,
-# fp32 0.98 -> 1.00 with the tuner picking among 2, 4 and 8 tiles; 4 tiles
-# alone gave bf16 the same and fp32 nothing. Wider rows tie.
+# out (bf16 rows of one column gained, not by occupancy; fp32 ties, and rows
+# of 4 columns keep their shapes). Any chunk is summed right by the walk,
+# only slower where many segments start in it. Their fifth field is
+# FAST_TILES: chunks inside one segment take _walk_inside, FAST_TILES tiles
+# per step, the tuner picking among 2, 4 and 8.
+# Measurements: docs/kernel-notes.md, "_LANE_WALK_SHAPES".
 _LANE_WALK_SHAPES = [
     (64, 131072, 8, 2048, 2),
     (64, 131072, 8, 2048, 4),
@@ -1418,36 +1258,8 @@ _LANE_GIANT_CLASS = 16
 # up to _LANE_MID_ROWS rows inside the chunk, the rest path longer ones. The
 # autotuner keeps the shapes above where the mid path does not pay (short
 # segments: two more instructions per lane, four per lane-loop iteration).
-# Offline model, bench input, instructions per chunk that takes lanes (its
-# counts times the sm_90 SASS loop bodies), before -> with the mid path:
-# power law, bf16 15.2k -> 11.1k, fp32 7.1k -> 5.2k; short segments -6 % and
-# -8 % before the mid shapes, which cost them +8 % and +7 %, so the tuner
-# keeps the shapes above there. H200, Triton / CUDA forward, the lane
-# kernel's changes of this round together (mid shapes, ROWS32, the lane row
-# mask, packed bounds, scalar tile pointers), before -> after: power law,
-# bf16 1 column 0.686 -> 0.743, 4 columns 0.809 -> 0.932, 32 columns 0.812
-# -> 0.832; fp32 1 column 0.845 -> 0.892, 4 columns 0.764 -> 0.832; short
-# segments, bf16 1 column 0.892 -> 0.890, 4 columns 0.879 -> 0.915, 32
-# columns 0.842 -> 0.860, fp32 1 column 0.965 -> 0.975; bf16 long and giant
-# segments, 1 column, within 0.005.
-# Mid tiles of 128 rows: 62 registers on bf16, 64 on fp32 with ROWS32 (70 on
-# bf16 without it), and segments of 65 to 128 rows leave the rest path too.
-# Two segments a mid step, both loads in flight (a model of the bench's power
-# law: 18 % fewer memory waits a lanes chunk), timed H200, Triton over CUDA
-# forward, bf16, 1 column, power law 0.706 -> 0.709: not kept.
-# Lanes of up to 24 and 32 rows on the mid shapes, beside 16: the power law
-# takes them. H200 (ab.py, Triton forward, % of copy), two runs offering the
-# tuner other sets (lanes of 8, 16 or 32 rows with mid tiles of 128 or 64;
-# then 16, 24, 32 or 48 rows): fp32 61.0 -> 62.7 and 61.2 -> 62.9 (32 rows,
-# chunks of 4096), bf16 45.8 -> 46.2 (32 rows) and 45.6 -> 46.3 (24 rows); 8
-# and 48 rows and mid tiles of 64 were not taken. The set kept (16, 24, 32)
-# was timed only as the base of later runs (46.5 and 62.0 there). Short
-# segments, which share the power law's tuning key, were timed on the shapes
-# it picked: fp32 -0.8 and -0.9 points, bf16 within 0.1.
-# The mid shapes also in chunks of 2048 and 16384 rows and in blocks of 32
-# segments (9 more configs; 61-64 registers) tied, tuned per case (H200,
-# ab.py): power law bf16 46.5 -> 46.4, fp32 62.5 -> 62.5; short bf16 71.0 ->
-# 71.1, fp32 82.6 -> 82.6. Not kept.
+# The power law takes lanes of 16 to 32 rows beside mid tiles of 128 rows.
+# Measurements: docs/kernel-notes.md, "_LANE_MID_SHAPES".
 _LANE_MID_SHAPES = [
     (64, 4096, 1, 256),
     (64, 8192, 1, 256),
@@ -1455,50 +1267,24 @@ _LANE_MID_SHAPES = [
 _LANE_MID_FROMS = (16, 24, 32)
 _LANE_MID_ROWS = 128
 
-# What bounds the lane kernel on rows of one column (Nsight Compute, H200,
-# bf16, 512 MiB, both laws on the shape tuned for the power law: chunks of
-# 8192 rows, lanes of up to 16, 62 registers).
-# One-warp programs stop at 32 an SM (the block limit; 64 registers allow as
-# many), half the warps an SM can hold. Short segments: L1 throughput 83 % of
-# peak, 75 % of issue slots used, 47 % occupancy; each load uses 3.8 of the 32
-# bytes of its sectors (two-byte rows, a lane apiece). The power law is bound
-# by neither: L1 48 %, DRAM 36 %, issue 65 %, occupancy 40 %, and a warp
-# waits on L1 for 4.2 of the 10.2 cycles between its instructions (likely
-# the lanes of its many 1- and 2-row segments: few rows in flight a warp).
-# A persistent lane kernel, to get past the block limit (32 one-warp programs
-# an SM, each taking chunks from a counter after the workspace, the next one
-# asked for before this one is summed), lost everywhere: H200 (ab.py, Triton
-# forward, % of copy, tuned per case), 1 column, power law bf16 46.5 -> 43.5,
-# fp32 62.5 -> 55.7; short bf16 71.0 -> 66.1, fp32 82.6 -> 73.5; 4 columns,
-# power law bf16 56.6 -> 53.8, fp32 69.0 -> 64.3, short bf16 77.6 -> 70.9.
-# Its chunk loop took registers (bf16, 1 column: 76 on chunks above 16384
-# rows, against 64; fp32 72 against 63-64).
+# The lane kernel on rows of one column: short segments run near L1's peak
+# throughput; the power law is bound by neither L1 nor DRAM but by its warps
+# waiting on few rows in flight. One-warp programs stop at 32 an SM (the
+# block limit), and a persistent kernel to get past it lost everywhere.
+# Measurements: docs/kernel-notes.md, "_segment_sum_lanes_kernel: profile".
 
-# Scan tiles instead of lanes, for rows of one column of 2-byte types: a tile
-# of 1024 to 4096 rows read whole (16-byte loads), its running sums taken in
-# fp32 (tl.cumsum), a segment's sum the difference of the running sums at its
-# last row and at the row before its first (tl.gather), 64 to 256 segments a
-# step, plus what the one segment open across a tile's start had summed
-# before it. On 1 warp the gather selects among registers (128 registers,
-# 11k SASS lines); 2 and 4 warps gather through shared memory (64-80
-# registers). H200 (ab.py), bf16, 1 column, % of copy, the scan shapes alone
-# against the lanes as tuned: power law 45.7 -> 34.3, short segments 66.7 ->
-# 33.2; offered beside the lane shapes, the tuner took none. Not kept.
+# Scan tiles instead of lanes (running sums of a tile, a segment's sum the
+# difference of two) lost on both laws, and the tuner took none of them.
+# Measurements: docs/kernel-notes.md, "_segment_sum_lanes_kernel: scan tiles".
 
 
 # The lane shapes walk chunks inside one segment with _walk_inside too,
-# _LANE_FAST_TILES tiles per step (before, they took _walk_rows: 2-byte loads
-# of rows of one column, the segment-end test on every tile). On the bench's
-# power law (bf16, 1 column, 2^28 rows, chunks of 8192) half the chunks lie
-# inside one segment (the longest holds 99M rows): offline, sm_90, the walk
-# step cost 130 instructions per 256 rows, about a fifth of the kernel's
-# instructions for half its bytes; _walk_inside reads a 16-byte vector per
-# thread and tile. Chunks where a segment starts keep _walk_rows. Two tiles
-# per step leave the registers as they were on every 1-warp shape (offline,
-# sm_90: bf16 and fp32, 1 column 72, 4 columns capped 63 and 64, no spills);
-# four took fp32 rows of one column to 80 and spilled 8 bytes on bf16 rows of
-# 4 columns. H200, Triton / CUDA forward, power law, 1 column: bf16 0.604 ->
-# 0.631, fp32 0.796 -> 0.802.
+# _LANE_FAST_TILES tiles per step: on a power law about half the chunks can
+# lie inside one segment, where _walk_rows made 2-byte loads and a
+# segment-end test per tile. Chunks where a segment starts keep _walk_rows.
+# Two tiles a step leave the registers as they were; four cost registers and
+# spilled on rows of 4 columns.
+# Measurements: docs/kernel-notes.md, "_LANE_FAST_TILES".
 _LANE_FAST_TILES = 2
 
 
@@ -1530,10 +1316,8 @@ def _lane_configs(max_registers: int | None = None) -> list[triton.Config]:
 
 # Rows of one column take walk tiles of at least this many elements below the
 # giant class. Smaller tiles lost on both laws, yet the autotuner once kept
-# one for a power law (bf16, 1 column: 0.45x the CUDA forward's speed).
-# On an H100, CUDA over Triton forward time with the best shape of each tile
-# size, 128 then 256 elements: fp32, short segments 0.77 and 0.95, power law
-# 0.86 and 1.05; bf16, 0.57 and 0.97, 0.55 and 0.86.
+# one for a power law.
+# Measurements: docs/kernel-notes.md, "_LANE_ONE_COLUMN_ELEMENTS".
 _LANE_ONE_COLUMN_ELEMENTS = 256
 
 
@@ -1551,39 +1335,16 @@ def _prune_lane_configs(configs, named_args, **kwargs) -> list[triton.Config]:
     ]
 
 
-# Rows per lane and iteration of the lane loop. More rows in flight pay where
-# the registers allow: on an H100, % of copy bandwidth, eight against four
-# rows side by side: 1 column, power law, fp32 61.1 -> 63.1, bf16 45.6 ->
-# 46.2; short segments, fp32 79.4 -> 81.1. Rows of 4 columns of 2- and 4-byte
-# types take eight rows in 80 registers, which costs blocks per SM; capped at
-# 64 (sm_90: no spills on the 1-warp shapes), against four rows uncapped (64
-# registers): power law, bf16 59.0 -> 60.1, fp32 70.6 -> 72.1; short segments,
-# bf16 78.5 -> 79.0, fp32 71.7 -> 74.7. Uncapped, eight rows had lost there
-# (power law, bf16 59.2 -> 58.7). The cap spills on other widths (3 columns:
-# 328 bytes a thread), on fp64 and on the multi-warp shapes that giant
-# segments try (bf16, 4 columns: 90.4 -> 88.2), which keep four rows; rows of
-# one column lose with it (power law, bf16 46.0 -> 45.3). ROCm ignores the cap,
-# and torch.compile drops it (Inductor rebuilds the configs of user kernels
-# without maxnreg), so traced calls keep four rows too. The kernel has grown
-# since: compiled as a launch finds it (`ab.py resources`, sm_90, pointers
-# 16-byte aligned), the capped 64-segment shapes spill, bf16 32 to 48 bytes a
-# thread (ptxas: 44 bytes of spill stores at chunks of 8192 rows), fp32 24 at
-# chunks of 1024 rows; the 32-segment shapes do not.
-# Rows of one column measured again on an H200 (ab.py, % of copy, with the
-# mid shapes' lanes of up to 16, 24 or 32 rows), 8 rows against 16 (64
-# registers, no spills) and against 4 (62): power law, bf16 46.5 -> 46.4 and
-# 45.7, fp32 62.0 -> 61.9 and 59.7. Short segments ran on the shapes each
-# variant tuned for the power law, which were not all alike (mid lanes of 16
-# rows against 24 on bf16 at 16 rows a step; 24 against 32 on fp32 at 4), so
-# they do not separate rows per lane from shape: bf16 66.1 -> 67.7 and 66.9,
-# fp32 79.8 -> 79.0 and 76.6.
-# Both offered (8 or 16 rows, the tuner picking per case; 62-64 registers,
-# no spills) tied in a later run (H200, ab.py, tuned per case): power law bf16
-# 46.5 -> 46.5, fp32 62.5 -> 62.4; short bf16 71.0 -> 71.0, fp32 82.6 ->
-# 83.3. Not kept. Nor were 4 rows a step for the bf16 and fp16 64-segment
-# shapes of 4 columns, which removes their spills (32-48 -> 0 bytes; 8 left
-# at chunks of 32768 rows and more): power law bf16 56.6 -> 56.6, short 77.6
-# -> 77.7 (fp32, untouched, 69.0 -> 69.1).
+# Rows per lane and iteration of the lane loop (_lane_step). More rows in
+# flight pay where the registers allow: rows of one column take eight,
+# uncapped; rows of 4 columns of 2- and 4-byte types take eight under a cap of
+# 64 registers (uncapped, eight cost blocks per SM and lost). The cap spills
+# on other widths, on fp64 and on the multi-warp shapes, which keep four rows.
+# ROCm ignores the cap, and torch.compile drops it (Inductor rebuilds the
+# configs of user kernels without maxnreg), so traced calls keep four rows
+# too. The kernel has grown since, and the capped 64-segment shapes spill a
+# little; four rows there, without spills, tied.
+# Measurements: docs/kernel-notes.md, "_LANE_CAP_REGISTERS".
 _LANE_CAP_REGISTERS = 64
 
 
@@ -1613,10 +1374,10 @@ _LANE_KERNELS = {
 
 
 # The wide lanes' block is set by the row width, so their tuners try chunk
-# sizes and rows per lane and iteration (bf16: 8 won on 16 columns, short
-# segments 55.4 -> 60.8; 4 on 32 columns, 70.7 -> 71.7, and on the power law).
+# sizes and rows per lane and iteration (4 and 8 each won on some width).
 # num_warps is a setting of each config: one tuner per warp count. FAST_TILES
 # is set by the row width too (_wide_lane_shape), so it is passed at launch.
+# Measurements: docs/kernel-notes.md, "_WIDE_LANE_KERNELS".
 _WIDE_LANE_KERNELS = {
     warps: triton.autotune(
         configs=[
