@@ -121,6 +121,19 @@ def test_ci_turns_strict_on_only_when_set_to_a_true_value(monkeypatch, ci, stric
     assert cli._strict(args) is strict
 
 
+@pytest.mark.parametrize(("ci", "args", "strict", "complete"), [
+    ("", ["--cell", CELL], True, False),  # a named cell must build; a laptop has its Pythons
+    ("true", [], True, True),  # CI: both
+    ("", ["--strict"], True, True),
+    ("true", ["--cell", CELL, "--no-strict"], False, False),
+])
+def test_a_named_cell_is_strict_but_only_ci_or_strict_asks_for_every_python(
+        monkeypatch, ci, args, strict, complete):
+    monkeypatch.setenv("CI", ci)
+    parsed = cli.build_parser().parse_args(["test-matrix", *args])
+    assert (cli._strict(parsed), cli._complete(parsed)) == (strict, complete)
+
+
 def test_strict_fails_a_stable_wheel_left_untested_beside_a_torch_it_serves():
     from extmatrix.report import ServedTorch, failure
 

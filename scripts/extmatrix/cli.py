@@ -86,11 +86,17 @@ def _run_args(parser: argparse.ArgumentParser, backend_help: str = BACKEND_HELP)
                         help="stop starting cells after the first failure")
 
 
-def _strict(args: argparse.Namespace) -> bool:
-    if args.strict is not None:
+def _complete(args: argparse.Namespace) -> bool:
+    """Whether every Python a wheel serves must have been tested: asked (--strict) or CI,
+    not merely a named cell (a laptop reproducing one has the Pythons it has)."""
+    if getattr(args, "strict", None) is not None:
         return args.strict
-    ci = os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no", "off")
-    return ci or bool(args.cell or args.patterns)
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def _strict(args: argparse.Namespace) -> bool:
+    """Whether a cell that cannot be built here fails the run: also where cells are named."""
+    return _complete(args) or (args.strict is None and bool(args.cell or args.patterns))
 
 
 def _build(args: argparse.Namespace) -> int:
@@ -100,7 +106,7 @@ def _build(args: argparse.Namespace) -> int:
                       console=console)
     _note(args)
     reports = run.build(cells, ctx, args.backend, args.jobs, not args.fail_fast, console)
-    return run.finish(reports, args.backend, console, _strict(args))
+    return run.finish(reports, args.backend, console, _strict(args), _complete(args))
 
 
 def _test_matrix(args: argparse.Namespace) -> int:
@@ -111,7 +117,7 @@ def _test_matrix(args: argparse.Namespace) -> int:
     _note(args)
     reports = run.test(cells, ctx, args.backend, args.jobs, not args.fail_fast, console,
                        known=plan.cells)
-    return run.finish(reports, args.backend, console, _strict(args))
+    return run.finish(reports, args.backend, console, _strict(args), _complete(args))
 
 
 def _repro(args: argparse.Namespace) -> int:
@@ -123,7 +129,7 @@ def _repro(args: argparse.Namespace) -> int:
     reports = run.build([cell], ctx, args.backend, 1, True, console)
     if reports[0].build == "built":
         reports = run.test([cell], ctx, args.backend, 1, True, console, known=plan.cells)
-    status = run.finish(reports, args.backend, console, strict=True)
+    status = run.finish(reports, args.backend, console, strict=True, complete=_complete(args))
     if not args.shell:
         return status
     try:

@@ -206,10 +206,10 @@ class CellReport:
 _READER = TypeAdapter(CellReport)
 
 
-def _status(r: CellReport, strict: bool = False) -> str:
+def _status(r: CellReport, strict: bool = False, complete: bool | None = None) -> str:
     if r.build == "built" and not r.failed:
-        if strict and failure(r, strict):  # ok on its own, failed by --strict: say which rule
-            untested = _untested_pythons(r)
+        if strict and failure(r, strict, complete):  # ok on its own, failed by --strict
+            untested = _untested_pythons(r) if complete is not False else []
             if any(s.test != "passed" for s in r.serves):
                 why = "a torch it serves went untested"
             elif untested:
@@ -263,22 +263,26 @@ def _times(r: CellReport) -> str:
     return " ".join(f"{k} {v:.0f}s" for k, v in r.timings.items())
 
 
-def failure(r: CellReport, strict: bool) -> bool:
+def failure(r: CellReport, strict: bool, complete: bool | None = None) -> bool:
     """Failed, or not buildable where the cell had to be built (named, or --strict), or
-    (--strict) a stable-ABI wheel left untested beside a torch it serves, an abi3 wheel
-    left untested under a Python it serves, or a cross check with a foreign torch at hand
-    that could not be made."""
-    return r.failed or (strict and (r.build == "not-buildable"
-                                    or any(s.test != "passed" for s in r.serves)
-                                    or bool(_untested_pythons(r))
-                                    or (r.cross_check or "").startswith(CROSS_NOT_MADE)))
+    (--strict) a stable-ABI wheel left untested beside a torch it serves, or a cross check
+    with a foreign torch at hand that could not be made; or (`complete`, by default as
+    `strict`) an abi3 wheel left untested under a Python it serves. A run is strict for
+    the cells it names, but complete only where asked (--strict, CI): a machine with one
+    Python reproducing a cell need not have them all."""
+    complete = strict if complete is None else complete
+    return r.failed or (complete and bool(_untested_pythons(r))) or (
+        strict and (r.build == "not-buildable"
+                    or any(s.test != "passed" for s in r.serves)
+                    or (r.cross_check or "").startswith(CROSS_NOT_MADE)))
 
 
 def first_line(text: str | None) -> str:
     return (text or "").strip().splitlines()[0] if (text or "").strip() else ""
 
 
-def summary_rows(reports: list[CellReport], strict: bool = False) -> list[tuple[list[str], bool]]:
+def summary_rows(reports: list[CellReport], strict: bool = False,
+                 complete: bool | None = None) -> list[tuple[list[str], bool]]:
     """One row per cell, then one per torch a stable-ABI cell was tested beside; each row
     with whether it failed."""
     rows = []
@@ -289,9 +293,9 @@ def summary_rows(reports: list[CellReport], strict: bool = False) -> list[tuple[
             "FAILED" if r.cross_check.startswith("FAILED") else
             "refused" if r.cross_check.startswith("ok") else
             "loads" if r.cross_check.startswith("loads") else "skipped")
-        rows.append(([r.cell, _status(r, strict), _tests(r), foreign, _wheel(r), cache,
-                      _times(r)],
-                     failure(r, strict)))
+        rows.append(([r.cell, _status(r, strict, complete), _tests(r), foreign, _wheel(r),
+                      cache, _times(r)],
+                     failure(r, strict, complete)))
         for served in r.serves:
             rows.append(([f"  beside torch {served.torch}", _served_status(served),
                           _served_tests(served), "", served.build or "-", "", ""],
@@ -323,11 +327,12 @@ def _served_tests(served: ServedTorch) -> str:
 SUMMARY_COLUMNS = ["cell", "status", "tests", "foreign torch", "wheel", "ccache hits", "timings"]
 
 
-def summary_table(reports: list[CellReport], strict: bool = False) -> Table:
+def summary_table(reports: list[CellReport], strict: bool = False,
+                  complete: bool | None = None) -> Table:
     table = Table(title=f"{len(reports)} cells", title_justify="left")
     for column in SUMMARY_COLUMNS:
         table.add_column(column, overflow="fold")
-    for row, failed in summary_rows(reports, strict):
+    for row, failed in summary_rows(reports, strict, complete):
         table.add_row(*_literal(*row), style="red" if failed else None)
     return table
 
@@ -361,29 +366,31 @@ def repro_command(cell: str, backend: str) -> str:
     return shlex.join([*args, *_REPRO.get()])
 
 
-def why_failed(r: CellReport, strict: bool = False) -> str:
+def why_failed(r: CellReport, strict: bool = False, complete: bool | None = None) -> str:
     """The one line that says why the cell counts as failed."""
     untested = [s for s in r.serves if s.test != "passed"]
     if strict and untested and not r.failed:
         s = untested[0]
         return f"beside torch {s.torch}: {_served_status(s)}"
     pythons = _untested_pythons(r)
-    if strict and pythons and not r.failed:
+    if (strict if complete is None else complete) and pythons and not r.failed:
         return (f"not tested under Python {', '.join(pythons)}, which the wheel serves: not "
                 "installed here; install them where the tests run")
     return first_line(r.reason or r.cross_check) or r.build
 
 
-def repro_lines(reports: list[CellReport], backend: str, strict: bool = False) -> list[str]:
-    return [f"{r.cell}: {why_failed(r, strict)}\n"
+def repro_lines(reports: list[CellReport], backend: str, strict: bool = False,
+                complete: bool | None = None) -> list[str]:
+    return [f"{r.cell}: {why_failed(r, strict, complete)}\n"
             f"    reproduce: {repro_command(r.cell, backend)}"
-            for r in reports if failure(r, strict)]
+            for r in reports if failure(r, strict, complete)]
 
 
-def summary_markdown(reports: list[CellReport], backend: str, strict: bool = False) -> str:
+def summary_markdown(reports: list[CellReport], backend: str, strict: bool = False,
+                     complete: bool | None = None) -> str:
     lines = ["| " + " | ".join(SUMMARY_COLUMNS) + " |",
              "|" + " --- |" * len(SUMMARY_COLUMNS)]
-    for row, _ in summary_rows(reports, strict):
+    for row, _ in summary_rows(reports, strict, complete):
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in row) + " |")
     # A job summary is all most readers see: tests that could not run here are said in
     # words, not left to a count in a column.
@@ -394,7 +401,7 @@ def summary_markdown(reports: list[CellReport], backend: str, strict: bool = Fal
                   f"{', '.join(f'`{cell}`' for cell, _ in wanting)} need a GPU.** A flavor's "
                   "`gpu_runner` in the matrix runs them on a GPU machine (`test-matrix "
                   "--require-gpu`)."]
-    failed = [r for r in reports if failure(r, strict)]
+    failed = [r for r in reports if failure(r, strict, complete)]
     if failed:
         lines += ["", "Failed cells:", ""]
         lines += [f"- `{r.cell}`: `{repro_command(r.cell, backend)}`" for r in failed]

@@ -294,20 +294,21 @@ def foreign(cell: Cell, other: Cell) -> bool:
 
 
 def finish(reports: list[CellReport], backend_name: str, console: Console,
-           strict: bool = False) -> int:
-    """The summary; 1 when a cell failed, or (strict) could not be built here."""
-    console.print(summary_table(reports, strict))
-    for line in repro_lines(reports, backend_name, strict):
+           strict: bool = False, complete: bool | None = None) -> int:
+    """The summary; 1 when a cell failed, or (strict) could not be built here, or
+    (complete, by default as strict) left a Python it serves untested."""
+    console.print(summary_table(reports, strict, complete))
+    for line in repro_lines(reports, backend_name, strict, complete):
         # Unwrapped, however long the paths: one line a log search finds whole.
         console.print(line, highlight=False, markup=False, soft_wrap=True)
     step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if step_summary:
         try:
             with open(step_summary, "a", encoding="utf-8") as fh:
-                fh.write(summary_markdown(reports, backend_name, strict))
+                fh.write(summary_markdown(reports, backend_name, strict, complete))
         except OSError as exc:
             console.print(f"cannot write the step summary: {describe_os_error(exc)}")
-    return 1 if any(failure(r, strict) for r in reports) else 0
+    return 1 if any(failure(r, strict, complete) for r in reports) else 0
 
 
 def shell(cell: Cell, ctx: Context, backend_name: str) -> int:
